@@ -1,0 +1,145 @@
+//! Types shared by the eBPF programs and the agent. `#[repr(C)]`, no implicit padding
+//! (u32 flags rather than bools), so both sides agree byte for byte.
+#![no_std]
+
+/// `ProcInfo::flags`: which fields hold a real value.
+pub const F_V2_KNOWN: u32 = 1;
+pub const F_V1_KNOWN: u32 = 1 << 1;
+pub const F_START_KNOWN: u32 = 1 << 2;
+/// Forked with CLONE_INTO_CGROUP: the cgroup2 id is the parent's, not necessarily the
+/// child's, until the child execs or userspace checks it.
+pub const F_CGROUP_SUSPECT: u32 = 1 << 3;
+
+pub const EVENT_EXEC: u32 = 1;
+pub const EVENT_FORK: u32 = 2;
+pub const EVENT_EXIT: u32 = 3;
+pub const EVENT_CGROUP_MKDIR: u32 = 10;
+pub const EVENT_CGROUP_RMDIR: u32 = 11;
+pub const EVENT_CGROUP_ATTACH: u32 = 12;
+
+/// Indexes into the per-CPU `COUNTERS` array.
+pub const COUNTER_RINGBUF_LOST: u32 = 0;
+pub const COUNTER_MAP_FULL: u32 = 1;
+pub const COUNTER_READ_ERRORS: u32 = 2;
+pub const COUNTERS_LEN: u32 = 4;
+
+/// Longest cgroup path carried in an event; longer ones arrive truncated and flagged.
+pub const CGROUP_PATH_MAX: usize = 512;
+/// `Config` value for "no such field in this kernel's tracepoint" / "no v1 hierarchy".
+pub const ABSENT: u32 = u32::MAX;
+
+pub const PROCS_MAP: &str = "PROCS";
+pub const EVENTS_MAP: &str = "EVENTS";
+pub const COUNTERS_MAP: &str = "COUNTERS";
+pub const CONFIG_GLOBAL: &str = "AGENT_CONFIG";
+
+/// Value of the kernel `PROCS` map, keyed by tgid: the truth about a process.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcInfo {
+    /// cgroup2 id (the inode of the cgroup2 directory).
+    pub cgroup_id: u64,
+    /// Id in the one tracked cgroup v1 hierarchy (hybrid hosts), 0 if none.
+    pub cgroup_v1_id: u64,
+    /// Start time, nanoseconds since boot (CLOCK_BOOTTIME), with /proc's tick resolution for
+    /// processes that predate the agent.
+    pub start_ns: u64,
+    pub ppid: u32,
+    pub flags: u32,
+}
+
+/// Ring-buffer notification for exec, fork and exit.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct ProcEvent {
+    pub kind: u32,
+    pub tgid: u32,
+    pub info: ProcInfo,
+    pub comm: [u8; 16],
+}
+
+/// Ring-buffer notification for cgroup mkdir, rmdir and attach.
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CgroupEvent {
+    pub kind: u32,
+    /// attach: the moved thread-group leader; 0 otherwise.
+    pub pid: u32,
+    /// Hierarchy id: 0 is cgroup2, anything else a v1 hierarchy.
+    pub hierarchy: u32,
+    pub level: u32,
+    pub id: u64,
+    /// Length of the path in the tracepoint record including the NUL; larger than
+    /// `CGROUP_PATH_MAX` means `path` was truncated.
+    pub path_len: u32,
+    pub _pad: u32,
+    pub path: [u8; CGROUP_PATH_MAX],
+}
+
+/// Load-time configuration: tracepoint field offsets read from this kernel's format files
+/// (never hard-coded), and tunables. Written into the object's .rodata before load.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub newtask_pid: u32,
+    pub newtask_clone_flags: u32,
+    /// `sched_process_exit.group_dead`, ABSENT on kernels without it (then the leader's
+    /// exit ends the process).
+    pub exit_group_dead: u32,
+    pub attach_root: u32,
+    pub attach_id: u32,
+    pub attach_pid: u32,
+    pub attach_level: u32,
+    pub attach_path: u32,
+    pub mkdir_root: u32,
+    pub mkdir_id: u32,
+    pub mkdir_level: u32,
+    pub mkdir_path: u32,
+    pub rmdir_root: u32,
+    pub rmdir_id: u32,
+    pub rmdir_level: u32,
+    pub rmdir_path: u32,
+    /// The tracked cgroup v1 hierarchy id, ABSENT on pure cgroup2 hosts.
+    pub v1_hierarchy: u32,
+    /// Wake the consumer once this many bytes are waiting; below it events wait for the
+    /// consumer's next timed poll. 0: wake on every event.
+    pub wakeup_bytes: u32,
+}
+
+impl Config {
+    pub const fn zeroed() -> Self {
+        Config {
+            newtask_pid: 0,
+            newtask_clone_flags: 0,
+            exit_group_dead: ABSENT,
+            attach_root: 0,
+            attach_id: 0,
+            attach_pid: 0,
+            attach_level: 0,
+            attach_path: 0,
+            mkdir_root: 0,
+            mkdir_id: 0,
+            mkdir_level: 0,
+            mkdir_path: 0,
+            rmdir_root: 0,
+            rmdir_id: 0,
+            rmdir_level: 0,
+            rmdir_path: 0,
+            v1_hierarchy: ABSENT,
+            wakeup_bytes: 0,
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain-old-data, #[repr(C)], every bit pattern valid, no padding.
+    unsafe impl aya::Pod for super::ProcInfo {}
+    unsafe impl aya::Pod for super::Config {}
+}
+
+// Layout guards: these sizes are part of the kernel/userspace contract.
+const _: () = assert!(core::mem::size_of::<ProcInfo>() == 32);
+const _: () = assert!(core::mem::size_of::<ProcEvent>() == 56);
+const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
+const _: () = assert!(core::mem::size_of::<Config>() == 18 * 4);

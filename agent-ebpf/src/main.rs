@@ -1,0 +1,332 @@
+//! Process lifecycle and cgroup tracepoints. They keep `PROCS` (tgid -> cgroup, start,
+//! parent) true in the kernel and notify userspace through `EVENTS`. They fire on process
+//! lifecycle and cgroup events only, never per context switch.
+#![no_std]
+#![no_main]
+
+use agent_common::{
+    CgroupEvent, Config, ProcEvent, ProcInfo, ABSENT, CGROUP_PATH_MAX, COUNTERS_LEN,
+    COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, F_CGROUP_SUSPECT,
+    F_START_KNOWN, F_V1_KNOWN, F_V2_KNOWN,
+};
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes,
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::TracePointContext,
+    EbpfContext,
+};
+use aya_log_ebpf::error;
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Offsets and tunables, overwritten by the loader (`Config` in agent-common).
+#[no_mangle]
+static AGENT_CONFIG: Config = Config::zeroed();
+
+// Sizes are defaults; the loader sets them from the agent's config.
+#[map]
+static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(65536, 0);
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
+
+#[inline(always)]
+fn config() -> Config {
+    // Volatile: the value is patched into .rodata at load time, after compilation.
+    unsafe { core::ptr::read_volatile(&AGENT_CONFIG) }
+}
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        unsafe { *c += 1 };
+    }
+}
+
+#[inline(always)]
+fn current_tgid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// Wake the consumer only when enough has piled up; it polls on a timer otherwise.
+#[inline(always)]
+fn submit_flags(cfg: &Config) -> u64 {
+    if cfg.wakeup_bytes == 0 || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wakeup_bytes as u64 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+#[inline(always)]
+fn notify_proc(cfg: &Config, kind: u32, tgid: u32, info: &ProcInfo) {
+    match EVENTS.reserve::<ProcEvent>(0) {
+        Some(mut entry) => {
+            let ev = entry.as_mut_ptr();
+            unsafe {
+                (*ev).kind = kind;
+                (*ev).tgid = tgid;
+                (*ev).info = *info;
+                (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+            }
+            entry.submit(submit_flags(cfg));
+        }
+        // The map is already right; userspace resyncs from it when it sees the drop.
+        None => count(COUNTER_RINGBUF_LOST),
+    }
+}
+
+#[tracepoint]
+pub fn proc_exec(ctx: TracePointContext) -> u32 {
+    match try_proc_exec(&ctx) {
+        Ok(()) => 0,
+        Err(e) => {
+            error!(&ctx, "proc_exec: {}", e);
+            0
+        }
+    }
+}
+
+fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
+    let cfg = config();
+    let tgid = current_tgid();
+    // exec runs in the process itself: its cgroup2 id is exact here.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let info = match PROCS.get_ptr_mut(tgid) {
+        Some(p) => unsafe {
+            (*p).cgroup_id = cgroup_id;
+            (*p).flags = ((*p).flags | F_V2_KNOWN) & !F_CGROUP_SUSPECT;
+            *p
+        },
+        None => {
+            // Predates the start-up walk or the map was full: userspace fills in the rest.
+            let info = ProcInfo {
+                cgroup_id,
+                flags: F_V2_KNOWN,
+                ..ProcInfo::default()
+            };
+            if PROCS.insert(tgid, info, BPF_NOEXIST as u64).is_err() {
+                count(COUNTER_MAP_FULL);
+            }
+            info
+        }
+    };
+    notify_proc(&cfg, EVENT_EXEC, tgid, &info);
+    Ok(())
+}
+
+#[tracepoint]
+pub fn proc_fork(ctx: TracePointContext) -> u32 {
+    match try_proc_fork(&ctx) {
+        Ok(()) => 0,
+        Err(e) => {
+            count(COUNTER_READ_ERRORS);
+            error!(&ctx, "proc_fork: {}", e);
+            0
+        }
+    }
+}
+
+/// `task/task_newtask`, in the parent's context, before the child first runs.
+fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
+    let cfg = config();
+    let clone_flags: u64 = unsafe { ctx.read_at(cfg.newtask_clone_flags as usize)? };
+    if clone_flags & CLONE_THREAD != 0 {
+        return Ok(()); // a thread, not a new process
+    }
+    let child: i32 = unsafe { ctx.read_at(cfg.newtask_pid as usize)? };
+    let parent = current_tgid();
+    let mut info = ProcInfo {
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        cgroup_v1_id: 0,
+        // The child's start_boottime was taken microseconds ago in copy_process.
+        start_ns: unsafe { bpf_ktime_get_boot_ns() },
+        ppid: parent,
+        flags: F_V2_KNOWN | F_START_KNOWN,
+    };
+    if cfg.v1_hierarchy != ABSENT {
+        if let Some(p) = PROCS.get_ptr(parent) {
+            let p = unsafe { *p };
+            if p.flags & F_V1_KNOWN != 0 {
+                info.cgroup_v1_id = p.cgroup_v1_id;
+                info.flags |= F_V1_KNOWN;
+            }
+        }
+    }
+    if clone_flags & CLONE_INTO_CGROUP != 0 {
+        info.flags |= F_CGROUP_SUSPECT;
+    }
+    // BPF_ANY: a stale entry under a reused tgid is replaced by the new process.
+    if PROCS.insert(child as u32, info, BPF_ANY as u64).is_err() {
+        count(COUNTER_MAP_FULL);
+    }
+    notify_proc(&cfg, EVENT_FORK, child as u32, &info);
+    Ok(())
+}
+
+#[tracepoint]
+pub fn proc_exit(ctx: TracePointContext) -> u32 {
+    match try_proc_exit(&ctx) {
+        Ok(()) => 0,
+        Err(e) => {
+            count(COUNTER_READ_ERRORS);
+            error!(&ctx, "proc_exit: {}", e);
+            0
+        }
+    }
+}
+
+/// `sched/sched_process_exit` fires per thread; the process ends with its thread group.
+fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
+    let cfg = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let group_dead = if cfg.exit_group_dead != ABSENT {
+        let dead: u8 = unsafe { ctx.read_at(cfg.exit_group_dead as usize)? };
+        dead != 0
+    } else {
+        pid_tgid as u32 == tgid
+    };
+    if !group_dead {
+        return Ok(());
+    }
+    let info = match PROCS.get_ptr(tgid) {
+        Some(p) => unsafe { *p },
+        None => ProcInfo::default(),
+    };
+    let _ = PROCS.remove(tgid);
+    notify_proc(&cfg, EVENT_EXIT, tgid, &info);
+    Ok(())
+}
+
+struct CgroupFields {
+    root: u32,
+    id: u32,
+    level: u32,
+    path: u32,
+}
+
+#[tracepoint]
+pub fn cg_mkdir(ctx: TracePointContext) -> u32 {
+    let cfg = config();
+    let f = CgroupFields {
+        root: cfg.mkdir_root,
+        id: cfg.mkdir_id,
+        level: cfg.mkdir_level,
+        path: cfg.mkdir_path,
+    };
+    cgroup_event(&ctx, &cfg, EVENT_CGROUP_MKDIR, &f)
+}
+
+#[tracepoint]
+pub fn cg_rmdir(ctx: TracePointContext) -> u32 {
+    let cfg = config();
+    let f = CgroupFields {
+        root: cfg.rmdir_root,
+        id: cfg.rmdir_id,
+        level: cfg.rmdir_level,
+        path: cfg.rmdir_path,
+    };
+    cgroup_event(&ctx, &cfg, EVENT_CGROUP_RMDIR, &f)
+}
+
+#[tracepoint]
+pub fn cg_attach(ctx: TracePointContext) -> u32 {
+    let cfg = config();
+    let f = CgroupFields {
+        root: cfg.attach_root,
+        id: cfg.attach_id,
+        level: cfg.attach_level,
+        path: cfg.attach_path,
+    };
+    cgroup_event(&ctx, &cfg, EVENT_CGROUP_ATTACH, &f)
+}
+
+#[inline(always)]
+fn cgroup_event(ctx: &TracePointContext, cfg: &Config, kind: u32, f: &CgroupFields) -> u32 {
+    match try_cgroup_event(ctx, cfg, kind, f) {
+        Ok(()) => 0,
+        Err(e) => {
+            count(COUNTER_READ_ERRORS);
+            error!(ctx, "cgroup event {}: {}", kind, e);
+            0
+        }
+    }
+}
+
+fn try_cgroup_event(
+    ctx: &TracePointContext,
+    cfg: &Config,
+    kind: u32,
+    f: &CgroupFields,
+) -> Result<(), i64> {
+    let root: i32 = unsafe { ctx.read_at(f.root as usize)? };
+    let root = root as u32;
+    let v2 = root == 0;
+    if !v2 && root != cfg.v1_hierarchy {
+        return Ok(()); // an untracked v1 hierarchy
+    }
+    let id: u64 = unsafe { ctx.read_at(f.id as usize)? };
+    let level: i32 = unsafe { ctx.read_at(f.level as usize)? };
+    let mut pid = 0u32;
+    if kind == EVENT_CGROUP_ATTACH {
+        let p: i32 = unsafe { ctx.read_at(cfg.attach_pid as usize)? };
+        pid = p as u32;
+        // A missing entry is left to userspace: `pid` may be a lone thread (v1 `tasks`).
+        if let Some(e) = PROCS.get_ptr_mut(pid) {
+            unsafe {
+                if v2 {
+                    (*e).cgroup_id = id;
+                    (*e).flags = ((*e).flags | F_V2_KNOWN) & !F_CGROUP_SUSPECT;
+                } else {
+                    (*e).cgroup_v1_id = id;
+                    (*e).flags |= F_V1_KNOWN;
+                }
+            }
+        }
+    }
+    let loc: u32 = unsafe { ctx.read_at(f.path as usize)? };
+    let Some(mut entry) = EVENTS.reserve::<CgroupEvent>(0) else {
+        count(COUNTER_RINGBUF_LOST);
+        return Ok(());
+    };
+    let ev = entry.as_mut_ptr();
+    unsafe {
+        (*ev).kind = kind;
+        (*ev).pid = pid;
+        (*ev).hierarchy = root;
+        (*ev).level = level as u32;
+        (*ev).id = id;
+        (*ev).path_len = loc >> 16;
+        (*ev)._pad = 0;
+        // __data_loc: low 16 bits are the offset of the string in the record.
+        let src = (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize);
+        let dst = &mut *core::ptr::addr_of_mut!((*ev).path);
+        if bpf_probe_read_kernel_str_bytes(src, dst).is_err() {
+            dst[0] = 0;
+        }
+        if (loc >> 16) as usize > CGROUP_PATH_MAX {
+            dst[CGROUP_PATH_MAX - 1] = 0;
+        }
+    }
+    entry.submit(submit_flags(cfg));
+    Ok(())
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

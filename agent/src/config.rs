@@ -1,0 +1,224 @@
+//! Agent configuration: a TOML file, overridden by flags. Unknown or invalid fields are
+//! errors that name the field.
+use std::{net::SocketAddr, path::PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub http: HttpConfig,
+    pub ebpf: EbpfConfig,
+    pub cache: CacheConfig,
+    pub cgroup: CgroupConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of the local endpoints (/healthz, /readyz, /debug/*).
+    pub addr: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct EbpfConfig {
+    /// false: run in /proc mode without trying eBPF.
+    pub enabled: bool,
+    /// Capacity of the kernel PROCS map (processes tracked at once).
+    pub max_processes: u32,
+    /// Ring buffer size in bytes: a power of two, a multiple of the page size.
+    pub ring_buffer_bytes: u32,
+    /// How often the consumer drains the ring buffer when the kernel did not wake it.
+    pub poll_interval_ms: u64,
+    /// Bytes waiting in the ring buffer that make the kernel wake the consumer early.
+    /// 0 wakes it on every event (costly under exec storms).
+    pub wakeup_bytes: u32,
+    /// Enable the kernel's per-program run-time statistics (kernel.bpf_stats_enabled),
+    /// shown in /debug/stats. Costs a little on every program run.
+    pub program_stats: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// How long an exited process stays joinable (an NVML sample taken just before exit).
+    pub tombstone_secs: u64,
+    /// /proc mode only: how often /proc is rescanned.
+    pub procfs_rescan_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CgroupConfig {
+    /// The cgroup v1 hierarchy followed on hybrid hosts: "auto" (memory, then cpu, pids,
+    /// name=systemd), a controller name such as "memory", or "none".
+    pub v1_hierarchy: String,
+    /// Where /proc is read from.
+    pub proc_root: PathBuf,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            http: HttpConfig::default(),
+            ebpf: EbpfConfig::default(),
+            cache: CacheConfig::default(),
+            cgroup: CgroupConfig::default(),
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            addr: "127.0.0.1:9464".parse().unwrap(),
+        }
+    }
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        EbpfConfig {
+            enabled: true,
+            max_processes: 65536,
+            ring_buffer_bytes: 1 << 20,
+            poll_interval_ms: 100,
+            wakeup_bytes: 256 << 10,
+            program_stats: false,
+        }
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            tombstone_secs: 5,
+            procfs_rescan_secs: 5,
+        }
+    }
+}
+
+impl Default for CgroupConfig {
+    fn default() -> Self {
+        CgroupConfig {
+            v1_hierarchy: "auto".into(),
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: {field}: {message}")]
+    Invalid { field: &'static str, message: String },
+}
+
+impl Config {
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.into(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, message: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                message: message.into(),
+            })
+        };
+        let page = page_size();
+        let rb = self.ebpf.ring_buffer_bytes;
+        if !rb.is_power_of_two() || rb < page {
+            return invalid(
+                "ebpf.ring_buffer_bytes",
+                &format!("must be a power of two and at least the page size ({page}), got {rb}"),
+            );
+        }
+        if self.ebpf.max_processes < 1024 {
+            return invalid("ebpf.max_processes", "must be at least 1024");
+        }
+        if self.ebpf.poll_interval_ms == 0 || self.ebpf.poll_interval_ms > 10_000 {
+            return invalid("ebpf.poll_interval_ms", "must be between 1 and 10000");
+        }
+        if self.ebpf.wakeup_bytes >= rb {
+            return invalid(
+                "ebpf.wakeup_bytes",
+                "must be smaller than ebpf.ring_buffer_bytes",
+            );
+        }
+        if self.cache.procfs_rescan_secs == 0 {
+            return invalid("cache.procfs_rescan_secs", "must be at least 1");
+        }
+        match self.cgroup.v1_hierarchy.as_str() {
+            "auto" | "none" => {}
+            s if s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=') => {}
+            _ => return invalid("cgroup.v1_hierarchy", "expected auto, none or a controller name"),
+        }
+        Ok(())
+    }
+}
+
+pub fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = Config::from_toml("[ebpf]\nring_bufer_bytes = 4096\n").unwrap_err();
+        assert!(e.to_string().contains("ring_bufer_bytes"), "{e}");
+    }
+
+    #[test]
+    fn invalid_value_names_the_field() {
+        let e = Config::from_toml("[ebpf]\nring_buffer_bytes = 5000\n").unwrap_err();
+        assert!(e.to_string().contains("ebpf.ring_buffer_bytes"), "{e}");
+        let e = Config::from_toml("[http]\naddr = \"nope\"\n").unwrap_err();
+        assert!(e.to_string().contains("addr"), "{e}");
+    }
+
+    #[test]
+    fn overrides_parse() {
+        let c = Config::from_toml(
+            "[http]\naddr = \"0.0.0.0:1234\"\n[ebpf]\nring_buffer_bytes = 8192\nwakeup_bytes = 0\n",
+        )
+        .unwrap();
+        assert_eq!(c.http.addr.port(), 1234);
+        assert_eq!(c.ebpf.ring_buffer_bytes, 8192);
+    }
+}

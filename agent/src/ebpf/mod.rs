@@ -1,0 +1,198 @@
+//! The eBPF source: loads the programs, attaches them to the lifecycle tracepoints and
+//! exposes the kernel's PROCS map (the truth), the notification ring buffer and the
+//! in-kernel drop counters.
+pub mod caps;
+pub mod tracefs;
+
+use std::{os::fd::OwnedFd, time::Duration};
+
+use agent_common::{
+    Config as KernelConfig, ProcInfo, ABSENT, CONFIG_GLOBAL, COUNTERS_MAP, COUNTER_MAP_FULL,
+    COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENTS_MAP, PROCS_MAP,
+};
+use aya::{
+    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::TracePoint,
+    Ebpf, EbpfLoader,
+};
+use serde::Serialize;
+
+use crate::config::EbpfConfig;
+
+/// The object built by `cargo xtask build-ebpf`, or empty when the agent was built without it.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf.o"));
+
+/// (program, tracepoint category, tracepoint name)
+pub const PROGRAMS: [(&str, &str, &str); 6] = [
+    ("proc_exec", "sched", "sched_process_exec"),
+    ("proc_fork", "task", "task_newtask"),
+    ("proc_exit", "sched", "sched_process_exit"),
+    ("cg_attach", "cgroup", "cgroup_attach_task"),
+    ("cg_mkdir", "cgroup", "cgroup_mkdir"),
+    ("cg_rmdir", "cgroup", "cgroup_rmdir"),
+];
+
+pub struct EbpfSource {
+    ebpf: Ebpf,
+    procs: HashMap<MapData, u32, ProcInfo>,
+    pub ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    _stats: Option<OwnedFd>,
+    pub load_time: Duration,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct KernelCounters {
+    pub ringbuf_lost: u64,
+    pub map_full: u64,
+    pub read_errors: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProgramStats {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+impl EbpfSource {
+    /// Loads and attaches everything; any failure is a reason to run in /proc mode.
+    pub fn load(cfg: &EbpfConfig, v1_hierarchy: Option<u32>) -> Result<EbpfSource, String> {
+        let started = std::time::Instant::now();
+        if OBJECT.is_empty() {
+            return Err("this build has no eBPF object (build with `cargo xtask build`)".into());
+        }
+        let missing = caps::missing_for_ebpf();
+        if !missing.is_empty() {
+            return Err(format!(
+                "missing capability {} (run as root, or grant CAP_BPF and CAP_PERFMON)",
+                missing.join(" and ")
+            ));
+        }
+        if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+            // Our programs use no CO-RE, so BTF is not required; say so for the record.
+            tracing::debug!("kernel has no BTF at /sys/kernel/btf/vmlinux");
+        }
+        let tracefs = tracefs::find().ok_or(
+            "tracefs is not mounted and could not be mounted (needs CAP_SYS_ADMIN)".to_string(),
+        )?;
+        let mut kcfg: KernelConfig = tracefs::offsets(&tracefs)?;
+        kcfg.v1_hierarchy = v1_hierarchy.unwrap_or(ABSENT);
+        kcfg.wakeup_bytes = cfg.wakeup_bytes;
+        let stats = if cfg.program_stats {
+            Some(
+                aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .map_err(|e| format!("enabling program statistics: {e}"))?,
+            )
+        } else {
+            None
+        };
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global(CONFIG_GLOBAL, &kcfg, true)
+            .map_max_entries(PROCS_MAP, cfg.max_processes)
+            .map_max_entries(EVENTS_MAP, cfg.ring_buffer_bytes)
+            .load(OBJECT)
+            .map_err(|e| format!("loading the eBPF object: {e:#}"))?;
+        // aya-log: the programs log on error paths only.
+        let logger = aya_log::EbpfLogger::init(&mut ebpf)
+            .map_err(|e| tracing::debug!("aya-log not initialised: {e}"))
+            .ok();
+        for (prog, category, name) in PROGRAMS {
+            let tp: &mut TracePoint = ebpf
+                .program_mut(prog)
+                .ok_or_else(|| format!("program {prog} missing from the object"))?
+                .try_into()
+                .map_err(|e| format!("program {prog}: {e}"))?;
+            tp.load()
+                .map_err(|e| format!("loading {prog} (verifier): {e:#}"))?;
+            tp.attach(category, name)
+                .map_err(|e| format!("attaching {prog} to {category}/{name}: {e:#}"))?;
+        }
+        let take = |ebpf: &mut Ebpf, name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| format!("map {name} missing from the object"))
+        };
+        let procs = HashMap::try_from(take(&mut ebpf, PROCS_MAP)?).map_err(|e| e.to_string())?;
+        let ring = RingBuf::try_from(take(&mut ebpf, EVENTS_MAP)?).map_err(|e| e.to_string())?;
+        let counters =
+            PerCpuArray::try_from(take(&mut ebpf, COUNTERS_MAP)?).map_err(|e| e.to_string())?;
+        Ok(EbpfSource {
+            ebpf,
+            procs,
+            ring,
+            counters,
+            logger,
+            _stats: stats,
+            load_time: started.elapsed(),
+        })
+    }
+
+    pub fn counters(&self) -> KernelCounters {
+        let sum = |i: u32| -> u64 {
+            self.counters
+                .get(&i, 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0)
+        };
+        KernelCounters {
+            ringbuf_lost: sum(COUNTER_RINGBUF_LOST),
+            map_full: sum(COUNTER_MAP_FULL),
+            read_errors: sum(COUNTER_READ_ERRORS),
+        }
+    }
+
+    /// Every entry of the kernel map: the state a resync restores.
+    pub fn snapshot(&self) -> Vec<(u32, ProcInfo)> {
+        self.procs.iter().filter_map(Result::ok).collect()
+    }
+
+    pub fn get(&self, tgid: u32) -> Option<ProcInfo> {
+        self.procs.get(&tgid, 0).ok()
+    }
+
+    /// Insert unless the kernel already has a (fresher) entry. Returns false if one exists.
+    pub fn insert_if_absent(&mut self, tgid: u32, info: ProcInfo) -> Result<bool, MapError> {
+        const BPF_NOEXIST: u64 = 1;
+        match self.procs.insert(tgid, info, BPF_NOEXIST) {
+            Ok(()) => Ok(true),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Overwrite an existing entry (userspace filling in what the kernel could not know).
+    pub fn update_existing(&mut self, tgid: u32, info: ProcInfo) -> Result<(), MapError> {
+        const BPF_EXIST: u64 = 2;
+        self.procs.insert(tgid, info, BPF_EXIST)
+    }
+
+    pub fn remove(&mut self, tgid: u32) {
+        let _ = self.procs.remove(&tgid);
+    }
+
+    pub fn flush_logs(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    /// Per-program run count and run time from the kernel (when program_stats is on).
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        PROGRAMS
+            .iter()
+            .filter_map(|(name, _, _)| {
+                let tp: &TracePoint = self.ebpf.program(name)?.try_into().ok()?;
+                let info = tp.info().ok()?;
+                Some(ProgramStats {
+                    name: name.to_string(),
+                    run_count: info.run_count(),
+                    run_time_ns: info.run_time().as_nanos() as u64,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,59 @@
+//! The local endpoints: health, readiness and the debug views.
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc, RwLock,
+};
+
+use axum::{
+    extract::{Query, State as AxState},
+    http::StatusCode,
+    response::{IntoResponse, Json},
+    routing::get,
+    Router,
+};
+use serde::Deserialize;
+
+use crate::{state::State, stats::Stats};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub state: Arc<RwLock<State>>,
+    pub stats: Arc<Stats>,
+    pub ready: Arc<AtomicBool>,
+}
+
+pub fn router(app: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/debug/processes", get(processes))
+        .route("/debug/stats", get(stats))
+        .with_state(app)
+}
+
+async fn readyz(AxState(app): AxState<AppState>) -> impl IntoResponse {
+    if app.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+    }
+}
+
+#[derive(Deserialize)]
+struct ProcessesQuery {
+    /// Include exited processes still kept as tombstones.
+    #[serde(default)]
+    all: bool,
+}
+
+async fn processes(
+    AxState(app): AxState<AppState>,
+    Query(q): Query<ProcessesQuery>,
+) -> impl IntoResponse {
+    let views = app.state.read().unwrap().views(q.all);
+    Json(views)
+}
+
+async fn stats(AxState(app): AxState<AppState>) -> impl IntoResponse {
+    Json(app.stats.view())
+}

@@ -1,0 +1,106 @@
+//! What the tracker owns and the readers see: the process cache, the cgroup registry and
+//! the hierarchies, plus the attribution of a process to a container.
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::{
+    cache::{ProcessCache, ProcessEntry},
+    cgroup::{CgroupNode, CgroupRegistry, ContainerRef, Hierarchies},
+};
+
+#[derive(Debug)]
+pub struct State {
+    pub cache: ProcessCache,
+    pub registry: CgroupRegistry,
+    pub hierarchies: Hierarchies,
+}
+
+/// Where a process belongs.
+#[derive(Debug, Clone)]
+pub struct Attribution<'a> {
+    pub cgroup_id: Option<u64>,
+    pub cgroup_version: u8,
+    pub node: Option<&'a CgroupNode>,
+}
+
+impl Attribution<'_> {
+    pub fn container(&self) -> Option<&Arc<ContainerRef>> {
+        self.node.and_then(|n| n.container.as_ref())
+    }
+}
+
+impl State {
+    /// The cgroup2 cgroup when it names a container or pod; else the followed v1 cgroup
+    /// when that does (hybrid hosts); else the cgroup2 cgroup (a host process).
+    pub fn attribute(&self, e: &ProcessEntry) -> Attribution<'_> {
+        let v2 = self.hierarchies.v2.as_ref().map(|h| h.id).unwrap_or(0);
+        let v2_node = e.cgroup_v2.and_then(|id| self.registry.get(v2, id));
+        let v2_attr = Attribution {
+            cgroup_id: e.cgroup_v2,
+            cgroup_version: 2,
+            node: v2_node,
+        };
+        if v2_attr.container().is_some() {
+            return v2_attr;
+        }
+        if let (Some(h), Some(id)) = (&self.hierarchies.v1, e.cgroup_v1) {
+            let node = self.registry.get(h.id, id);
+            if node.is_some_and(|n| n.container.is_some()) {
+                return Attribution {
+                    cgroup_id: Some(id),
+                    cgroup_version: 1,
+                    node,
+                };
+            }
+        }
+        v2_attr
+    }
+
+    pub fn view(&self, e: &ProcessEntry) -> ProcessView {
+        let a = self.attribute(e);
+        let c = a.container();
+        ProcessView {
+            pid: e.pid,
+            start_time_ns: e.start_ns,
+            ppid: e.ppid,
+            comm: e.comm.clone(),
+            cgroup_id: a.cgroup_id,
+            cgroup_path: a.node.map(|n| n.path.clone()),
+            cgroup_version: a.cgroup_version,
+            container_id: c.and_then(|c| c.container_id.clone()),
+            pod_uid: c.and_then(|c| c.pod_uid.clone()),
+            qos: c.and_then(|c| c.qos).map(|q| q.as_str()),
+            runtime: c.and_then(|c| c.runtime).map(|r| r.as_str()),
+            exited: !e.is_live(),
+        }
+    }
+
+    pub fn views(&self, include_exited: bool) -> Vec<ProcessView> {
+        let mut v: Vec<ProcessView> = self
+            .cache
+            .iter()
+            .filter(|e| include_exited || e.is_live())
+            .map(|e| self.view(e))
+            .collect();
+        v.sort_unstable_by_key(|p| p.pid);
+        v
+    }
+}
+
+/// One row of `GET /debug/processes`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ProcessView {
+    pub pid: u32,
+    pub start_time_ns: u64,
+    pub ppid: u32,
+    pub comm: String,
+    pub cgroup_id: Option<u64>,
+    pub cgroup_path: Option<String>,
+    pub cgroup_version: u8,
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    pub qos: Option<&'static str>,
+    pub runtime: Option<&'static str>,
+    pub exited: bool,
+}

@@ -1,0 +1,85 @@
+//! The agent's own counters, served at /debug/stats.
+use std::sync::{
+    atomic::{AtomicU64, Ordering::Relaxed},
+    RwLock,
+};
+
+use serde::Serialize;
+
+use crate::ebpf::ProgramStats;
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub events_received: AtomicU64,
+    /// Notifications the kernel could not put in the ring buffer (its own count).
+    pub events_lost: AtomicU64,
+    pub resyncs: AtomicU64,
+    pub procfs_fallback_lookups: AtomicU64,
+    pub procfs_rescans: AtomicU64,
+    pub cgroup_walks: AtomicU64,
+    pub kernel_map_full: AtomicU64,
+    pub kernel_read_errors: AtomicU64,
+    pub cached_processes: AtomicU64,
+    pub tombstones: AtomicU64,
+    pub cgroups_known: AtomicU64,
+    pub startup_walk_ms: AtomicU64,
+    pub ebpf_load_ms: AtomicU64,
+    pub mode: RwLock<Mode>,
+    pub programs: RwLock<Vec<ProgramStats>>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Mode {
+    /// "ebpf" or "procfs" ("starting" before either).
+    pub mode: &'static str,
+    /// Why the agent is in /proc mode.
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StatsView {
+    pub mode: &'static str,
+    pub degraded_reason: Option<String>,
+    pub events_received: u64,
+    pub events_lost: u64,
+    pub resyncs: u64,
+    pub procfs_fallback_lookups: u64,
+    pub procfs_rescans: u64,
+    pub cgroup_walks: u64,
+    pub kernel_map_full: u64,
+    pub kernel_read_errors: u64,
+    pub cached_processes: u64,
+    pub tombstones: u64,
+    pub cgroups_known: u64,
+    pub startup_walk_ms: u64,
+    pub ebpf_load_ms: u64,
+    pub programs: Vec<ProgramStats>,
+}
+
+impl Stats {
+    pub fn set_mode(&self, mode: &'static str, reason: Option<String>) {
+        *self.mode.write().unwrap() = Mode { mode, reason };
+    }
+
+    pub fn view(&self) -> StatsView {
+        let mode = self.mode.read().unwrap().clone();
+        StatsView {
+            mode: if mode.mode.is_empty() { "starting" } else { mode.mode },
+            degraded_reason: mode.reason,
+            events_received: self.events_received.load(Relaxed),
+            events_lost: self.events_lost.load(Relaxed),
+            resyncs: self.resyncs.load(Relaxed),
+            procfs_fallback_lookups: self.procfs_fallback_lookups.load(Relaxed),
+            procfs_rescans: self.procfs_rescans.load(Relaxed),
+            cgroup_walks: self.cgroup_walks.load(Relaxed),
+            kernel_map_full: self.kernel_map_full.load(Relaxed),
+            kernel_read_errors: self.kernel_read_errors.load(Relaxed),
+            cached_processes: self.cached_processes.load(Relaxed),
+            tombstones: self.tombstones.load(Relaxed),
+            cgroups_known: self.cgroups_known.load(Relaxed),
+            startup_walk_ms: self.startup_walk_ms.load(Relaxed),
+            ebpf_load_ms: self.ebpf_load_ms.load(Relaxed),
+            programs: self.programs.read().unwrap().clone(),
+        }
+    }
+}
