@@ -24,7 +24,11 @@ impl ProcessEntry {
     fn from_kernel(pid: u32, info: &ProcInfo, comm: String) -> ProcessEntry {
         ProcessEntry {
             pid,
-            start_ns: if info.flags & F_START_KNOWN != 0 { info.start_ns } else { 0 },
+            start_ns: if info.flags & F_START_KNOWN != 0 {
+                info.start_ns
+            } else {
+                0
+            },
             ppid: info.ppid,
             comm,
             cgroup_v2: (info.flags & F_V2_KNOWN != 0).then_some(info.cgroup_id),
@@ -197,7 +201,10 @@ mod tests {
         c.on_fork(10, &info(100, 5), "sh".into());
         c.on_exec(10, &info(200, 0), "python".into());
         let e = c.get(10).unwrap();
-        assert_eq!((e.cgroup_v2, e.start_ns, e.comm.as_str()), (Some(200), 5, "python"));
+        assert_eq!(
+            (e.cgroup_v2, e.start_ns, e.comm.as_str()),
+            (Some(200), 5, "python")
+        );
         c.on_exit(10, t0);
         assert!(!c.get(10).unwrap().is_live());
         assert_eq!(c.live_count(), 0);

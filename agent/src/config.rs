@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use serde::Deserialize;
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub http: HttpConfig,
@@ -58,17 +58,6 @@ pub struct CgroupConfig {
     pub proc_root: PathBuf,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            http: HttpConfig::default(),
-            ebpf: EbpfConfig::default(),
-            cache: CacheConfig::default(),
-            cgroup: CgroupConfig::default(),
-        }
-    }
-}
-
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
@@ -118,7 +107,10 @@ pub enum ConfigError {
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid config: {field}: {message}")]
-    Invalid { field: &'static str, message: String },
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
 }
 
 impl Config {
@@ -166,10 +158,10 @@ impl Config {
         if self.ebpf.poll_interval_ms == 0 || self.ebpf.poll_interval_ms > 10_000 {
             return invalid("ebpf.poll_interval_ms", "must be between 1 and 10000");
         }
-        if self.ebpf.wakeup_bytes >= rb {
+        if self.ebpf.wakeup_bytes > rb {
             return invalid(
                 "ebpf.wakeup_bytes",
-                "must be smaller than ebpf.ring_buffer_bytes",
+                "must not exceed ebpf.ring_buffer_bytes (equal: never wake early)",
             );
         }
         if self.cache.procfs_rescan_secs == 0 {
@@ -177,8 +169,15 @@ impl Config {
         }
         match self.cgroup.v1_hierarchy.as_str() {
             "auto" | "none" => {}
-            s if s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=') => {}
-            _ => return invalid("cgroup.v1_hierarchy", "expected auto, none or a controller name"),
+            s if s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=') => {}
+            _ => {
+                return invalid(
+                    "cgroup.v1_hierarchy",
+                    "expected auto, none or a controller name",
+                )
+            }
         }
         Ok(())
     }

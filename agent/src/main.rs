@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand};
 use gpu_agent::config::Config;
 
 #[derive(Parser)]
-#[command(name = "gpu-agent", version, about = "Per-container GPU memory and time")]
+#[command(
+    name = "gpu-agent",
+    version,
+    about = "Per-container GPU memory and time"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
                         .unwrap_or_else(|_| "info".into()),
                 )
                 .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             // Before any thread exists: unshare(CLONE_NEWNS) refuses multi-threaded callers.
             let prep_error = if config.ebpf.enabled {

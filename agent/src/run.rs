@@ -42,7 +42,10 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
     };
     let source = match source {
         Ok(s) => {
-            tracing::info!(load_ms = s.load_time.as_millis() as u64, "eBPF programs attached");
+            tracing::info!(
+                load_ms = s.load_time.as_millis() as u64,
+                "eBPF programs attached"
+            );
             stats
                 .ebpf_load_ms
                 .store(s.load_time.as_millis() as u64, Ordering::Relaxed);

@@ -64,7 +64,11 @@ impl Stats {
     pub fn view(&self) -> StatsView {
         let mode = self.mode.read().unwrap().clone();
         StatsView {
-            mode: if mode.mode.is_empty() { "starting" } else { mode.mode },
+            mode: if mode.mode.is_empty() {
+                "starting"
+            } else {
+                mode.mode
+            },
             degraded_reason: mode.reason,
             events_received: self.events_received.load(Relaxed),
             events_lost: self.events_lost.load(Relaxed),

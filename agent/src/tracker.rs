@@ -123,9 +123,7 @@ impl Tracker {
             }
             let kind = u32::from_ne_bytes(bytes[..4].try_into().unwrap());
             match kind {
-                EVENT_EXEC | EVENT_FORK | EVENT_EXIT
-                    if bytes.len() >= size_of::<ProcEvent>() =>
-                {
+                EVENT_EXEC | EVENT_FORK | EVENT_EXIT if bytes.len() >= size_of::<ProcEvent>() => {
                     // SAFETY: length checked; ProcEvent is plain old data.
                     let ev: ProcEvent =
                         unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const ProcEvent) };

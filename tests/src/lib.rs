@@ -1,1 +1,238 @@
+//! Test support: the real agent binary, real cgroups shaped like kubelet's, real processes.
+//! Nothing here fakes the kernel; only what this machine lacks (a GPU) is faked elsewhere.
+pub mod cgroups;
+pub mod http;
 
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// Root-only tests call this first; it prints why they are skipped.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "SKIP {test}: needs root (loads eBPF programs and creates cgroups); CI runs it as root"
+        );
+        return false;
+    }
+    true
+}
+
+/// target/<profile>/ of this test binary: the agent binary sits there.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/debug/deps/<test>-<hash>
+    exe.parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+pub fn agent_binary() -> PathBuf {
+    let bin = target_dir().join("gpu-agent");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo xtask test` does)",
+        bin.display()
+    );
+    bin
+}
+
+pub fn random_hex(len: usize) -> String {
+    let mut buf = vec![0u8; len.div_ceil(2)];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf))
+        .expect("urandom");
+    let s: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+    s[..len].to_string()
+}
+
+pub fn random_uid() -> String {
+    let h = random_hex(32);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// A running `gpu-agent run`. Stopped (SIGTERM) on drop.
+pub struct Agent {
+    child: Child,
+    pub addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+    _config: Option<tempfile_path::TempPath>,
+}
+
+mod tempfile_path {
+    pub struct TempPath(pub std::path::PathBuf);
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+impl Agent {
+    pub fn start(config_toml: &str) -> Agent {
+        Self::start_with(config_toml, &[])
+    }
+
+    pub fn start_with(config_toml: &str, extra_args: &[&str]) -> Agent {
+        Self::start_binary(&agent_binary(), config_toml, extra_args)
+    }
+
+    /// Starts a given build of the agent (the benchmarks use the release one).
+    pub fn start_binary(bin: &std::path::Path, config_toml: &str, extra_args: &[&str]) -> Agent {
+        let path = std::env::temp_dir().join(format!("gpu-agent-test-{}.toml", random_hex(12)));
+        std::fs::write(&path, config_toml).expect("writing the test config");
+        let mut cmd = Command::new(bin);
+        cmd.args(["run", "--http-addr", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .args(extra_args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        Self::spawn(cmd, Some(tempfile_path::TempPath(path)))
+    }
+
+    /// Spawns a prepared command (e.g. with another uid) and waits until it is ready.
+    pub fn spawn(mut cmd: Command, config: Option<tempfile_path::TempPath>) -> Agent {
+        let mut child = cmd.spawn().expect("spawning gpu-agent");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(i) = line.find("addr=") {
+                    if line.contains("http server listening") {
+                        let _ = tx.send(line[i + 5..].trim().to_string());
+                    }
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "gpu-agent did not start listening:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        let agent = Agent {
+            child,
+            addr,
+            log,
+            _config: config,
+        };
+        agent.wait_until("readyz", Duration::from_secs(30), || {
+            http::get(&agent.addr, "/readyz").is_ok_and(|(s, _)| s == 200)
+        });
+        agent
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn json(&self, path: &str) -> Value {
+        let (status, body) = http::get(&self.addr, path)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\nagent log:\n{}", self.log()));
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    pub fn stats(&self) -> Value {
+        self.json("/debug/stats")
+    }
+
+    pub fn processes(&self) -> Vec<Value> {
+        self.json("/debug/processes")
+            .as_array()
+            .expect("an array")
+            .clone()
+    }
+
+    pub fn process(&self, pid: u32) -> Option<Value> {
+        self.processes()
+            .into_iter()
+            .find(|p| p["pid"].as_u64() == Some(pid as u64))
+    }
+
+    /// Polls `cond` until it holds; panics with the agent's log after `timeout`.
+    pub fn wait_until(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if cond() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("timed out waiting for {what}\nagent log:\n{}", self.log());
+    }
+
+    /// Waits until the agent shows `pid` with `field == value`; returns its row.
+    pub fn wait_for_process(&self, pid: u32, field: &str, value: &Value) -> Value {
+        let mut last = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            last = self.process(pid);
+            if last.as_ref().is_some_and(|p| &p[field] == value) {
+                return last.unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "pid {pid}: wanted {field} = {value}, last seen {last:?}\nagent log:\n{}",
+            self.log()
+        );
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return self.child.wait().expect("wait");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.terminate();
+        }
+    }
+}

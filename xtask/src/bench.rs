@@ -1,9 +1,269 @@
-use anyhow::Result;
+//! `cargo xtask bench ...`: overhead measured on this machine, written to
+//! docs/benchmarks.md. Targets live here, not in timed tests.
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
+use serde_json::Value;
+use tests::{cgroups::TestCgroup, random_hex, random_uid, Agent};
+
+use crate::{cargo, ebpf, workspace_root};
 
 #[derive(Subcommand)]
-pub enum Which {}
+pub enum Which {
+    /// Exec storm: N fork+exec of /bin/true inside a pod cgroup, with and without the
+    /// agent. Reports events lost, the storm's slowdown, the agent's CPU per lifecycle
+    /// event and each eBPF program's run time per event (kernel statistics).
+    Storm {
+        /// fork+exec per storm.
+        #[arg(long, default_value_t = 20_000)]
+        processes: u32,
+        /// Rounds of (without agent, with agent); medians are reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Print only; do not rewrite docs/benchmarks.md.
+        #[arg(long)]
+        no_write: bool,
+    },
+}
 
 pub fn run(which: Which) -> Result<()> {
-    match which {}
+    match which {
+        Which::Storm {
+            processes,
+            rounds,
+            no_write,
+        } => storm(processes, rounds.max(1), no_write),
+    }
+}
+
+fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("benchmarks load eBPF programs and create cgroups: run them as root");
+    }
+    Ok(())
+}
+
+fn release_agent() -> Result<std::path::PathBuf> {
+    ebpf::build()?;
+    cargo(&["build", "--release", "-p", "agent"])?;
+    Ok(workspace_root().join("target/release/gpu-agent"))
+}
+
+/// Runs `n` fork+exec of /bin/true from a shell placed in `cg`; returns the wall time.
+fn run_storm(cg: &TestCgroup, n: u32) -> Result<Duration> {
+    let script = format!("i=0; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done");
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", &script]).stdout(Stdio::null());
+    let started = Instant::now();
+    let status = cg.spawn(&mut cmd).wait()?;
+    let elapsed = started.elapsed();
+    if !status.success() {
+        bail!("storm shell failed: {status}");
+    }
+    Ok(elapsed)
+}
+
+/// CPU time of a process in nanoseconds (schedstat: ns resolution, all threads).
+fn cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let s = std::fs::read_to_string(task?.path().join("schedstat"))?;
+        total += s
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS")
+}
+
+fn counter(stats: &Value, name: &str) -> u64 {
+    stats[name].as_u64().unwrap_or(0)
+}
+
+/// Waits until the agent has drained what the storm queued (the count stops moving).
+fn settle(agent: &Agent) -> Value {
+    let mut last = agent.stats();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = agent.stats();
+        if counter(&now, "events_received") == counter(&last, "events_received") {
+            return now;
+        }
+        last = now;
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+struct ProgramRow {
+    name: String,
+    runs: u64,
+    ns_per_run: f64,
+}
+
+fn storm(n: u32, rounds: u32, no_write: bool) -> Result<()> {
+    require_root()?;
+    let bin = release_agent()?;
+    let uid = random_uid();
+    let path = format!(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
+        uid.replace('-', "_"),
+        random_hex(64)
+    );
+    let cg = TestCgroup::v2(&path);
+    eprintln!("bench storm: {n} fork+exec in {path}, {rounds} rounds");
+    run_storm(&cg, n / 10)?; // warm the page cache
+
+    let (mut base, mut with, mut cpu_per_event, mut lost, mut events) =
+        (vec![], vec![], vec![], 0u64, 0u64);
+    let mut rss = 0;
+    for round in 0..rounds {
+        let b = run_storm(&cg, n)?;
+        let agent = Agent::start_binary(&bin, "", &[]);
+        let s0 = settle(&agent);
+        let c0 = cpu_ns(agent.pid())?;
+        let w = run_storm(&cg, n)?;
+        let s1 = settle(&agent);
+        let c1 = cpu_ns(agent.pid())?;
+        rss = rss.max(rss_kib(agent.pid())?);
+        let ev = counter(&s1, "events_received") - counter(&s0, "events_received");
+        let l = counter(&s1, "events_lost") - counter(&s0, "events_lost");
+        if s1["mode"] != "ebpf" {
+            bail!("agent not in eBPF mode: {s1}");
+        }
+        drop(agent);
+        eprintln!(
+            "round {round}: without {:.2}s, with {:.2}s, {ev} events, {l} lost, agent {:.1} ms CPU",
+            b.as_secs_f64(),
+            w.as_secs_f64(),
+            (c1 - c0) as f64 / 1e6
+        );
+        base.push(b.as_secs_f64());
+        with.push(w.as_secs_f64());
+        cpu_per_event.push((c1 - c0) as f64 / ev.max(1) as f64 / 1000.0);
+        lost += l;
+        events += ev;
+    }
+
+    // Per-program kernel run time, in a separate run: enabling the statistics costs a
+    // little on every program run and must not colour the slowdown.
+    let agent = Agent::start_binary(&bin, "[ebpf]\nprogram_stats = true\n", &[]);
+    let p0 = settle(&agent)["programs"].clone();
+    run_storm(&cg, n)?;
+    let p1 = settle(&agent)["programs"].clone();
+    drop(agent);
+    let mut programs = vec![];
+    for (a, b) in p0.as_array().unwrap().iter().zip(p1.as_array().unwrap()) {
+        let runs = counter(b, "run_count") - counter(a, "run_count");
+        let ns = counter(b, "run_time_ns") - counter(a, "run_time_ns");
+        programs.push(ProgramRow {
+            name: b["name"].as_str().unwrap_or("?").to_string(),
+            runs,
+            ns_per_run: if runs > 0 {
+                ns as f64 / runs as f64
+            } else {
+                0.0
+            },
+        });
+    }
+    let (tb, tw) = (median(&mut base), median(&mut with));
+    let slowdown = tw / tb;
+    let cpu_us = median(&mut cpu_per_event);
+    let total_runs: u64 = programs.iter().map(|p| p.runs).sum();
+    let mean_ns = programs
+        .iter()
+        .map(|p| p.ns_per_run * p.runs as f64)
+        .sum::<f64>()
+        / total_runs.max(1) as f64;
+
+    let mut md = String::new();
+    md.push_str(&format!(
+        "Measured by `cargo xtask bench storm` ({n} fork+exec of /bin/true from a shell in a \
+         pod cgroup; {rounds} rounds, medians) on {}.\n\n",
+        machine()
+    ));
+    md.push_str("| figure | value | goal |\n| --- | --- | --- |\n");
+    md.push_str(&format!(
+        "| storm without agent | {tb:.2} s | |\n| storm with agent | {tw:.2} s | |\n"
+    ));
+    md.push_str(&format!("| slowdown | {slowdown:.3}x | <= 1.15x |\n"));
+    md.push_str(&format!(
+        "| notifications received ({rounds} rounds) | {events} | |\n| notifications lost | {lost} | 0 |\n"
+    ));
+    md.push_str(&format!(
+        "| agent CPU per lifecycle event | {cpu_us:.2} us | <= 5 us |\n| agent RSS after the storms | {:.1} MiB | |\n",
+        rss as f64 / 1024.0
+    ));
+    md.push_str(&format!(
+        "| eBPF run time per event, all programs | {mean_ns:.0} ns | <= 1000 ns |\n\n"
+    ));
+    md.push_str("| program | runs | ns per run |\n| --- | --- | --- |\n");
+    for p in &programs {
+        md.push_str(&format!(
+            "| {} | {} | {:.0} |\n",
+            p.name, p.runs, p.ns_per_run
+        ));
+    }
+    println!("{md}");
+    println!(
+        "RESULT lost={lost} slowdown={slowdown:.3} agent_us_per_event={cpu_us:.2} bpf_ns_per_event={mean_ns:.0}"
+    );
+    if !no_write {
+        write_section("storm", &md)?;
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{} cores of {cpu}, kernel {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    )
+}
+
+/// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->`.
+fn write_section(name: &str, body: &str) -> Result<()> {
+    let path = workspace_root().join("docs/benchmarks.md");
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let (begin, end) = (
+        format!("<!-- {name}:begin -->"),
+        format!("<!-- {name}:end -->"),
+    );
+    let new = match (text.find(&begin), text.find(&end)) {
+        (Some(b), Some(e)) if b < e => {
+            format!("{}{begin}\n{body}{}", &text[..b], &text[e..])
+        }
+        _ => format!("{text}\n{begin}\n{body}{end}\n"),
+    };
+    std::fs::write(&path, new)?;
+    eprintln!("wrote {}", Path::new(&path).display());
+    Ok(())
 }

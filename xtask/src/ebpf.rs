@@ -17,7 +17,11 @@ const LLVM_FEATURE: &str = "llvm-22";
 const TARGET: &str = "bpfel-unknown-none";
 
 pub fn object_path() -> PathBuf {
-    workspace_root().join("target").join(TARGET).join("release").join("agent-ebpf")
+    workspace_root()
+        .join("target")
+        .join(TARGET)
+        .join("release")
+        .join("agent-ebpf")
 }
 
 pub fn build() -> Result<PathBuf> {
@@ -34,12 +38,23 @@ pub fn build() -> Result<PathBuf> {
     );
     eprintln!("xtask: building the eBPF object ({TARGET}, +{TOOLCHAIN})");
     let status = Command::new("rustup")
-        .args(["run", TOOLCHAIN, "cargo", "build", "-p", "agent-ebpf", "--release"])
+        .args([
+            "run",
+            TOOLCHAIN,
+            "cargo",
+            "build",
+            "-p",
+            "agent-ebpf",
+            "--release",
+        ])
         .args(["--target", TARGET, "-Z", "build-std=core"])
         .current_dir(&root)
         .env("PATH", path)
         // BTF in the object: aya-log and the verifier's messages need it.
-        .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf")
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "-Cdebuginfo=2\x1f-Clink-arg=--btf",
+        )
         .env_remove("RUSTFLAGS")
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
@@ -106,10 +121,24 @@ fn ensure_bpf_linker(tools: &Path, sysroot: &Path) -> Result<PathBuf> {
         std::os::unix::fs::symlink(&llvm_lib, &link)
             .with_context(|| format!("linking {}", link.display()))?;
     }
-    eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} into {}", tools.display());
+    eprintln!(
+        "xtask: installing bpf-linker {BPF_LINKER_VERSION} into {}",
+        tools.display()
+    );
     let status = Command::new("cargo")
-        .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
-        .args(["--no-default-features", "--features", LLVM_FEATURE, "--root"])
+        .args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--version",
+            BPF_LINKER_VERSION,
+        ])
+        .args([
+            "--no-default-features",
+            "--features",
+            LLVM_FEATURE,
+            "--root",
+        ])
         .arg(tools)
         .env("LLVM_PREFIX", &prefix)
         .env_remove("CARGO_TARGET_DIR")

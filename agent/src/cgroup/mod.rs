@@ -132,8 +132,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -211,7 +213,10 @@ impl CgroupRegistry {
     /// about). Returns the number of cgroups seen.
     pub fn walk(&mut self, h: &Hierarchy) -> usize {
         let mut seen = 0;
-        let mut stack = vec![(h.mount_point.clone(), h.mount_root.to_string_lossy().into_owned())];
+        let mut stack = vec![(
+            h.mount_point.clone(),
+            h.mount_root.to_string_lossy().into_owned(),
+        )];
         while let Some((dir, path)) = stack.pop() {
             let Ok(meta) = std::fs::metadata(&dir) else {
                 continue;
@@ -284,7 +289,9 @@ mod tests {
         assert_eq!(h.v1.unwrap().id, 4);
         let h = Hierarchies::from_texts(MOUNTINFO, SELF_CGROUP, "name=systemd");
         assert_eq!(h.v1.unwrap().id, 1);
-        assert!(Hierarchies::from_texts(MOUNTINFO, SELF_CGROUP, "none").v1.is_none());
+        assert!(Hierarchies::from_texts(MOUNTINFO, SELF_CGROUP, "none")
+            .v1
+            .is_none());
     }
 
     #[test]
@@ -297,7 +304,9 @@ mod tests {
 
     #[test]
     fn bind_mount_root_maps_paths() {
-        let h = Hierarchies::from_texts(MOUNTINFO, SELF_CGROUP, "pids").v1.unwrap();
+        let h = Hierarchies::from_texts(MOUNTINFO, SELF_CGROUP, "pids")
+            .v1
+            .unwrap();
         assert_eq!(
             h.dir_of("/kubepods/pod1/abc"),
             Some(PathBuf::from("/sys/fs/cgroup/pids/pod1/abc"))

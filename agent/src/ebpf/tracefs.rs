@@ -107,9 +107,12 @@ pub fn parse_format(text: &str) -> Fields {
 }
 
 fn read_fields(tracefs: &Path, category: &str, name: &str) -> Result<Fields, String> {
-    let path = tracefs.join("events").join(category).join(name).join("format");
-    let text = fs::read_to_string(&path)
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let path = tracefs
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format");
+    let text = fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     Ok(parse_format(&text))
 }
 

@@ -1,0 +1,351 @@
+//! The eBPF process cache against ground truth, in the running kernel: real programs, real
+//! cgroups shaped like kubelet's (systemd and cgroupfs drivers), real processes.
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use tests::{
+    cgroups::{proc_cgroup, Proc, TestCgroup},
+    random_hex, random_uid, require_root, Agent,
+};
+
+fn sleeper() -> Command {
+    let mut c = Command::new("sleep");
+    c.arg("600").stdout(Stdio::null());
+    c
+}
+
+/// kubelet, systemd driver, containerd: a burstable pod's container.
+fn systemd_container(uid: &str, id: &str) -> String {
+    let u = uid.replace('-', "_");
+    format!(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{id}.scope"
+    )
+}
+
+/// kubelet, cgroupfs driver: a best-effort pod's container.
+fn cgroupfs_container(uid: &str, id: &str) -> String {
+    format!("/kubepods/besteffort/pod{uid}/{id}")
+}
+
+fn assert_attributed(row: &Value, id: &str, uid: &str) {
+    assert_eq!(row["container_id"], json!(id), "{row}");
+    assert_eq!(row["pod_uid"], json!(uid), "{row}");
+}
+
+#[test]
+fn process_started_before_the_agent_is_found_by_the_startup_walk() {
+    if !require_root("process_started_before_the_agent") {
+        return;
+    }
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let p = Proc(cg.spawn(&mut sleeper()));
+    let agent = Agent::start("");
+    let stats = agent.stats();
+    assert_eq!(stats["mode"], "ebpf", "{stats}\n{}", agent.log());
+    let row = agent
+        .process(p.pid())
+        .unwrap_or_else(|| panic!("pid {} missing\n{}", p.pid(), agent.log()));
+    assert_attributed(&row, &id, &uid);
+    assert_eq!(row["qos"], "burstable");
+    assert_eq!(row["runtime"], "containerd");
+    assert_eq!(row["cgroup_path"], json!(cg.path));
+    assert_eq!(row["comm"], "sleep");
+    // Ground truth: the kernel's own view of the process.
+    assert_eq!(proc_cgroup(p.pid(), "0").as_deref(), Some(cg.path.as_str()));
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&cg.dir).unwrap());
+    assert_eq!(row["cgroup_id"], json!(ino));
+}
+
+#[test]
+fn new_exec_and_fork_without_exec_inherit_the_pod() {
+    if !require_root("new_exec_and_fork_without_exec") {
+        return;
+    }
+    let agent = Agent::start("");
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&cgroupfs_container(&uid, &id));
+    // A Python worker that forks and never execs: the child must be attributed too.
+    let mut cmd = Command::new("python3");
+    cmd.args([
+        "-c",
+        "import os,sys,time\npid=os.fork()\nif pid==0:\n    time.sleep(600)\nelse:\n    print(pid, flush=True)\n    time.sleep(600)\n",
+    ])
+    .stdout(Stdio::piped());
+    let mut parent = Proc(cg.spawn(&mut cmd));
+    let mut line = String::new();
+    BufReader::new(parent.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let child: u32 = line.trim().parse().expect("child pid");
+    for pid in [parent.pid(), child] {
+        let row = agent.wait_for_process(pid, "container_id", &json!(id));
+        assert_attributed(&row, &id, &uid);
+        assert_eq!(row["qos"], "besteffort");
+        assert_eq!(
+            row["runtime"],
+            Value::Null,
+            "cgroupfs cannot tell the runtime"
+        );
+    }
+    let row = agent.process(child).unwrap();
+    assert_eq!(row["ppid"], json!(parent.pid()));
+    assert_eq!(row["comm"], "python3");
+    // SAFETY: the forked child is ours to kill.
+    unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    agent.wait_until(
+        "the forked child to leave the cache",
+        Duration::from_secs(10),
+        || agent.process(child).is_none(),
+    );
+}
+
+#[test]
+fn migration_into_a_pod_cgroup_is_followed() {
+    if !require_root("migration_into_a_pod_cgroup") {
+        return;
+    }
+    let agent = Agent::start("");
+    let p = Proc(sleeper().spawn().unwrap());
+    let before = agent.wait_for_process(p.pid(), "comm", &json!("sleep"));
+    assert_eq!(before["container_id"], Value::Null);
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    cg.add(p.pid());
+    let row = agent.wait_for_process(p.pid(), "container_id", &json!(id));
+    assert_attributed(&row, &id, &uid);
+    assert_eq!(proc_cgroup(p.pid(), "0").as_deref(), Some(cg.path.as_str()));
+}
+
+#[test]
+fn process_in_its_own_pid_namespace_is_seen_by_host_pid() {
+    if !require_root("process_in_its_own_pid_namespace") {
+        return;
+    }
+    let agent = Agent::start("");
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "sleep", "600"]);
+    let outer = Proc(cg.spawn(&mut cmd));
+    // The payload is unshare's child: PID 1 in its namespace, another PID on the host.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let inner = loop {
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", outer.pid()))
+            .unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next() {
+            break pid.parse::<u32>().unwrap();
+        }
+        assert!(Instant::now() < deadline, "unshare never forked");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = std::fs::read_to_string(format!("/proc/{inner}/status")).unwrap();
+    let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    assert!(
+        nspid.ends_with("\t1"),
+        "inner process is PID 1 in its namespace: {nspid}"
+    );
+    let row = agent.wait_for_process(inner, "container_id", &json!(id));
+    assert_attributed(&row, &id, &uid);
+    assert_eq!(row["pid"], json!(inner), "keyed by the host PID");
+    assert!(agent.process(1).is_none_or(|r| r["container_id"].is_null()));
+}
+
+#[test]
+fn plain_docker_scope_is_a_docker_container() {
+    if !require_root("plain_docker_scope") {
+        return;
+    }
+    let agent = Agent::start("");
+    let id = random_hex(64);
+    let cg = TestCgroup::v2(&format!("/system.slice/docker-{id}.scope"));
+    let p = Proc(cg.spawn(&mut sleeper()));
+    let row = agent.wait_for_process(p.pid(), "container_id", &json!(id));
+    assert_eq!(row["runtime"], "docker");
+    assert_eq!(row["pod_uid"], Value::Null);
+    assert_eq!(row["qos"], Value::Null);
+}
+
+#[test]
+fn process_only_in_a_cgroup_v1_hierarchy_is_attributed() {
+    if !require_root("process_only_in_a_cgroup_v1_hierarchy") {
+        return;
+    }
+    let (uid, id) = (random_uid(), random_hex(64));
+    let path = format!("/kubepods/burstable/pod{uid}/{id}");
+    let Some(cg) = TestCgroup::v1_memory(&path) else {
+        eprintln!("SKIP: no cgroup v1 memory hierarchy on this host");
+        return;
+    };
+    let agent = Agent::start("");
+    // Started before: the walk must place it. Moved after: the attach event must.
+    let before = Proc(sleeper().spawn().unwrap());
+    cg.add(before.pid());
+    let agent2 = Agent::start("");
+    let after = Proc(sleeper().spawn().unwrap());
+    agent.wait_for_process(after.pid(), "comm", &json!("sleep"));
+    cg.add(after.pid());
+    // A fork inside the v1 cgroup inherits it in the kernel map.
+    let mut sh = Command::new("sh");
+    sh.args(["-c", "sleep 600"]);
+    let forked = Proc(cg.spawn(&mut sh));
+    for (a, pid) in [
+        (&agent, after.pid()),
+        (&agent, forked.pid()),
+        (&agent2, before.pid()),
+        (&agent, before.pid()),
+    ] {
+        assert_eq!(
+            proc_cgroup(pid, "0").as_deref(),
+            Some("/"),
+            "pid {pid} stays in the cgroup2 root"
+        );
+        let row = a.wait_for_process(pid, "container_id", &json!(id));
+        assert_attributed(&row, &id, &uid);
+        assert_eq!(row["cgroup_version"], 1);
+        assert_eq!(row["cgroup_path"], json!(path));
+    }
+}
+
+/// Forces the next PID to be `want` through ns_last_pid; retries while other forks race.
+fn spawn_with_pid(want: u32, cg: &TestCgroup) -> Option<Proc> {
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string()).ok()?;
+        let p = Proc(cg.spawn(&mut sleeper()));
+        if p.pid() == want {
+            return Some(p);
+        }
+    }
+    None
+}
+
+#[test]
+fn reused_pid_is_a_new_process_in_its_new_pod() {
+    if !require_root("reused_pid_is_a_new_process") {
+        return;
+    }
+    let agent = Agent::start("[cache]\ntombstone_secs = 30\n");
+    let (uid_a, id_a) = (random_uid(), random_hex(64));
+    let (uid_b, id_b) = (random_uid(), random_hex(64));
+    let a = TestCgroup::v2(&systemd_container(&uid_a, &id_a));
+    let b = TestCgroup::v2(&cgroupfs_container(&uid_b, &id_b));
+    let first = Proc(a.spawn(&mut sleeper()));
+    let pid = first.pid();
+    let row_a = agent.wait_for_process(pid, "container_id", &json!(id_a));
+    drop(first);
+    agent.wait_until("the exit", Duration::from_secs(10), || {
+        agent.process(pid).is_none()
+    });
+    let tomb = agent.json("/debug/processes?all=true");
+    assert!(
+        tomb.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["pid"] == json!(pid) && r["exited"] == json!(true)),
+        "a tombstone stays joinable"
+    );
+    let Some(second) = spawn_with_pid(pid, &b) else {
+        eprintln!("SKIP: could not get pid {pid} again (busy machine)");
+        return;
+    };
+    let row_b = agent.wait_for_process(second.pid(), "container_id", &json!(id_b));
+    assert_attributed(&row_b, &id_b, &uid_b);
+    assert_eq!(row_b["exited"], false);
+    assert_ne!(
+        row_a["start_time_ns"], row_b["start_time_ns"],
+        "another identity"
+    );
+}
+
+#[test]
+fn ring_buffer_overflow_is_repaired_by_a_resync() {
+    if !require_root("ring_buffer_overflow") {
+        return;
+    }
+    // One page of ring buffer, no early wake-ups and a slow consumer: a storm must overflow.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let agent = Agent::start(&format!(
+        "[ebpf]\nring_buffer_bytes = {page}\nwakeup_bytes = {page}\npoll_interval_ms = 1500\n"
+    ));
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    // Long-lived processes to find afterwards, short-lived ones to flood the ring, and a
+    // few long-lived ones killed in the storm: the resync must forget exactly those.
+    let mut keep: Vec<Proc> = (0..40).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
+    for _ in 0..300 {
+        let mut c = Command::new("true");
+        cg.spawn(&mut c).wait().unwrap();
+    }
+    let killed: Vec<u32> = keep.drain(..10).map(|p| p.pid()).collect(); // dropped: killed
+    let truth: BTreeSet<u32> = cg.procs().into_iter().collect();
+    assert_eq!(truth.len(), 30);
+    agent.wait_until("a resync", Duration::from_secs(15), || {
+        agent.stats()["resyncs"].as_u64().unwrap_or(0) >= 1
+    });
+    let stats = agent.stats();
+    assert!(stats["events_lost"].as_u64().unwrap() > 0, "{stats}");
+    // The cache must now hold exactly the pod's live processes, all attributed.
+    agent.wait_until(
+        "the cache to match the kernel",
+        Duration::from_secs(10),
+        || {
+            let seen: BTreeSet<u32> = agent
+                .processes()
+                .iter()
+                .filter(|r| r["pod_uid"] == json!(uid))
+                .map(|r| r["pid"].as_u64().unwrap() as u32)
+                .collect();
+            seen == truth
+        },
+    );
+    for pid in killed {
+        assert!(agent.process(pid).is_none(), "killed pid {pid} still live");
+    }
+    for p in &keep {
+        assert_attributed(&agent.process(p.pid()).unwrap(), &id, &uid);
+    }
+}
+
+#[test]
+fn cache_matches_proc_for_every_process() {
+    if !require_root("cache_matches_proc_for_every_process") {
+        return;
+    }
+    let agent = Agent::start("");
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let _ps: Vec<Proc> = (0..5).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // Every process alive both well before the query (past the consumer's poll interval:
+    // notifications are batched) and after it must be in the cache, in its cgroup.
+    let before: BTreeSet<u32> = procs_now();
+    std::thread::sleep(Duration::from_millis(500));
+    let rows = agent.processes();
+    let after: BTreeSet<u32> = procs_now();
+    let stable: BTreeSet<u32> = before.intersection(&after).copied().collect();
+    let mut mismatches = vec![];
+    for pid in &stable {
+        let Some(row) = rows.iter().find(|r| r["pid"] == json!(pid)) else {
+            mismatches.push(format!("{pid}: missing"));
+            continue;
+        };
+        let truth = proc_cgroup(*pid, "0");
+        if row["cgroup_version"] == 2 && truth.is_some() && row["cgroup_path"] != json!(truth) {
+            mismatches.push(format!("{pid}: {} vs {truth:?}", row["cgroup_path"]));
+        }
+    }
+    assert!(mismatches.is_empty(), "{mismatches:?}");
+}
+
+fn procs_now() -> BTreeSet<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
