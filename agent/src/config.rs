@@ -11,6 +11,31 @@ pub struct Config {
     pub ebpf: EbpfConfig,
     pub cache: CacheConfig,
     pub cgroup: CgroupConfig,
+    pub nvml: NvmlConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NvmlConfig {
+    /// false: no GPU sampling (the process cache alone).
+    pub enabled: bool,
+    /// libnvidia-ml.so to load; the system's (libnvidia-ml.so.1) when unset.
+    pub lib_path: Option<PathBuf>,
+    /// Collection interval.
+    pub interval_ms: u64,
+    /// Per-process rows in the snapshot (and later as metrics): cardinality, so opt-in.
+    pub process_detail: bool,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        NvmlConfig {
+            enabled: true,
+            lib_path: None,
+            interval_ms: 1000,
+            process_detail: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -163,6 +188,9 @@ impl Config {
                 "ebpf.wakeup_bytes",
                 "must not exceed ebpf.ring_buffer_bytes (equal: never wake early)",
             );
+        }
+        if !(100..=60_000).contains(&self.nvml.interval_ms) {
+            return invalid("nvml.interval_ms", "must be between 100 and 60000");
         }
         if self.cache.procfs_rescan_secs == 0 {
             return invalid("cache.procfs_rescan_secs", "must be at least 1");

@@ -13,13 +13,14 @@ use axum::{
 };
 use serde::Deserialize;
 
-use crate::{state::State, stats::Stats};
+use crate::{join::Snapshot, state::State, stats::Stats};
 
 #[derive(Clone)]
 pub struct AppState {
     pub state: Arc<RwLock<State>>,
     pub stats: Arc<Stats>,
     pub ready: Arc<AtomicBool>,
+    pub snapshot: Arc<RwLock<Arc<Snapshot>>>,
 }
 
 pub fn router(app: AppState) -> Router {
@@ -28,6 +29,7 @@ pub fn router(app: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/debug/processes", get(processes))
         .route("/debug/stats", get(stats))
+        .route("/debug/snapshot", get(snapshot))
         .with_state(app)
 }
 
@@ -56,4 +58,13 @@ async fn processes(
 
 async fn stats(AxState(app): AxState<AppState>) -> impl IntoResponse {
     Json(app.stats.view())
+}
+
+async fn snapshot(AxState(app): AxState<AppState>) -> impl IntoResponse {
+    let snap = app.snapshot.read().unwrap().clone();
+    // Serialised outside the lock; the snapshot itself is immutable.
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&*snap).unwrap_or_default(),
+    )
 }

@@ -33,6 +33,9 @@ struct RunArgs {
     /// Do not try eBPF: run in /proc mode.
     #[arg(long)]
     no_ebpf: bool,
+    /// Load NVML from this path instead of the system's libnvidia-ml.so.1.
+    #[arg(long, value_name = "PATH")]
+    nvml_lib: Option<PathBuf>,
 }
 
 fn load_config(args: &RunArgs) -> Result<Config, String> {
@@ -45,6 +48,9 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
     }
     if args.no_ebpf {
         config.ebpf.enabled = false;
+    }
+    if let Some(p) = &args.nvml_lib {
+        config.nvml.lib_path = Some(p.clone());
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)

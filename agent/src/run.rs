@@ -1,8 +1,8 @@
 //! `gpu-agent run`: wires the sources, the state owner and the endpoints together.
 use std::{
     os::fd::{AsFd, OwnedFd},
-    sync::{atomic::AtomicBool, atomic::Ordering, Arc},
-    time::Duration,
+    sync::{atomic::AtomicBool, atomic::Ordering, Arc, RwLock},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
@@ -10,9 +10,11 @@ use tokio::{io::unix::AsyncFd, net::TcpListener, signal::unix::SignalKind};
 
 use crate::{
     cgroup::Hierarchies,
-    config::Config,
+    config::{Config, NvmlConfig},
     ebpf::EbpfSource,
+    gpu::{nvml::NvmlSampler, GpuSample},
     http::{self, AppState},
+    join::Snapshot,
     procfs::Procfs,
     stats::Stats,
     tracker::Tracker,
@@ -70,10 +72,15 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
         .await
         .with_context(|| format!("binding the HTTP endpoint {}", config.http.addr))?;
     tracing::info!(addr = %listener.local_addr()?, "http server listening");
+    let snapshot = Arc::new(RwLock::new(Arc::new(Snapshot {
+        nvml: "unavailable: not sampled yet".into(),
+        ..Default::default()
+    })));
     let app = http::router(AppState {
         state: tracker.state.clone(),
         stats: stats.clone(),
         ready: ready.clone(),
+        snapshot: snapshot.clone(),
     });
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
@@ -98,6 +105,15 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
     };
     let mut poll = tokio::time::interval(poll_every);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // NVML calls block: they run on a thread of their own and send samples here.
+    let (gpu_tx, mut gpu_rx) = tokio::sync::mpsc::channel(2);
+    if config.nvml.enabled {
+        spawn_nvml_thread(config.nvml.clone(), gpu_tx)?;
+    } else {
+        *stats.nvml.write().unwrap() = "disabled".into();
+        drop(gpu_tx);
+    }
+    let max_gap = Duration::from_millis(config.nvml.interval_ms * 3);
     let ring = match tracker.source() {
         Some(s) => {
             let fd: OwnedFd = s.ring.as_fd().try_clone_to_owned()?;
@@ -120,10 +136,63 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
                 if tracker.is_ebpf() { tracker.drain(); } else { tracker.rescan_procfs(); }
             }
             _ = gc.tick() => tracker.gc(),
+            Some((sample, status)) = gpu_rx.recv() => {
+                let sample: Option<GpuSample> = sample;
+                *stats.nvml.write().unwrap() = status.clone();
+                let snap = match sample {
+                    Some(s) => {
+                        stats.nvml_samples.fetch_add(1, Ordering::Relaxed);
+                        // Apply what the kernel queued before the sample, so new GPU
+                        // processes are already in the cache.
+                        tracker.drain();
+                        tracker.join_gpu(&s, &status, max_gap, config.nvml.process_detail)
+                    }
+                    None => Snapshot { taken_at_ms: now_ms(), nvml: status, ..Default::default() },
+                };
+                *snapshot.write().unwrap() = Arc::new(snap);
+            }
         }
     }
     tracing::info!("shutting down");
     server.abort();
     drop(ring);
+    Ok(())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+type GpuMessage = (Option<GpuSample>, String);
+
+fn spawn_nvml_thread(
+    cfg: NvmlConfig,
+    tx: tokio::sync::mpsc::Sender<GpuMessage>,
+) -> std::io::Result<()> {
+    let interval = Duration::from_millis(cfg.interval_ms);
+    std::thread::Builder::new()
+        .name("nvml".into())
+        .spawn(move || {
+            let mut sampler = NvmlSampler::new(cfg.lib_path);
+            let mut next = Instant::now();
+            loop {
+                let sample = sampler.sample();
+                if tx
+                    .blocking_send((sample, sampler.status().to_string()))
+                    .is_err()
+                {
+                    return; // the agent is shutting down
+                }
+                next += interval;
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                } else {
+                    next = now; // fell behind (slow driver): do not burst
+                }
+            }
+        })?;
     Ok(())
 }

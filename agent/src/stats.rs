@@ -24,6 +24,10 @@ pub struct Stats {
     pub cgroups_known: AtomicU64,
     pub startup_walk_ms: AtomicU64,
     pub ebpf_load_ms: AtomicU64,
+    pub nvml_samples: AtomicU64,
+    pub gpu_processes: AtomicU64,
+    pub gpu_processes_unresolved: AtomicU64,
+    pub nvml: RwLock<String>,
     pub mode: RwLock<Mode>,
     pub programs: RwLock<Vec<ProgramStats>>,
 }
@@ -53,6 +57,12 @@ pub struct StatsView {
     pub cgroups_known: u64,
     pub startup_walk_ms: u64,
     pub ebpf_load_ms: u64,
+    /// "ok", "disabled" or "unavailable: <reason>".
+    pub nvml: String,
+    pub nvml_samples: u64,
+    pub gpu_processes: u64,
+    /// GPU processes neither the cache nor /proc could place (charged to the host entry).
+    pub gpu_processes_unresolved: u64,
     pub programs: Vec<ProgramStats>,
 }
 
@@ -83,6 +93,10 @@ impl Stats {
             cgroups_known: self.cgroups_known.load(Relaxed),
             startup_walk_ms: self.startup_walk_ms.load(Relaxed),
             ebpf_load_ms: self.ebpf_load_ms.load(Relaxed),
+            nvml: self.nvml.read().unwrap().clone(),
+            nvml_samples: self.nvml_samples.load(Relaxed),
+            gpu_processes: self.gpu_processes.load(Relaxed),
+            gpu_processes_unresolved: self.gpu_processes_unresolved.load(Relaxed),
             programs: self.programs.read().unwrap().clone(),
         }
     }

@@ -17,6 +17,8 @@ use crate::{
     cache::{comm_str, ProcessCache, ProcessEntry},
     cgroup::{CgroupRegistry, Hierarchies},
     ebpf::EbpfSource,
+    gpu::GpuSample,
+    join::{join, Counters, Snapshot},
     procfs::{ProcRecord, Procfs},
     state::State,
     stats::Stats,
@@ -33,7 +35,13 @@ pub struct Tracker {
     last_lost: u64,
     last_walk: HashMap<u32, Instant>,
     tombstone: Duration,
+    counters: Counters,
+    /// GPU PIDs /proc could not place either, and when: not asked again for a while.
+    unresolved: HashMap<u32, Instant>,
 }
+
+/// How long a GPU PID that nobody could place is left alone before /proc is asked again.
+const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
 
 impl Tracker {
     pub fn new(
@@ -56,6 +64,8 @@ impl Tracker {
             last_lost: 0,
             last_walk: HashMap::new(),
             tombstone,
+            counters: Counters::default(),
+            unresolved: HashMap::new(),
         }
     }
 
@@ -323,6 +333,60 @@ impl Tracker {
         self.stats.procfs_fallback_lookups.fetch_add(1, Relaxed);
         self.lookup_from_procfs(pid)?;
         self.state.read().unwrap().cache.get(pid).cloned()
+    }
+
+    /// Joins a GPU sample with the cache. GPU PIDs the cache does not know are looked up
+    /// in /proc first, one PID at a time, so a process the kernel map could not hold (map
+    /// full) is still placed.
+    pub fn join_gpu(
+        &mut self,
+        sample: &GpuSample,
+        nvml_status: &str,
+        max_gap: Duration,
+        process_detail: bool,
+    ) -> Snapshot {
+        let now = Instant::now();
+        let pids: Vec<u32> = sample
+            .devices
+            .iter()
+            .flat_map(|d| d.processes.iter().map(|p| p.pid))
+            .collect();
+        let mut unresolved = 0;
+        for &pid in &pids {
+            if self.state.read().unwrap().cache.get(pid).is_some() {
+                continue;
+            }
+            if self
+                .unresolved
+                .get(&pid)
+                .is_some_and(|t| now.duration_since(*t) < UNRESOLVED_RETRY)
+            {
+                unresolved += 1;
+                continue;
+            }
+            if self.resolve(pid).is_none() {
+                self.unresolved.insert(pid, now);
+                unresolved += 1;
+            }
+        }
+        self.unresolved
+            .retain(|_, t| now.duration_since(*t) < UNRESOLVED_RETRY);
+        self.stats.gpu_processes.store(pids.len() as u64, Relaxed);
+        self.stats
+            .gpu_processes_unresolved
+            .store(unresolved, Relaxed);
+        let st = self.state.read().unwrap();
+        let (snap, counters) = join(
+            &st,
+            sample,
+            nvml_status,
+            &self.counters,
+            max_gap,
+            process_detail,
+        );
+        drop(st);
+        self.counters = counters;
+        snap
     }
 
     fn walk_hierarchy(&mut self, id: u32) {

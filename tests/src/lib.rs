@@ -45,6 +45,17 @@ pub fn agent_binary() -> PathBuf {
     bin
 }
 
+/// The fake libnvidia-ml.so built from fake-nvml/ (`cargo xtask test` builds it).
+pub fn fake_nvml_lib() -> PathBuf {
+    let lib = target_dir().join("libnvidia_ml.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: build it first (`cargo build -p fake-nvml`; `cargo xtask test` does)",
+        lib.display()
+    );
+    lib
+}
+
 pub fn random_hex(len: usize) -> String {
     let mut buf = vec![0u8; len.div_ceil(2)];
     std::fs::File::open("/dev/urandom")
@@ -94,6 +105,20 @@ impl Agent {
 
     /// Starts a given build of the agent (the benchmarks use the release one).
     pub fn start_binary(bin: &std::path::Path, config_toml: &str, extra_args: &[&str]) -> Agent {
+        Self::start_full(bin, config_toml, extra_args, &[])
+    }
+
+    /// Starts the agent with extra environment variables (e.g. FAKE_NVML_SCENARIO).
+    pub fn start_env(config_toml: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Agent {
+        Self::start_full(&agent_binary(), config_toml, extra_args, env)
+    }
+
+    pub fn start_full(
+        bin: &std::path::Path,
+        config_toml: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let path = std::env::temp_dir().join(format!("gpu-agent-test-{}.toml", random_hex(12)));
         std::fs::write(&path, config_toml).expect("writing the test config");
         let mut cmd = Command::new(bin);
@@ -101,6 +126,7 @@ impl Agent {
             .arg(&path)
             .args(extra_args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         Self::spawn(cmd, Some(tempfile_path::TempPath(path)))

@@ -43,8 +43,9 @@ fn main() -> Result<()> {
         }
         Cmd::Test { args } => {
             ebpf::build()?;
-            // The integration tests spawn target/debug/gpu-agent: build it first.
-            cargo(&["build", "-p", "agent"])?;
+            // The integration tests spawn target/debug/gpu-agent and load the fake
+            // libnvidia-ml.so: build both first.
+            cargo(&["build", "-p", "agent", "-p", "fake-nvml"])?;
             let mut a = vec!["test", "--workspace", "--exclude", "agent-ebpf"];
             a.extend(args.iter().map(String::as_str));
             cargo(&a)

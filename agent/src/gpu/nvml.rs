@@ -1,0 +1,360 @@
+//! The NVML binding: nvml-wrapper, loaded from the system or a given path. Failures degrade:
+//! no library or driver -> unavailable with a reason and retried with backoff; a lost GPU or
+//! an unsupported call -> that device or metric is marked and skipped, the others go on.
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use nvml_wrapper::{
+    enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor},
+    enums::device::UsedGpuMemory,
+    error::NvmlError,
+    struct_wrappers::device::ProcessInfo,
+    Device, Nvml,
+};
+
+use super::{DeviceSample, GpuSample, MigSample, ProcessSample};
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+pub struct NvmlSampler {
+    lib_path: Option<PathBuf>,
+    nvml: Option<Nvml>,
+    status: String,
+    next_init: Instant,
+    backoff: Duration,
+    /// Per device uuid: the newest process-utilization timestamp seen (NVML's µs clock).
+    last_seen: HashMap<String, u64>,
+    /// Per device index: the uuid last seen, to name a device that is lost.
+    known: HashMap<u32, (String, String)>,
+}
+
+enum Metric<T> {
+    Value(T),
+    Unsupported,
+    Lost,
+    Failed,
+}
+
+fn metric<T>(r: Result<T, NvmlError>) -> Metric<T> {
+    match r {
+        Ok(v) => Metric::Value(v),
+        Err(NvmlError::NotSupported) | Err(NvmlError::FunctionNotFound) => Metric::Unsupported,
+        Err(NvmlError::FailedToLoadSymbol(_)) => Metric::Unsupported,
+        Err(NvmlError::GpuLost) => Metric::Lost,
+        Err(e) => {
+            tracing::debug!("nvml: {e}");
+            Metric::Failed
+        }
+    }
+}
+
+impl NvmlSampler {
+    pub fn new(lib_path: Option<PathBuf>) -> NvmlSampler {
+        NvmlSampler {
+            lib_path,
+            nvml: None,
+            status: "unavailable: not initialised yet".into(),
+            next_init: Instant::now(),
+            backoff: BACKOFF_MIN,
+            last_seen: HashMap::new(),
+            known: HashMap::new(),
+        }
+    }
+
+    /// "ok" or "unavailable: <reason>".
+    pub fn status(&self) -> &str {
+        &self.status
+    }
+
+    fn try_init(&mut self) -> bool {
+        if self.nvml.is_some() {
+            return true;
+        }
+        if Instant::now() < self.next_init {
+            return false;
+        }
+        let mut builder = Nvml::builder();
+        if let Some(p) = &self.lib_path {
+            builder.lib_path(p.as_os_str());
+        }
+        match builder.init() {
+            Ok(nvml) => {
+                tracing::info!(lib = ?self.lib_path, "NVML initialised");
+                self.nvml = Some(nvml);
+                self.status = "ok".into();
+                self.backoff = BACKOFF_MIN;
+                true
+            }
+            Err(e) => {
+                let reason = describe_init_error(&e, self.lib_path.as_ref());
+                if self.status != format!("unavailable: {reason}") {
+                    tracing::warn!(%reason, retry_in = ?self.backoff, "NVML unavailable; GPU metrics paused");
+                }
+                self.status = format!("unavailable: {reason}");
+                self.next_init = Instant::now() + self.backoff;
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                false
+            }
+        }
+    }
+
+    /// One cycle. None while NVML is unavailable (see `status`).
+    pub fn sample(&mut self) -> Option<GpuSample> {
+        if !self.try_init() {
+            return None;
+        }
+        let nvml = self.nvml.as_ref().unwrap();
+        let count = match nvml.device_count() {
+            Ok(c) => c,
+            Err(e) => {
+                // The driver went away under us: start over, with backoff.
+                self.status = format!("unavailable: {e}");
+                tracing::warn!("NVML device count failed: {e}; reinitialising");
+                self.nvml = None;
+                self.next_init = Instant::now() + self.backoff;
+                return None;
+            }
+        };
+        let driver_version = nvml.sys_driver_version().ok();
+        let mut devices = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let d = match nvml.device_by_index(index) {
+                Ok(dev) => sample_device(nvml, &dev, index, &mut self.last_seen),
+                Err(e) => DeviceSample {
+                    index,
+                    status: if matches!(e, NvmlError::GpuLost) {
+                        "lost".into()
+                    } else {
+                        format!("error: {e}")
+                    },
+                    ..Default::default()
+                },
+            };
+            devices.push(d);
+        }
+        // A lost device may no longer tell its name: use what it said before.
+        for d in &mut devices {
+            if d.uuid.is_empty() {
+                if let Some((uuid, name)) = self.known.get(&d.index) {
+                    d.uuid = uuid.clone();
+                    d.name = name.clone();
+                }
+            } else {
+                self.known.insert(d.index, (d.uuid.clone(), d.name.clone()));
+            }
+        }
+        Some(GpuSample {
+            taken_at_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            driver_version,
+            devices,
+        })
+    }
+}
+
+fn describe_init_error(e: &NvmlError, path: Option<&PathBuf>) -> String {
+    match e {
+        NvmlError::LibloadingError(le) => match path {
+            Some(p) => format!("cannot load {}: {le}", p.display()),
+            None => format!("cannot load libnvidia-ml.so.1 (no NVIDIA driver?): {le}"),
+        },
+        NvmlError::DriverNotLoaded => "the NVIDIA driver is not loaded".into(),
+        NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".into(),
+        other => other.to_string(),
+    }
+}
+
+fn sample_device(
+    nvml: &Nvml,
+    dev: &Device,
+    index: u32,
+    last_seen: &mut HashMap<String, u64>,
+) -> DeviceSample {
+    let mut d = DeviceSample {
+        index,
+        status: "ok".into(),
+        ..Default::default()
+    };
+    let mut lost = false;
+    // Reads one metric: records "unsupported" and "lost", and stops asking a lost device.
+    macro_rules! read {
+        ($name:literal, $e:expr) => {
+            if lost {
+                None
+            } else {
+                match metric($e) {
+                    Metric::Value(v) => Some(v),
+                    Metric::Unsupported => {
+                        d.unsupported.push($name);
+                        None
+                    }
+                    Metric::Lost => {
+                        lost = true;
+                        None
+                    }
+                    Metric::Failed => None,
+                }
+            }
+        };
+    }
+    d.uuid = read!("uuid", dev.uuid()).unwrap_or_default();
+    d.name = read!("name", dev.name()).unwrap_or_default();
+    d.pci_bus_id = read!("pci_info", dev.pci_info()).map(|p| p.bus_id);
+    if let Some(m) = read!("memory", dev.memory_info()) {
+        d.memory_total_bytes = Some(m.total);
+        d.memory_used_bytes = Some(m.used);
+    }
+    if let Some(u) = read!("utilization", dev.utilization_rates()) {
+        d.utilization_gpu = Some(u.gpu);
+        d.utilization_memory = Some(u.memory);
+    }
+    d.power_mw = read!("power", dev.power_usage());
+    d.energy_mj = read!("energy", dev.total_energy_consumption());
+    d.temperature_c = read!("temperature", dev.temperature(TemperatureSensor::Gpu));
+    d.sm_clock_mhz = read!("clocks", dev.clock_info(Clock::SM));
+    d.mem_clock_mhz = read!("clocks", dev.clock_info(Clock::Memory));
+    d.ecc_corrected = read!(
+        "ecc",
+        dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+    );
+    d.ecc_uncorrected = read!(
+        "ecc",
+        dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+    );
+    d.throttle_reasons = read!("throttle", dev.current_throttle_reasons()).map(|r| r.bits());
+    d.mig_enabled = read!("mig", dev.mig_mode()).is_some_and(|m| m.current == 1);
+
+    if d.mig_enabled && !lost {
+        let n = read!("mig", dev.mig_device_count()).unwrap_or(0);
+        for i in 0..n {
+            // Empty slots answer NotFound: skip them.
+            let Ok(mig) = dev.mig_device_by_index(i) else {
+                continue;
+            };
+            let mem = mig.memory_info().ok();
+            let (gi, ci) = instance_ids(nvml, &mig);
+            d.mig_devices.push(MigSample {
+                uuid: mig.uuid().unwrap_or_default(),
+                gpu_instance_id: gi.unwrap_or(u32::MAX),
+                compute_instance_id: ci.unwrap_or(u32::MAX),
+                memory_total_bytes: mem.as_ref().map(|m| m.total),
+                memory_used_bytes: mem.as_ref().map(|m| m.used),
+            });
+        }
+    }
+
+    // Compute and graphics contexts; a process with both is one process.
+    let mut procs: Vec<ProcessSample> = vec![];
+    let lists = [
+        read!("processes", dev.running_compute_processes()),
+        read!("graphics_processes", dev.running_graphics_processes()),
+    ];
+    for p in lists.into_iter().flatten().flatten() {
+        merge_process(&mut procs, &p, &d.mig_devices);
+    }
+
+    // Utilization since our last look. NotFound means "no samples": every process idle.
+    let util_supported = !lost && !d.mig_enabled;
+    let mut util: HashMap<u32, (u64, [u32; 4])> = HashMap::new();
+    if util_supported {
+        let since = last_seen.get(&d.uuid).copied();
+        match dev.process_utilization_stats(since) {
+            Ok(samples) => {
+                for s in samples {
+                    let e = util.entry(s.pid).or_insert((0, [0; 4]));
+                    if s.timestamp >= e.0 {
+                        *e = (s.timestamp, [s.sm_util, s.mem_util, s.enc_util, s.dec_util]);
+                    }
+                    let seen = last_seen.entry(d.uuid.clone()).or_insert(0);
+                    *seen = (*seen).max(s.timestamp);
+                }
+            }
+            Err(NvmlError::NotFound) => {}
+            Err(NvmlError::GpuLost) => lost = true,
+            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
+                d.unsupported.push("process_utilization")
+            }
+            Err(e) => tracing::debug!(uuid = %d.uuid, "process utilization: {e}"),
+        }
+    }
+    let util_known = util_supported && !d.unsupported.contains(&"process_utilization");
+    for p in &mut procs {
+        if util_known {
+            let u = util.get(&p.pid).map(|(_, u)| *u).unwrap_or([0; 4]);
+            p.sm_util = Some(u[0]);
+            p.mem_util = Some(u[1]);
+            p.enc_util = Some(u[2]);
+            p.dec_util = Some(u[3]);
+        }
+    }
+    procs.sort_by_key(|p| p.pid);
+    d.processes = procs;
+    d.unsupported.dedup();
+    if lost {
+        d.status = "lost".into();
+        d.processes.clear();
+    }
+    d
+}
+
+fn merge_process(procs: &mut Vec<ProcessSample>, p: &ProcessInfo, migs: &[MigSample]) {
+    let used = match p.used_gpu_memory {
+        UsedGpuMemory::Used(b) => b,
+        UsedGpuMemory::Unavailable => 0,
+    };
+    let mig_uuid = match (p.gpu_instance_id, p.compute_instance_id) {
+        (Some(gi), Some(ci)) => migs
+            .iter()
+            .find(|m| m.gpu_instance_id == gi && m.compute_instance_id == ci)
+            .or_else(|| migs.iter().find(|m| m.gpu_instance_id == gi))
+            .map(|m| m.uuid.clone()),
+        (Some(gi), None) => migs
+            .iter()
+            .find(|m| m.gpu_instance_id == gi)
+            .map(|m| m.uuid.clone()),
+        _ => None,
+    };
+    if let Some(e) = procs
+        .iter_mut()
+        .find(|e| e.pid == p.pid && e.mig_uuid == mig_uuid)
+    {
+        e.used_memory_bytes = e.used_memory_bytes.max(used);
+        return;
+    }
+    procs.push(ProcessSample {
+        pid: p.pid,
+        used_memory_bytes: used,
+        gpu_instance_id: p.gpu_instance_id,
+        compute_instance_id: p.compute_instance_id,
+        mig_uuid,
+        ..Default::default()
+    });
+}
+
+/// GPU and compute instance ids of a MIG device handle. nvml-wrapper has no method for
+/// these, so the library's own symbols are called, checked first (a missing one panics).
+fn instance_ids(nvml: &Nvml, mig: &Device) -> (Option<u32>, Option<u32>) {
+    let lib = nvml.lib();
+    // SAFETY: `mig` is a live handle from this library; the out-pointers are valid.
+    unsafe {
+        let handle = mig.handle();
+        let gi = lib.nvmlDeviceGetGpuInstanceId.as_ref().ok().and_then(|f| {
+            let mut id = 0;
+            (f(handle, &mut id) == 0).then_some(id)
+        });
+        let ci = lib
+            .nvmlDeviceGetComputeInstanceId
+            .as_ref()
+            .ok()
+            .and_then(|f| {
+                let mut id = 0;
+                (f(handle, &mut id) == 0).then_some(id)
+            });
+        (gi, ci)
+    }
+}

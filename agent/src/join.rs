@@ -1,0 +1,480 @@
+//! The join: GPU samples (by host PID) x the process cache and cgroup registry -> an
+//! immutable snapshot per container and GPU. Pure: the same inputs give the same snapshot;
+//! the cumulative counters go in and come out as values.
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use crate::{
+    gpu::{DeviceSample, GpuSample},
+    state::State,
+};
+
+/// Published to every sink; never mutated after the join.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Snapshot {
+    pub taken_at_ms: u64,
+    /// "ok" or "unavailable: <reason>".
+    pub nvml: String,
+    pub driver_version: Option<String>,
+    /// Devices without their process lists (those are joined into `containers`).
+    pub devices: Vec<DeviceSample>,
+    /// One entry per container (or pod, or the host) using a GPU.
+    pub containers: Vec<ContainerUsage>,
+    /// Per-process detail, only when enabled (cardinality).
+    pub processes: Vec<ProcessUsage>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ContainerUsage {
+    /// Full 64-hex id; null for the host entry and for pod-level cgroups.
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    pub qos: Option<&'static str>,
+    pub runtime: Option<&'static str>,
+    pub cgroup_path: Option<String>,
+    pub gpus: Vec<ContainerGpu>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ContainerGpu {
+    /// The device charged: the MIG device UUID under MIG, else the GPU UUID.
+    pub uuid: String,
+    /// The physical GPU.
+    pub gpu_uuid: String,
+    pub memory_used_bytes: u64,
+    /// Summed over the container's processes, capped at 100 (percent of this device).
+    pub sm_util: Option<u32>,
+    pub mem_util: Option<u32>,
+    pub enc_util: Option<u32>,
+    pub dec_util: Option<u32>,
+    pub pids: Vec<u32>,
+    /// Cumulative: SM-utilization-weighted seconds on this device.
+    pub gpu_time_seconds: f64,
+    /// Cumulative: memory held x seconds.
+    pub memory_byte_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProcessUsage {
+    pub pid: u32,
+    pub comm: Option<String>,
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    pub uuid: String,
+    pub used_memory_bytes: u64,
+    pub sm_util: Option<u32>,
+    pub mem_util: Option<u32>,
+    pub enc_util: Option<u32>,
+    pub dec_util: Option<u32>,
+    /// The process had exited when joined (kept as a tombstone).
+    pub exited: bool,
+}
+
+/// Who a GPU process is charged to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Owner {
+    Container(String),
+    Pod(String),
+    Host,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Accumulated {
+    pub gpu_seconds: f64,
+    pub byte_seconds: f64,
+    /// Last sample that saw this (owner, device), ms; stale ones are dropped.
+    pub last_seen_ms: u64,
+}
+
+/// Cumulative counters per (owner, device uuid).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    pub map: HashMap<(Owner, String), Accumulated>,
+    pub last_sample_ms: u64,
+}
+
+/// Counters of an (owner, device) not seen for this long are forgotten.
+const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
+
+/// What the cgroup says about an owner, copied into its snapshot entry.
+#[derive(Debug, Clone, Default)]
+struct OwnerMeta {
+    container_id: Option<String>,
+    pod_uid: Option<String>,
+    qos: Option<&'static str>,
+    runtime: Option<&'static str>,
+    cgroup_path: Option<String>,
+}
+
+#[derive(Default)]
+struct Group {
+    meta: Option<OwnerMeta>,
+    gpus: BTreeMap<String, ContainerGpu>,
+}
+
+fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
+    match (a, b) {
+        (None, None) => None,
+        (x, y) => Some((x.unwrap_or(0) + y.unwrap_or(0)).min(100)),
+    }
+}
+
+/// Joins one GPU sample with the process state. `max_gap` caps the time credited to the
+/// counters when samples were missed (NVML unavailable, the agent paused).
+pub fn join(
+    state: &State,
+    sample: &GpuSample,
+    nvml_status: &str,
+    prev: &Counters,
+    max_gap: Duration,
+    process_detail: bool,
+) -> (Snapshot, Counters) {
+    let dt = if prev.last_sample_ms == 0 || sample.taken_at_ms <= prev.last_sample_ms {
+        0.0
+    } else {
+        ((sample.taken_at_ms - prev.last_sample_ms) as f64 / 1000.0).min(max_gap.as_secs_f64())
+    };
+    let mut groups: BTreeMap<Owner, Group> = BTreeMap::new();
+    let mut processes = vec![];
+    for dev in &sample.devices {
+        for p in &dev.processes {
+            let entry = state.cache.get(p.pid);
+            let (owner, meta) = match entry {
+                Some(e) => {
+                    let a = state.attribute(e);
+                    let c = a.container();
+                    let owner = match c {
+                        Some(c) if c.container_id.is_some() => {
+                            Owner::Container(c.container_id.clone().unwrap())
+                        }
+                        Some(c) if c.pod_uid.is_some() => Owner::Pod(c.pod_uid.clone().unwrap()),
+                        _ => Owner::Host,
+                    };
+                    let meta = c.map(|c| OwnerMeta {
+                        container_id: c.container_id.clone(),
+                        pod_uid: c.pod_uid.clone(),
+                        qos: c.qos.map(|q| q.as_str()),
+                        runtime: c.runtime.map(|r| r.as_str()),
+                        cgroup_path: a.node.map(|n| n.path.clone()),
+                    });
+                    (owner, meta)
+                }
+                None => (Owner::Host, None),
+            };
+            let uuid = p.device_uuid(dev).to_string();
+            if process_detail {
+                let m = meta.as_ref();
+                processes.push(ProcessUsage {
+                    pid: p.pid,
+                    comm: entry.map(|e| e.comm.clone()),
+                    container_id: m.and_then(|m| m.container_id.clone()),
+                    pod_uid: m.and_then(|m| m.pod_uid.clone()),
+                    uuid: uuid.clone(),
+                    used_memory_bytes: p.used_memory_bytes,
+                    sm_util: p.sm_util,
+                    mem_util: p.mem_util,
+                    enc_util: p.enc_util,
+                    dec_util: p.dec_util,
+                    exited: entry.is_some_and(|e| !e.is_live()),
+                });
+            }
+            let g = groups.entry(owner).or_default();
+            if g.meta.is_none() {
+                g.meta = meta;
+            }
+            let cg = g.gpus.entry(uuid.clone()).or_insert_with(|| ContainerGpu {
+                uuid: uuid.clone(),
+                gpu_uuid: dev.uuid.clone(),
+                memory_used_bytes: 0,
+                sm_util: None,
+                mem_util: None,
+                enc_util: None,
+                dec_util: None,
+                pids: vec![],
+                gpu_time_seconds: 0.0,
+                memory_byte_seconds: 0.0,
+            });
+            cg.memory_used_bytes += p.used_memory_bytes;
+            cg.sm_util = add_util(cg.sm_util, p.sm_util);
+            cg.mem_util = add_util(cg.mem_util, p.mem_util);
+            cg.enc_util = add_util(cg.enc_util, p.enc_util);
+            cg.dec_util = add_util(cg.dec_util, p.dec_util);
+            cg.pids.push(p.pid);
+        }
+    }
+
+    let mut counters = Counters {
+        map: HashMap::with_capacity(prev.map.len()),
+        last_sample_ms: sample.taken_at_ms,
+    };
+    let mut containers = Vec::with_capacity(groups.len());
+    for (owner, g) in groups {
+        let mut gpus = Vec::with_capacity(g.gpus.len());
+        for (uuid, mut cg) in g.gpus {
+            let key = (owner.clone(), uuid);
+            let mut acc = prev.map.get(&key).copied().unwrap_or_default();
+            acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
+            acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
+            acc.last_seen_ms = sample.taken_at_ms;
+            cg.gpu_time_seconds = acc.gpu_seconds;
+            cg.memory_byte_seconds = acc.byte_seconds;
+            cg.pids.sort_unstable();
+            counters.map.insert(key, acc);
+            gpus.push(cg);
+        }
+        let m = match owner {
+            Owner::Host => OwnerMeta::default(),
+            _ => g.meta.unwrap_or_default(),
+        };
+        containers.push(ContainerUsage {
+            container_id: m.container_id,
+            pod_uid: m.pod_uid,
+            qos: m.qos,
+            runtime: m.runtime,
+            cgroup_path: m.cgroup_path,
+            gpus,
+        });
+    }
+    // Owners idle this cycle keep their totals (counters must not reset) until forgotten.
+    for (k, acc) in &prev.map {
+        if !counters.map.contains_key(k)
+            && sample.taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS
+        {
+            counters.map.insert(k.clone(), *acc);
+        }
+    }
+    let devices = sample
+        .devices
+        .iter()
+        .map(|d| DeviceSample {
+            processes: vec![],
+            ..d.clone()
+        })
+        .collect();
+    (
+        Snapshot {
+            taken_at_ms: sample.taken_at_ms,
+            nvml: nvml_status.to_string(),
+            driver_version: sample.driver_version.clone(),
+            devices,
+            containers,
+            processes,
+        },
+        counters,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::{
+        cache::{ProcessCache, ProcessEntry},
+        cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
+        gpu::ProcessSample,
+    };
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    const UID: &str = "12345678-1234-1234-1234-123456789abc";
+
+    fn state() -> State {
+        let mut registry = CgroupRegistry::default();
+        let u = UID.replace('-', "_");
+        registry.insert(0, 10, &format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{A}.scope"));
+        registry.insert(0, 11, &format!("/kubepods/besteffort/pod{UID}/{B}"));
+        registry.insert(0, 1, "/");
+        let mut cache = ProcessCache::new(Duration::from_secs(5));
+        for (pid, cg) in [(100, 10), (101, 10), (200, 11), (300, 1)] {
+            cache.upsert(ProcessEntry {
+                pid,
+                start_ns: 1,
+                ppid: 1,
+                comm: format!("p{pid}"),
+                cgroup_v2: Some(cg),
+                cgroup_v1: None,
+                exited_at: None,
+            });
+        }
+        State {
+            cache,
+            registry,
+            hierarchies: Hierarchies {
+                v2: Some(Hierarchy {
+                    id: 0,
+                    name: "cgroup2".into(),
+                    mount_point: "/sys/fs/cgroup".into(),
+                    mount_root: "/".into(),
+                }),
+                v1: None,
+            },
+        }
+    }
+
+    fn proc(pid: u32, mem: u64, sm: u32) -> ProcessSample {
+        ProcessSample {
+            pid,
+            used_memory_bytes: mem,
+            sm_util: Some(sm),
+            mem_util: Some(1),
+            enc_util: Some(0),
+            dec_util: Some(0),
+            ..Default::default()
+        }
+    }
+
+    fn sample(t: u64, procs: Vec<ProcessSample>) -> GpuSample {
+        GpuSample {
+            taken_at_ms: t,
+            driver_version: Some("580".into()),
+            devices: vec![DeviceSample {
+                uuid: "GPU-1".into(),
+                status: "ok".into(),
+                processes: procs,
+                ..Default::default()
+            }],
+        }
+    }
+
+    fn find<'a>(s: &'a Snapshot, id: Option<&str>) -> &'a ContainerUsage {
+        s.containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == id)
+            .unwrap_or_else(|| panic!("no container {id:?} in {:?}", s.containers))
+    }
+
+    #[test]
+    fn sums_processes_per_container_and_keeps_host_processes() {
+        let st = state();
+        let s = sample(
+            1000,
+            vec![
+                proc(100, 1 << 30, 30),
+                proc(101, 1 << 29, 20),
+                proc(200, 5, 1),
+                proc(300, 7, 2),
+                proc(999, 9, 3),
+            ],
+        );
+        let (snap, _) = join(
+            &st,
+            &s,
+            "ok",
+            &Counters::default(),
+            Duration::from_secs(3),
+            true,
+        );
+        let a = find(&snap, Some(A));
+        assert_eq!(a.pod_uid.as_deref(), Some(UID));
+        assert_eq!(a.qos, Some("burstable"));
+        assert_eq!(a.gpus[0].memory_used_bytes, (1 << 30) + (1 << 29));
+        assert_eq!(a.gpus[0].sm_util, Some(50));
+        assert_eq!(a.gpus[0].pids, vec![100, 101]);
+        assert_eq!(find(&snap, Some(B)).gpus[0].memory_used_bytes, 5);
+        // A host process and an unknown pid both land under the host entry: nothing dropped.
+        let host = find(&snap, None);
+        assert_eq!(host.pod_uid, None);
+        assert_eq!(host.gpus[0].memory_used_bytes, 16);
+        assert_eq!(host.gpus[0].pids, vec![300, 999]);
+        assert_eq!(snap.processes.len(), 5);
+        assert!(snap.devices[0].processes.is_empty());
+    }
+
+    #[test]
+    fn counters_accumulate_with_elapsed_time_and_survive_idle_cycles() {
+        let st = state();
+        let (_, c1) = join(
+            &st,
+            &sample(1000, vec![proc(100, 1000, 50)]),
+            "ok",
+            &Counters::default(),
+            Duration::from_secs(3),
+            false,
+        );
+        let (s2, c2) = join(
+            &st,
+            &sample(3000, vec![proc(100, 1000, 50)]),
+            "ok",
+            &c1,
+            Duration::from_secs(3),
+            false,
+        );
+        let g = &find(&s2, Some(A)).gpus[0];
+        assert!(
+            (g.gpu_time_seconds - 1.0).abs() < 1e-9,
+            "{}",
+            g.gpu_time_seconds
+        );
+        assert!((g.memory_byte_seconds - 2000.0).abs() < 1e-9);
+        // Idle cycle: the container is absent, its totals are kept for when it returns.
+        let (s3, c3) = join(
+            &st,
+            &sample(4000, vec![]),
+            "ok",
+            &c2,
+            Duration::from_secs(3),
+            false,
+        );
+        assert!(s3.containers.is_empty());
+        // A long gap is capped at max_gap.
+        let (s4, _) = join(
+            &st,
+            &sample(100_000, vec![proc(100, 1000, 100)]),
+            "ok",
+            &c3,
+            Duration::from_secs(3),
+            false,
+        );
+        let g = &find(&s4, Some(A)).gpus[0];
+        assert!(
+            (g.gpu_time_seconds - 4.0).abs() < 1e-9,
+            "{}",
+            g.gpu_time_seconds
+        );
+    }
+
+    #[test]
+    fn exited_process_still_joins_through_its_tombstone() {
+        let mut st = state();
+        st.cache.on_exit(100, Instant::now());
+        let (snap, _) = join(
+            &st,
+            &sample(1000, vec![proc(100, 42, 0)]),
+            "ok",
+            &Counters::default(),
+            Duration::from_secs(3),
+            true,
+        );
+        assert_eq!(find(&snap, Some(A)).gpus[0].memory_used_bytes, 42);
+        assert!(snap.processes[0].exited);
+    }
+
+    #[test]
+    fn mig_processes_are_charged_to_their_mig_device() {
+        let st = state();
+        let mut p = proc(100, 10, 0);
+        p.mig_uuid = Some("MIG-1".into());
+        p.sm_util = None;
+        let (snap, _) = join(
+            &st,
+            &sample(1000, vec![p, proc(101, 20, 0)]),
+            "ok",
+            &Counters::default(),
+            Duration::from_secs(3),
+            false,
+        );
+        let a = find(&snap, Some(A));
+        let uuids: Vec<_> = a
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.as_str(), g.gpu_uuid.as_str(), g.memory_used_bytes))
+            .collect();
+        assert_eq!(uuids, vec![("GPU-1", "GPU-1", 20), ("MIG-1", "GPU-1", 10)]);
+        assert_eq!(a.gpus[1].sm_util, None);
+    }
+}

@@ -1,0 +1,328 @@
+//! GPU use joined to containers, end to end: the real agent with real eBPF, processes in
+//! pod cgroups, and NVML answered by the fake libnvidia-ml.so (loaded through nvml-wrapper
+//! exactly as the real one is) driven by a scenario file the test writes and edits.
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use tests::{
+    cgroups::{Proc, TestCgroup},
+    fake_nvml_lib, random_hex, random_uid, require_root, Agent,
+};
+
+const GIB: u64 = 1 << 30;
+
+struct Scenario(PathBuf);
+
+impl Scenario {
+    fn new(v: &Value) -> Scenario {
+        let s = Scenario(std::env::temp_dir().join(format!("fake-nvml-{}.json", random_hex(12))));
+        s.write(v);
+        s
+    }
+
+    /// Atomic replace, so the library never reads half a file.
+    fn write(&self, v: &Value) {
+        let tmp = self.0.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(v).unwrap()).unwrap();
+        std::fs::rename(&tmp, &self.0).unwrap();
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn gpu(uuid: &str, processes: Value) -> Value {
+    json!({
+        "uuid": uuid, "name": "NVIDIA H100 80GB HBM3", "memory_total": 85520809984u64,
+        "memory_used": 3 * GIB, "utilization_gpu": 60, "utilization_memory": 20,
+        "power_mw": 350000, "temperature_c": 45, "processes": processes
+    })
+}
+
+fn p(pid: u32, mem: u64, sm: u32) -> Value {
+    json!({"pid": pid, "used_memory": mem, "sm_util": sm, "mem_util": 5, "enc_util": 0, "dec_util": 0})
+}
+
+fn scenario(devices: Value) -> Value {
+    json!({"driver_version": "580.159.04", "devices": devices})
+}
+
+fn start(sc: &Scenario, extra_config: &str) -> Agent {
+    let lib = fake_nvml_lib();
+    Agent::start_env(
+        &format!("[nvml]\ninterval_ms = 200\n{extra_config}"),
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[("FAKE_NVML_SCENARIO", sc.path())],
+    )
+}
+
+fn sleeper() -> Command {
+    let mut c = Command::new("sleep");
+    c.arg("600").stdout(Stdio::null());
+    c
+}
+
+fn pod_path(uid: &str, id: &str) -> String {
+    format!(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
+        uid.replace('-', "_")
+    )
+}
+
+/// Polls /debug/snapshot until `pred` finds what it wants.
+fn wait_snapshot(agent: &Agent, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        last = agent.json("/debug/snapshot");
+        if pred(&last) {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "timed out waiting for {what}; last snapshot:\n{last:#}\nagent log:\n{}",
+        agent.log()
+    );
+}
+
+fn container<'a>(snap: &'a Value, id: Option<&str>) -> Option<&'a Value> {
+    snap["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["container_id"] == json!(id))
+}
+
+#[test]
+fn two_processes_of_one_container_are_summed() {
+    if !require_root("two_processes_of_one_container_are_summed") {
+        return;
+    }
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let a = Proc(cg.spawn(&mut sleeper()));
+    let b = Proc(cg.spawn(&mut sleeper()));
+    let sc = Scenario::new(&scenario(json!([gpu(
+        "GPU-11111111-2222-3333-4444-555555555555",
+        json!([p(a.pid(), GIB, 30), p(b.pid(), GIB / 2, 20)])
+    )])));
+    let agent = start(&sc, "");
+    let snap = wait_snapshot(&agent, "the container", |s| {
+        container(s, Some(&id)).is_some()
+    });
+    let c = container(&snap, Some(&id)).unwrap();
+    assert_eq!(c["pod_uid"], json!(uid));
+    assert_eq!(c["qos"], "burstable");
+    let g = &c["gpus"][0];
+    assert_eq!(g["uuid"], "GPU-11111111-2222-3333-4444-555555555555");
+    assert_eq!(g["memory_used_bytes"], json!(GIB + GIB / 2));
+    assert_eq!(g["sm_util"], 50);
+    assert_eq!(
+        g["pids"],
+        json!([a.pid().min(b.pid()), a.pid().max(b.pid())])
+    );
+    assert_eq!(snap["nvml"], "ok");
+    assert_eq!(snap["driver_version"], "580.159.04");
+    let d = &snap["devices"][0];
+    assert_eq!(d["memory_total_bytes"], json!(85520809984u64));
+    assert_eq!(d["utilization_gpu"], 60);
+    // The cumulative counters grow with time.
+    let later = wait_snapshot(&agent, "GPU time to accumulate", |s| {
+        container(s, Some(&id))
+            .is_some_and(|c| c["gpus"][0]["gpu_time_seconds"].as_f64() > Some(0.2))
+    });
+    let g = &container(&later, Some(&id)).unwrap()["gpus"][0];
+    assert!(g["memory_byte_seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(agent.stats()["nvml"], "ok");
+}
+
+#[test]
+fn process_in_its_own_pid_namespace_lands_in_its_container() {
+    if !require_root("process_in_its_own_pid_namespace_lands_in_its_container") {
+        return;
+    }
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "sleep", "600"]);
+    let outer = Proc(cg.spawn(&mut cmd));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let inner: u32 = loop {
+        let c = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", outer.pid()))
+            .unwrap_or_default();
+        if let Some(pid) = c.split_whitespace().next() {
+            break pid.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "unshare never forked");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // NVML reports host PIDs: the inner process is PID 1 in its namespace, `inner` here.
+    let sc = Scenario::new(&scenario(json!([gpu(
+        "GPU-0",
+        json!([p(inner, 2 * GIB, 10)])
+    )])));
+    let agent = start(&sc, "");
+    let snap = wait_snapshot(&agent, "the namespaced process", |s| {
+        container(s, Some(&id)).is_some()
+    });
+    let c = container(&snap, Some(&id)).unwrap();
+    assert_eq!(c["gpus"][0]["memory_used_bytes"], json!(2 * GIB));
+    assert_eq!(c["gpus"][0]["pids"], json!([inner]));
+}
+
+#[test]
+fn host_and_unknown_processes_are_kept_under_the_host_entry() {
+    if !require_root("host_and_unknown_processes") {
+        return;
+    }
+    let host = Proc(sleeper().spawn().unwrap());
+    // A PID above pid_max can never exist: nobody can place it, and it is still counted.
+    let ghost = 4_194_304 + 7;
+    let sc = Scenario::new(&scenario(json!([gpu(
+        "GPU-0",
+        json!([p(host.pid(), 100, 1), p(ghost, 200, 2)])
+    )])));
+    let agent = start(&sc, "process_detail = true\n");
+    let snap = wait_snapshot(&agent, "the host entry", |s| container(s, None).is_some());
+    let h = container(&snap, None).unwrap();
+    assert_eq!(h["pod_uid"], Value::Null);
+    assert_eq!(h["gpus"][0]["memory_used_bytes"], 300);
+    assert_eq!(h["gpus"][0]["pids"], json!([host.pid(), ghost]));
+    let procs = snap["processes"].as_array().unwrap();
+    assert!(procs
+        .iter()
+        .any(|r| r["pid"] == json!(host.pid()) && r["comm"] == "sleep"));
+    assert!(agent.stats()["gpu_processes_unresolved"].as_u64() >= Some(1));
+}
+
+#[test]
+fn mig_process_is_charged_to_its_mig_device() {
+    if !require_root("mig_process_is_charged_to_its_mig_device") {
+        return;
+    }
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let w = Proc(cg.spawn(&mut sleeper()));
+    let mig = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
+    let mut dev = gpu("GPU-99999999-2222-3333-4444-555555555555", json!([]));
+    dev["mig_devices"] = json!([
+        {"uuid": "MIG-00000000-bbbb-cccc-dddd-eeeeeeeeeeee", "gpu_instance_id": 1,
+         "compute_instance_id": 0, "memory_total": 10 * GIB, "memory_used": 0, "processes": []},
+        {"uuid": mig, "gpu_instance_id": 2, "compute_instance_id": 0,
+         "memory_total": 20 * GIB, "memory_used": 5 * GIB, "processes": [p(w.pid(), 5 * GIB, 0)]}
+    ]);
+    let sc = Scenario::new(&scenario(json!([dev])));
+    let agent = start(&sc, "");
+    let snap = wait_snapshot(&agent, "the MIG container", |s| {
+        container(s, Some(&id)).is_some()
+    });
+    let g = &container(&snap, Some(&id)).unwrap()["gpus"][0];
+    assert_eq!(g["uuid"], mig);
+    assert_eq!(g["gpu_uuid"], "GPU-99999999-2222-3333-4444-555555555555");
+    assert_eq!(g["memory_used_bytes"], json!(5 * GIB));
+    let d = &snap["devices"][0];
+    assert_eq!(d["mig_enabled"], true);
+    assert_eq!(d["mig_devices"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn a_gpu_lost_mid_run_is_marked_and_the_others_go_on() {
+    if !require_root("a_gpu_lost_mid_run") {
+        return;
+    }
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let a = Proc(cg.spawn(&mut sleeper()));
+    let b = Proc(cg.spawn(&mut sleeper()));
+    let healthy = scenario(json!([
+        gpu("GPU-0", json!([p(a.pid(), GIB, 10)])),
+        gpu("GPU-1", json!([p(b.pid(), 2 * GIB, 10)]))
+    ]));
+    let sc = Scenario::new(&healthy);
+    let agent = start(&sc, "");
+    wait_snapshot(&agent, "both GPUs", |s| {
+        container(s, Some(&id)).is_some_and(|c| c["gpus"].as_array().unwrap().len() == 2)
+    });
+    let mut lost = healthy.clone();
+    lost["devices"][0]["lost"] = json!(true);
+    sc.write(&lost);
+    let snap = wait_snapshot(&agent, "GPU-0 lost", |s| {
+        s["devices"][0]["status"] == "lost"
+    });
+    assert_eq!(
+        snap["devices"][0]["uuid"], "GPU-0",
+        "a lost GPU keeps its name"
+    );
+    assert_eq!(snap["devices"][1]["status"], "ok");
+    let g = &container(&snap, Some(&id)).unwrap()["gpus"];
+    assert_eq!(g.as_array().unwrap().len(), 1);
+    assert_eq!(g[0]["uuid"], "GPU-1");
+    sc.write(&healthy);
+    wait_snapshot(&agent, "GPU-0 back", |s| s["devices"][0]["status"] == "ok");
+    assert_eq!(agent.stats()["mode"], "ebpf");
+}
+
+#[test]
+fn no_driver_degrades_and_recovers_by_itself() {
+    if !require_root("no_driver_degrades_and_recovers") {
+        return;
+    }
+    let sc = Scenario::new(&json!({"driver_loaded": false, "devices": []}));
+    let agent = start(&sc, "");
+    agent.wait_until("nvml unavailable", Duration::from_secs(10), || {
+        agent.stats()["nvml"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("unavailable:"))
+    });
+    assert!(
+        !agent.processes().is_empty(),
+        "the process cache still answers"
+    );
+    assert!(agent.log().contains("NVML unavailable"));
+    let w = Proc(sleeper().spawn().unwrap());
+    sc.write(&scenario(json!([gpu("GPU-0", json!([p(w.pid(), 64, 0)]))])));
+    // Retried with backoff (1 s, 2 s, ...): it comes back without a restart.
+    let snap = wait_snapshot(&agent, "NVML to come back", |s| s["nvml"] == "ok");
+    assert_eq!(snap["devices"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn a_process_that_exits_before_the_join_still_counts_for_its_container() {
+    if !require_root("a_process_that_exits_before_the_join") {
+        return;
+    }
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let w = Proc(cg.spawn(&mut sleeper()));
+    let pid = w.pid();
+    let sc = Scenario::new(&scenario(json!([gpu("GPU-0", json!([]))])));
+    let agent = start(&sc, "[cache]\ntombstone_secs = 60\n");
+    agent.wait_for_process(pid, "container_id", &json!(id));
+    drop(w); // exits now; NVML's last sample still lists it
+    agent.wait_until("the exit", Duration::from_secs(10), || {
+        agent.process(pid).is_none()
+    });
+    sc.write(&scenario(json!([gpu("GPU-0", json!([p(pid, 123, 0)]))])));
+    let snap = wait_snapshot(&agent, "the exited process", |s| {
+        container(s, Some(&id)).is_some()
+    });
+    assert_eq!(
+        container(&snap, Some(&id)).unwrap()["gpus"][0]["memory_used_bytes"],
+        123
+    );
+    assert!(
+        container(&snap, None).is_none(),
+        "not misfiled under the host"
+    );
+}
