@@ -97,7 +97,7 @@ impl Default for EbpfConfig {
             enabled: true,
             max_processes: 65536,
             ring_buffer_bytes: 1 << 20,
-            poll_interval_ms: 100,
+            poll_interval_ms: 250,
             wakeup_bytes: 256 << 10,
             program_stats: false,
         }

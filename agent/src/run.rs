@@ -16,7 +16,7 @@ use crate::{
     http::{self, AppState},
     join::Snapshot,
     procfs::Procfs,
-    stats::Stats,
+    stats::{thread_cpu_ns, Stats},
     tracker::Tracker,
 };
 
@@ -108,7 +108,7 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
     // NVML calls block: they run on a thread of their own and send samples here.
     let (gpu_tx, mut gpu_rx) = tokio::sync::mpsc::channel(2);
     if config.nvml.enabled {
-        spawn_nvml_thread(config.nvml.clone(), gpu_tx)?;
+        spawn_nvml_thread(config.nvml.clone(), gpu_tx, stats.clone())?;
     } else {
         *stats.nvml.write().unwrap() = "disabled".into();
         drop(gpu_tx);
@@ -139,6 +139,7 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
             Some((sample, status)) = gpu_rx.recv() => {
                 let sample: Option<GpuSample> = sample;
                 *stats.nvml.write().unwrap() = status.clone();
+                let cpu0 = thread_cpu_ns();
                 let snap = match sample {
                     Some(s) => {
                         stats.nvml_samples.fetch_add(1, Ordering::Relaxed);
@@ -150,6 +151,7 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
                     None => Snapshot { taken_at_ms: now_ms(), nvml: status, ..Default::default() },
                 };
                 *snapshot.write().unwrap() = Arc::new(snap);
+                stats.join_cpu_ns.fetch_add(thread_cpu_ns() - cpu0, Ordering::Relaxed);
             }
         }
     }
@@ -170,6 +172,7 @@ type GpuMessage = (Option<GpuSample>, String);
 fn spawn_nvml_thread(
     cfg: NvmlConfig,
     tx: tokio::sync::mpsc::Sender<GpuMessage>,
+    stats: Arc<Stats>,
 ) -> std::io::Result<()> {
     let interval = Duration::from_millis(cfg.interval_ms);
     std::thread::Builder::new()
@@ -178,7 +181,11 @@ fn spawn_nvml_thread(
             let mut sampler = NvmlSampler::new(cfg.lib_path);
             let mut next = Instant::now();
             loop {
+                let cpu0 = thread_cpu_ns();
                 let sample = sampler.sample();
+                stats
+                    .nvml_sample_cpu_ns
+                    .fetch_add(thread_cpu_ns() - cpu0, Ordering::Relaxed);
                 if tx
                     .blocking_send((sample, sampler.status().to_string()))
                     .is_err()

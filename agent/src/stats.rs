@@ -25,6 +25,10 @@ pub struct Stats {
     pub startup_walk_ms: AtomicU64,
     pub ebpf_load_ms: AtomicU64,
     pub nvml_samples: AtomicU64,
+    /// CPU time (thread clock) of the NVML sampling thread, NVML's own calls included.
+    pub nvml_sample_cpu_ns: AtomicU64,
+    /// CPU time of joining samples and publishing snapshots.
+    pub join_cpu_ns: AtomicU64,
     pub gpu_processes: AtomicU64,
     pub gpu_processes_unresolved: AtomicU64,
     pub nvml: RwLock<String>,
@@ -60,6 +64,8 @@ pub struct StatsView {
     /// "ok", "disabled" or "unavailable: <reason>".
     pub nvml: String,
     pub nvml_samples: u64,
+    pub nvml_sample_cpu_ns: u64,
+    pub join_cpu_ns: u64,
     pub gpu_processes: u64,
     /// GPU processes neither the cache nor /proc could place (charged to the host entry).
     pub gpu_processes_unresolved: u64,
@@ -95,9 +101,22 @@ impl Stats {
             ebpf_load_ms: self.ebpf_load_ms.load(Relaxed),
             nvml: self.nvml.read().unwrap().clone(),
             nvml_samples: self.nvml_samples.load(Relaxed),
+            nvml_sample_cpu_ns: self.nvml_sample_cpu_ns.load(Relaxed),
+            join_cpu_ns: self.join_cpu_ns.load(Relaxed),
             gpu_processes: self.gpu_processes.load(Relaxed),
             gpu_processes_unresolved: self.gpu_processes_unresolved.load(Relaxed),
             programs: self.programs.read().unwrap().clone(),
         }
     }
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -200,8 +200,8 @@ impl Tracker {
             self.drain();
             self.resync_from_kernel();
             self.stats.resyncs.fetch_add(1, Relaxed);
+            self.publish_gauges();
         }
-        self.publish_gauges();
         n
     }
 
@@ -412,7 +412,7 @@ impl Tracker {
         st.cache.gc(now);
         st.registry.gc(self.tombstone * 2);
         drop(st);
-        if let Some(src) = self.source.as_ref() {
+        if let Some(src) = self.source.as_ref().filter(|s| s.stats_enabled()) {
             *self.stats.programs.write().unwrap() = src.program_stats();
         }
         self.publish_gauges();

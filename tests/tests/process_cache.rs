@@ -324,7 +324,7 @@ fn cache_matches_proc_for_every_process() {
     // Every process alive both well before the query (past the consumer's poll interval:
     // notifications are batched) and after it must be in the cache, in its cgroup.
     let before: BTreeSet<u32> = procs_now();
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(1000));
     let rows = agent.processes();
     let after: BTreeSet<u32> = procs_now();
     let stable: BTreeSet<u32> = before.intersection(&after).copied().collect();

@@ -29,6 +29,21 @@ pub enum Which {
         #[arg(long)]
         no_write: bool,
     },
+    /// One NVML collection + join cycle: the 8-GPU H100 scenario (fake libnvidia-ml.so)
+    /// with GPU processes that are real processes spread over pod cgroups.
+    Gpu {
+        /// GPU processes, spread over the 8 GPUs.
+        #[arg(long, default_value_t = 400)]
+        processes: u32,
+        /// Pods (cgroups) they live in.
+        #[arg(long, default_value_t = 50)]
+        pods: u32,
+        /// Cycles measured (1 Hz).
+        #[arg(long, default_value_t = 20)]
+        cycles: u32,
+        #[arg(long)]
+        no_write: bool,
+    },
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -38,6 +53,12 @@ pub fn run(which: Which) -> Result<()> {
             rounds,
             no_write,
         } => storm(processes, rounds.max(1), no_write),
+        Which::Gpu {
+            processes,
+            pods,
+            cycles,
+            no_write,
+        } => gpu(processes, pods.max(1), cycles.max(1), no_write),
     }
 }
 
@@ -265,5 +286,139 @@ fn write_section(name: &str, body: &str) -> Result<()> {
     };
     std::fs::write(&path, new)?;
     eprintln!("wrote {}", Path::new(&path).display());
+    Ok(())
+}
+
+fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
+    require_root()?;
+    let bin = release_agent()?;
+    cargo(&["build", "--release", "-p", "fake-nvml"])?;
+    let lib = workspace_root().join("target/release/libnvidia_ml.so");
+    let template: Value = serde_json::from_str(&std::fs::read_to_string(
+        workspace_root().join("tests/scenarios/h100-8gpu.json"),
+    )?)?;
+
+    // Real processes in real pod cgroups, so every GPU PID joins through the cache.
+    let cgs: Vec<TestCgroup> = (0..pods)
+        .map(|_| {
+            TestCgroup::v2(&format!(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+                random_uid().replace('-', "_"),
+                random_hex(64)
+            ))
+        })
+        .collect();
+    let mut procs = vec![];
+    for i in 0..n {
+        let mut c = Command::new("sleep");
+        c.arg("3600");
+        procs.push(tests::cgroups::Proc(cgs[(i % pods) as usize].spawn(&mut c)));
+    }
+    let mut scenario = template.clone();
+    let devices = scenario["devices"].as_array_mut().context("devices")?;
+    let ndev = devices.len();
+    for d in devices.iter_mut() {
+        d["processes"] = Value::Array(vec![]);
+    }
+    for (i, p) in procs.iter().enumerate() {
+        let d = &mut devices[i % ndev];
+        d["processes"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "pid": p.pid(), "used_memory": (1u64 << 28) * (1 + i as u64 % 8),
+                "sm_util": i % 100, "mem_util": i % 40, "enc_util": 0, "dec_util": 0
+            }));
+    }
+    let path = std::env::temp_dir().join(format!("bench-gpu-{}.json", random_hex(8)));
+    std::fs::write(&path, serde_json::to_vec(&scenario)?)?;
+    let env = [("FAKE_NVML_SCENARIO", path.to_str().unwrap())];
+    let lib_arg = lib.to_str().unwrap();
+
+    // Baseline: the same agent with GPU sampling off.
+    let idle_secs = 10.0;
+    let agent = Agent::start_full(&bin, "[nvml]\nenabled = false\n", &[], &env);
+    settle(&agent);
+    let c0 = cpu_ns(agent.pid())?;
+    std::thread::sleep(Duration::from_secs_f64(idle_secs));
+    let idle_ns_per_s = (cpu_ns(agent.pid())? - c0) as f64 / idle_secs;
+    drop(agent);
+
+    let agent = Agent::start_full(&bin, "", &["--nvml-lib", lib_arg], &env);
+    let wait_samples = |agent: &Agent, k: u64| {
+        let deadline = Instant::now() + Duration::from_secs(k * 3 + 10);
+        loop {
+            let s = agent.stats();
+            if counter(&s, "nvml_samples") >= k || Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let s0 = wait_samples(&agent, 3);
+    let c0 = cpu_ns(agent.pid())?;
+    let t0 = Instant::now();
+    // Sleep through the window: polling the agent would be measured as its cost.
+    std::thread::sleep(Duration::from_millis(cycles as u64 * 1000 + 200));
+    let c1 = cpu_ns(agent.pid())?;
+    let secs = t0.elapsed().as_secs_f64();
+    let s1 = agent.stats();
+    let rss = rss_kib(agent.pid())?;
+    let snap = agent.json("/debug/snapshot");
+    drop(agent);
+    let _ = std::fs::remove_file(&path);
+
+    let k = (counter(&s1, "nvml_samples") - counter(&s0, "nvml_samples")).max(1) as f64;
+    let join_us = (counter(&s1, "join_cpu_ns") - counter(&s0, "join_cpu_ns")) as f64 / k / 1000.0;
+    let sample_us = (counter(&s1, "nvml_sample_cpu_ns") - counter(&s0, "nvml_sample_cpu_ns"))
+        as f64
+        / k
+        / 1000.0;
+    let total_us = ((c1 - c0) as f64 - idle_ns_per_s * secs) / k / 1000.0;
+    let joined: usize = snap["containers"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter(|c| !c["container_id"].is_null())
+                .flat_map(|c| c["gpus"].as_array().unwrap().iter())
+                .map(|g| g["pids"].as_array().unwrap().len())
+                .sum()
+        })
+        .unwrap_or(0);
+    if joined != n as usize {
+        bail!("only {joined} of {n} GPU processes were attributed to their containers");
+    }
+
+    let mut md = format!(
+        "Measured by `cargo xtask bench gpu` ({ndev} GPUs from tests/scenarios/h100-8gpu.json \
+         through the fake libnvidia-ml.so, {n} GPU processes that are real processes in {pods} \
+         pod cgroups, 1 Hz, {k} cycles) on {}.\n\n",
+        machine()
+    );
+    md.push_str("| figure (per cycle) | value | goal |\n| --- | --- | --- |\n");
+    md.push_str(&format!(
+        "| join + snapshot publish (agent's own work) | {join_us:.0} us | < 1000 us |\n"
+    ));
+    md.push_str(&format!(
+        "| NVML sampling thread (nvml-wrapper and the library's calls included) | {sample_us:.0} us | |\n"
+    ));
+    md.push_str(&format!(
+        "| whole agent, above its idle cost | {total_us:.0} us | |\n| agent idle cost | {:.0} us/s | |\n",
+        idle_ns_per_s / 1000.0
+    ));
+    md.push_str(&format!(
+        "| processes attributed | {joined} of {n} | all |\n| agent RSS | {:.1} MiB | |\n",
+        rss as f64 / 1024.0
+    ));
+    println!("{md}");
+    println!(
+        "RESULT join_us={join_us:.0} sample_us={sample_us:.0} total_us={total_us:.0} rss_mb={:.1}",
+        rss as f64 / 1024.0
+    );
+    if !no_write {
+        write_section("gpu", &md)?;
+    }
+    drop(procs);
+    drop(cgs);
     Ok(())
 }

@@ -129,6 +129,11 @@ impl EbpfSource {
         })
     }
 
+    /// Whether kernel per-program statistics were enabled (ebpf.program_stats).
+    pub fn stats_enabled(&self) -> bool {
+        self._stats.is_some()
+    }
+
     pub fn counters(&self) -> KernelCounters {
         let sum = |i: u32| -> u64 {
             self.counters
