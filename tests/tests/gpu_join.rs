@@ -326,3 +326,119 @@ fn a_process_that_exits_before_the_join_still_counts_for_its_container() {
         "not misfiled under the host"
     );
 }
+
+/// A scenario file from tests/scenarios with its placeholder PIDs replaced by real ones.
+fn scenario_file(name: &str, pids: &[(u64, u32)]) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(name);
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fn remap(v: &mut Value, pids: &[(u64, u32)]) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::Number(n)) = m.get("pid") {
+                    let old = n.as_u64().unwrap();
+                    let new = pids.iter().find(|(o, _)| *o == old).map(|(_, n)| *n);
+                    m.insert("pid".into(), json!(new.expect("unmapped placeholder pid")));
+                }
+                m.values_mut().for_each(|x| remap(x, pids));
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| remap(x, pids)),
+            _ => {}
+        }
+    }
+    remap(&mut v, pids);
+    v
+}
+
+#[test]
+fn time_sliced_gpu_from_the_scenario_file_is_split_by_container() {
+    if !require_root("time_sliced_gpu_from_the_scenario_file") {
+        return;
+    }
+    let (ua, ia) = (random_uid(), random_hex(64));
+    let (ub, ib) = (random_uid(), random_hex(64));
+    let a = TestCgroup::v2(&pod_path(&ua, &ia));
+    let b = TestCgroup::v2(&format!("/kubepods/besteffort/pod{ub}/{ib}"));
+    let (a1, a2) = (Proc(a.spawn(&mut sleeper())), Proc(a.spawn(&mut sleeper())));
+    let (b1, b2) = (Proc(b.spawn(&mut sleeper())), Proc(b.spawn(&mut sleeper())));
+    let host = Proc(sleeper().spawn().unwrap());
+    let v = scenario_file(
+        "timesliced.json",
+        &[
+            (3001, a1.pid()),
+            (3002, a2.pid()),
+            (3003, b1.pid()),
+            (3004, b2.pid()),
+            (3005, host.pid()),
+        ],
+    );
+    let sc = Scenario::new(&v);
+    let agent = start(&sc, "");
+    let snap = wait_snapshot(&agent, "three owners", |s| {
+        s["containers"].as_array().is_some_and(|c| c.len() == 3)
+    });
+    let ga = &container(&snap, Some(&ia)).unwrap()["gpus"][0];
+    assert_eq!(ga["memory_used_bytes"], json!(5 * GIB + 4 * GIB));
+    assert_eq!(ga["sm_util"], json!(31 + 22));
+    let gb = &container(&snap, Some(&ib)).unwrap()["gpus"][0];
+    assert_eq!(gb["memory_used_bytes"], json!(3 * GIB + 2 * GIB));
+    assert_eq!(gb["sm_util"], json!(17 + 8));
+    // The idle process holds memory and has no utilization sample: 0, not missing.
+    let gh = &container(&snap, None).unwrap()["gpus"][0];
+    assert_eq!(gh["memory_used_bytes"], json!(1610612736u64));
+    assert_eq!(gh["sm_util"], 0);
+    assert_eq!(ga["uuid"], gb["uuid"], "one physical GPU, shared");
+}
+
+#[test]
+fn mig_node_from_the_scenario_file_charges_each_mig_device() {
+    if !require_root("mig_node_from_the_scenario_file") {
+        return;
+    }
+    let ids: Vec<(String, String)> = (0..3).map(|_| (random_uid(), random_hex(64))).collect();
+    let cgs: Vec<TestCgroup> = ids
+        .iter()
+        .map(|(u, i)| TestCgroup::v2(&pod_path(u, i)))
+        .collect();
+    let x = Proc(cgs[0].spawn(&mut sleeper()));
+    let (y1, y2) = (
+        Proc(cgs[1].spawn(&mut sleeper())),
+        Proc(cgs[1].spawn(&mut sleeper())),
+    );
+    let z = Proc(cgs[2].spawn(&mut sleeper()));
+    let v = scenario_file(
+        "a100-mig.json",
+        &[
+            (2001, x.pid()),
+            (2101, y1.pid()),
+            (2102, y2.pid()),
+            (2201, z.pid()),
+        ],
+    );
+    let sc = Scenario::new(&v);
+    let agent = start(&sc, "");
+    let snap = wait_snapshot(&agent, "three pods", |s| {
+        ids.iter().all(|(_, i)| container(s, Some(i)).is_some())
+    });
+    let gpu_of = |i: usize| container(&snap, Some(&ids[i].1)).unwrap()["gpus"].clone();
+    assert_eq!(
+        gpu_of(0)[0]["uuid"],
+        "MIG-22ac4f22-4f5a-4872-a37f-2aab8a87f66b"
+    );
+    assert_eq!(
+        gpu_of(1)[0]["uuid"],
+        "MIG-4f06c904-75ca-4d7d-a0bb-51f2b99055b2"
+    );
+    assert_eq!(gpu_of(1)[0]["pids"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        gpu_of(0)[0]["gpu_uuid"],
+        "GPU-4e30fb2f-3875-41f4-b9bd-71c8bb5975b1"
+    );
+    // MIG GPUs give no per-process utilization: unknown, not zero.
+    assert_eq!(gpu_of(0)[0]["sm_util"], Value::Null);
+    assert_eq!(
+        gpu_of(2)[0]["uuid"],
+        "GPU-63cec0a8-4407-4d47-b648-2810cfd27329"
+    );
+}
