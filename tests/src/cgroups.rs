@@ -195,3 +195,37 @@ pub fn proc_cgroup(pid: u32, h: &str) -> Option<String> {
             (id == h || ctrls.split(',').any(|c| c == h)).then(|| path.to_string())
         })
 }
+
+/// `sleep 600`, quiet.
+pub fn sleeper() -> Command {
+    let mut c = Command::new("sleep");
+    c.arg("600").stdout(std::process::Stdio::null());
+    c
+}
+
+/// kubelet, systemd driver, containerd: a burstable pod's container.
+pub fn systemd_container(uid: &str, id: &str) -> String {
+    let u = uid.replace('-', "_");
+    format!(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{id}.scope"
+    )
+}
+
+/// kubelet, cgroupfs driver: a best-effort pod's container.
+pub fn cgroupfs_container(uid: &str, id: &str) -> String {
+    format!("/kubepods/besteffort/pod{uid}/{id}")
+}
+
+/// The first child of `pid` (e.g. the payload `unshare --fork` starts), waiting for it.
+pub fn first_child(pid: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = c.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "{pid} never forked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

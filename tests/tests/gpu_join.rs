@@ -3,13 +3,13 @@
 //! exactly as the real one is) driven by a scenario file the test writes and edits.
 use std::{
     path::PathBuf,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::{json, Value};
 use tests::{
-    cgroups::{Proc, TestCgroup},
+    cgroups::{first_child, sleeper, systemd_container, Proc, TestCgroup},
     fake_nvml_lib, random_hex, random_uid, require_root, Agent,
 };
 
@@ -67,17 +67,8 @@ fn start(sc: &Scenario, extra_config: &str) -> Agent {
     )
 }
 
-fn sleeper() -> Command {
-    let mut c = Command::new("sleep");
-    c.arg("600").stdout(Stdio::null());
-    c
-}
-
 fn pod_path(uid: &str, id: &str) -> String {
-    format!(
-        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
-        uid.replace('-', "_")
-    )
+    systemd_container(uid, id)
 }
 
 /// Polls /debug/snapshot until `pred` finds what it wants.
@@ -157,16 +148,7 @@ fn process_in_its_own_pid_namespace_lands_in_its_container() {
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "sleep", "600"]);
     let outer = Proc(cg.spawn(&mut cmd));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let inner: u32 = loop {
-        let c = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", outer.pid()))
-            .unwrap_or_default();
-        if let Some(pid) = c.split_whitespace().next() {
-            break pid.parse().unwrap();
-        }
-        assert!(Instant::now() < deadline, "unshare never forked");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let inner = first_child(outer.pid());
     // NVML reports host PIDs: the inner process is PID 1 in its namespace, `inner` here.
     let sc = Scenario::new(&scenario(json!([gpu(
         "GPU-0",

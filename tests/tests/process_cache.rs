@@ -4,33 +4,16 @@ use std::{
     collections::BTreeSet,
     io::{BufRead, BufReader},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::{json, Value};
 use tests::{
-    cgroups::{proc_cgroup, Proc, TestCgroup},
+    cgroups::{
+        cgroupfs_container, first_child, proc_cgroup, sleeper, systemd_container, Proc, TestCgroup,
+    },
     random_hex, random_uid, require_root, Agent,
 };
-
-fn sleeper() -> Command {
-    let mut c = Command::new("sleep");
-    c.arg("600").stdout(Stdio::null());
-    c
-}
-
-/// kubelet, systemd driver, containerd: a burstable pod's container.
-fn systemd_container(uid: &str, id: &str) -> String {
-    let u = uid.replace('-', "_");
-    format!(
-        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{id}.scope"
-    )
-}
-
-/// kubelet, cgroupfs driver: a best-effort pod's container.
-fn cgroupfs_container(uid: &str, id: &str) -> String {
-    format!("/kubepods/besteffort/pod{uid}/{id}")
-}
 
 fn assert_attributed(row: &Value, id: &str, uid: &str) {
     assert_eq!(row["container_id"], json!(id), "{row}");
@@ -134,16 +117,7 @@ fn process_in_its_own_pid_namespace_is_seen_by_host_pid() {
     cmd.args(["--pid", "--fork", "--mount-proc", "sleep", "600"]);
     let outer = Proc(cg.spawn(&mut cmd));
     // The payload is unshare's child: PID 1 in its namespace, another PID on the host.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let inner = loop {
-        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", outer.pid()))
-            .unwrap_or_default();
-        if let Some(pid) = children.split_whitespace().next() {
-            break pid.parse::<u32>().unwrap();
-        }
-        assert!(Instant::now() < deadline, "unshare never forked");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let inner = first_child(outer.pid());
     let status = std::fs::read_to_string(format!("/proc/{inner}/status")).unwrap();
     let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
     assert!(
