@@ -214,41 +214,47 @@ struct CgroupFields {
     path: u32,
 }
 
-#[tracepoint]
-pub fn cg_mkdir(ctx: TracePointContext) -> u32 {
-    let cfg = config();
-    let f = CgroupFields {
-        root: cfg.mkdir_root,
-        id: cfg.mkdir_id,
-        level: cfg.mkdir_level,
-        path: cfg.mkdir_path,
+/// The three cgroup tracepoints share one record layout class; each gets its own offsets.
+macro_rules! cgroup_program {
+    ($name:ident, $kind:expr, $root:ident, $id:ident, $level:ident, $path:ident) => {
+        #[tracepoint]
+        pub fn $name(ctx: TracePointContext) -> u32 {
+            let cfg = config();
+            let f = CgroupFields {
+                root: cfg.$root,
+                id: cfg.$id,
+                level: cfg.$level,
+                path: cfg.$path,
+            };
+            cgroup_event(&ctx, &cfg, $kind, &f)
+        }
     };
-    cgroup_event(&ctx, &cfg, EVENT_CGROUP_MKDIR, &f)
 }
 
-#[tracepoint]
-pub fn cg_rmdir(ctx: TracePointContext) -> u32 {
-    let cfg = config();
-    let f = CgroupFields {
-        root: cfg.rmdir_root,
-        id: cfg.rmdir_id,
-        level: cfg.rmdir_level,
-        path: cfg.rmdir_path,
-    };
-    cgroup_event(&ctx, &cfg, EVENT_CGROUP_RMDIR, &f)
-}
-
-#[tracepoint]
-pub fn cg_attach(ctx: TracePointContext) -> u32 {
-    let cfg = config();
-    let f = CgroupFields {
-        root: cfg.attach_root,
-        id: cfg.attach_id,
-        level: cfg.attach_level,
-        path: cfg.attach_path,
-    };
-    cgroup_event(&ctx, &cfg, EVENT_CGROUP_ATTACH, &f)
-}
+cgroup_program!(
+    cg_mkdir,
+    EVENT_CGROUP_MKDIR,
+    mkdir_root,
+    mkdir_id,
+    mkdir_level,
+    mkdir_path
+);
+cgroup_program!(
+    cg_rmdir,
+    EVENT_CGROUP_RMDIR,
+    rmdir_root,
+    rmdir_id,
+    rmdir_level,
+    rmdir_path
+);
+cgroup_program!(
+    cg_attach,
+    EVENT_CGROUP_ATTACH,
+    attach_root,
+    attach_id,
+    attach_level,
+    attach_path
+);
 
 #[inline(always)]
 fn cgroup_event(ctx: &TracePointContext, cfg: &Config, kind: u32, f: &CgroupFields) -> u32 {
