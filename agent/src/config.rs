@@ -12,6 +12,20 @@ pub struct Config {
     pub cache: CacheConfig,
     pub cgroup: CgroupConfig,
     pub nvml: NvmlConfig,
+    pub prometheus: PrometheusConfig,
+    /// Metric groups every sink emits.
+    pub metrics: otel::Groups,
+    /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
+    pub node_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrometheusConfig {
+    /// Serve /metrics on the HTTP address.
+    pub enabled: bool,
+    /// "dcgm": also serve dcgm-exporter's metric names, per container.
+    pub compat: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -191,6 +205,14 @@ impl Config {
         }
         if !(100..=60_000).contains(&self.nvml.interval_ms) {
             return invalid("nvml.interval_ms", "must be between 100 and 60000");
+        }
+        if let Some(c) = &self.prometheus.compat {
+            if c != "dcgm" {
+                return invalid(
+                    "prometheus.compat",
+                    "the only compatibility mode is \"dcgm\"",
+                );
+            }
         }
         if self.cache.procfs_rescan_secs == 0 {
             return invalid("cache.procfs_rescan_secs", "must be at least 1");

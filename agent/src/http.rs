@@ -21,6 +21,9 @@ pub struct AppState {
     pub stats: Arc<Stats>,
     pub ready: Arc<AtomicBool>,
     pub snapshot: Arc<RwLock<Arc<Snapshot>>>,
+    /// Set when /metrics is served.
+    pub prometheus: Option<Arc<otel::prometheus::PromOptions>>,
+    pub started_ms: u64,
 }
 
 pub fn router(app: AppState) -> Router {
@@ -30,6 +33,7 @@ pub fn router(app: AppState) -> Router {
         .route("/debug/processes", get(processes))
         .route("/debug/stats", get(stats))
         .route("/debug/snapshot", get(snapshot))
+        .route("/metrics", get(metrics))
         .with_state(app)
 }
 
@@ -67,4 +71,25 @@ async fn snapshot(AxState(app): AxState<AppState>) -> impl IntoResponse {
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         serde_json::to_string(&*snap).unwrap_or_default(),
     )
+}
+
+async fn metrics(AxState(app): AxState<AppState>) -> axum::response::Response {
+    let Some(opts) = app.prometheus.clone() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "/metrics is off: start with --prometheus\n",
+        )
+            .into_response();
+    };
+    let snap = app.snapshot.read().unwrap().clone();
+    let stats = app.stats.agent_stats(app.started_ms);
+    let body = otel::prometheus::render(&snap, &stats, &opts);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }

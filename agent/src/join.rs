@@ -6,73 +6,12 @@ use std::{
     time::Duration,
 };
 
-use serde::Serialize;
-
 use crate::{
     gpu::{DeviceSample, GpuSample},
     state::State,
 };
 
-/// Published to every sink; never mutated after the join.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Snapshot {
-    pub taken_at_ms: u64,
-    /// "ok" or "unavailable: <reason>".
-    pub nvml: String,
-    pub driver_version: Option<String>,
-    /// Devices without their process lists (those are joined into `containers`).
-    pub devices: Vec<DeviceSample>,
-    /// One entry per container (or pod, or the host) using a GPU.
-    pub containers: Vec<ContainerUsage>,
-    /// Per-process detail, only when enabled (cardinality).
-    pub processes: Vec<ProcessUsage>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ContainerUsage {
-    /// Full 64-hex id; null for the host entry and for pod-level cgroups.
-    pub container_id: Option<String>,
-    pub pod_uid: Option<String>,
-    pub qos: Option<&'static str>,
-    pub runtime: Option<&'static str>,
-    pub cgroup_path: Option<String>,
-    pub gpus: Vec<ContainerGpu>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ContainerGpu {
-    /// The device charged: the MIG device UUID under MIG, else the GPU UUID.
-    pub uuid: String,
-    /// The physical GPU.
-    pub gpu_uuid: String,
-    pub memory_used_bytes: u64,
-    /// Summed over the container's processes, capped at 100 (percent of this device).
-    pub sm_util: Option<u32>,
-    pub mem_util: Option<u32>,
-    pub enc_util: Option<u32>,
-    pub dec_util: Option<u32>,
-    pub pids: Vec<u32>,
-    /// Cumulative: SM-utilization-weighted seconds on this device.
-    pub gpu_time_seconds: f64,
-    /// Cumulative: memory held x seconds.
-    pub memory_byte_seconds: f64,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ProcessUsage {
-    pub pid: u32,
-    pub comm: Option<String>,
-    pub container_id: Option<String>,
-    pub pod_uid: Option<String>,
-    pub uuid: String,
-    pub used_memory_bytes: u64,
-    pub sm_util: Option<u32>,
-    pub mem_util: Option<u32>,
-    pub enc_util: Option<u32>,
-    pub dec_util: Option<u32>,
-    /// The process had exited when joined (kept as a tombstone).
-    pub exited: bool,
-}
+pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
 
 /// Who a GPU process is charged to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -88,6 +27,8 @@ pub struct Accumulated {
     pub byte_seconds: f64,
     /// Last sample that saw this (owner, device), ms; stale ones are dropped.
     pub last_seen_ms: u64,
+    /// First sample that saw it: when its counters started.
+    pub since_ms: u64,
 }
 
 /// Cumulative counters per (owner, device uuid).
@@ -197,6 +138,7 @@ pub fn join(
                 pids: vec![],
                 gpu_time_seconds: 0.0,
                 memory_byte_seconds: 0.0,
+                counters_since_ms: 0,
             });
             cg.memory_used_bytes += p.used_memory_bytes;
             cg.sm_util = add_util(cg.sm_util, p.sm_util);
@@ -220,6 +162,10 @@ pub fn join(
             acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
             acc.last_seen_ms = sample.taken_at_ms;
+            if acc.since_ms == 0 {
+                acc.since_ms = sample.taken_at_ms;
+            }
+            cg.counters_since_ms = acc.since_ms;
             cg.gpu_time_seconds = acc.gpu_seconds;
             cg.memory_byte_seconds = acc.byte_seconds;
             cg.pids.sort_unstable();
@@ -236,6 +182,9 @@ pub fn join(
             qos: m.qos,
             runtime: m.runtime,
             cgroup_path: m.cgroup_path,
+            pod_name: None,
+            namespace: None,
+            container_name: None,
             gpus,
         });
     }

@@ -36,6 +36,12 @@ struct RunArgs {
     /// Load NVML from this path instead of the system's libnvidia-ml.so.1.
     #[arg(long, value_name = "PATH")]
     nvml_lib: Option<PathBuf>,
+    /// Serve Prometheus text at /metrics on the HTTP address.
+    #[arg(long)]
+    prometheus: bool,
+    /// Also serve dcgm-exporter's metric names at /metrics (implies --prometheus).
+    #[arg(long, value_name = "MODE", value_parser = ["dcgm"])]
+    prometheus_compat: Option<String>,
 }
 
 fn load_config(args: &RunArgs) -> Result<Config, String> {
@@ -51,6 +57,12 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
     }
     if let Some(p) = &args.nvml_lib {
         config.nvml.lib_path = Some(p.clone());
+    }
+    if args.prometheus || args.prometheus_compat.is_some() {
+        config.prometheus.enabled = true;
+    }
+    if let Some(c) = &args.prometheus_compat {
+        config.prometheus.compat = Some(c.clone());
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)

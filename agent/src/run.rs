@@ -76,11 +76,22 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
         nvml: "unavailable: not sampled yet".into(),
         ..Default::default()
     })));
+    let node = node_identity(&config);
+    let started_ms = now_ms();
+    let prometheus = config.prometheus.enabled.then(|| {
+        Arc::new(otel::prometheus::PromOptions {
+            node: node.clone(),
+            groups: config.metrics.clone(),
+            dcgm_compat: config.prometheus.compat.as_deref() == Some("dcgm"),
+        })
+    });
     let app = http::router(AppState {
         state: tracker.state.clone(),
         stats: stats.clone(),
         ready: ready.clone(),
         snapshot: snapshot.clone(),
+        prometheus,
+        started_ms,
     });
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
@@ -202,4 +213,20 @@ fn spawn_nvml_thread(
             }
         })?;
     Ok(())
+}
+
+/// host.name from the kernel; k8s.node.name from the config or the NODE_NAME variable.
+pub fn node_identity(config: &Config) -> otel::NodeIdentity {
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let node_name = config
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .filter(|n| !n.is_empty());
+    otel::NodeIdentity {
+        host_name,
+        node_name,
+    }
 }

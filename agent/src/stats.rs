@@ -32,6 +32,8 @@ pub struct Stats {
     pub gpu_processes: AtomicU64,
     pub gpu_processes_unresolved: AtomicU64,
     pub nvml: RwLock<String>,
+    pub export_failures: AtomicU64,
+    pub export_dropped_batches: AtomicU64,
     pub mode: RwLock<Mode>,
     pub programs: RwLock<Vec<ProgramStats>>,
 }
@@ -75,6 +77,23 @@ pub struct StatsView {
 impl Stats {
     pub fn set_mode(&self, mode: &'static str, reason: Option<String>) {
         *self.mode.write().unwrap() = Mode { mode, reason };
+    }
+
+    /// The self-metrics the sinks export.
+    pub fn agent_stats(&self, started_ms: u64) -> gpu_model::AgentStats {
+        let v = self.view();
+        gpu_model::AgentStats {
+            started_ms,
+            mode: v.mode.to_string(),
+            events_received: v.events_received,
+            events_lost: v.events_lost,
+            resyncs: v.resyncs,
+            procfs_fallback_lookups: v.procfs_fallback_lookups,
+            cached_processes: v.cached_processes,
+            nvml: v.nvml,
+            export_failures: self.export_failures.load(Relaxed),
+            export_dropped_batches: self.export_dropped_batches.load(Relaxed),
+        }
     }
 
     pub fn view(&self) -> StatsView {
