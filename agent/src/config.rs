@@ -13,6 +13,8 @@ pub struct Config {
     pub cgroup: CgroupConfig,
     pub nvml: NvmlConfig,
     pub prometheus: PrometheusConfig,
+    /// OTLP push; the standard OTEL_* variables override each key.
+    pub otlp: otel::export::OtlpConfig,
     /// Metric groups every sink emits.
     pub metrics: otel::Groups,
     /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
@@ -158,13 +160,36 @@ impl Config {
             path: path.into(),
             source,
         })?;
-        Config::from_toml(&text).map_err(|e| match e {
+        let yaml = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml") | Some("yml")
+        );
+        let parsed = if yaml {
+            Config::from_yaml(&text)
+        } else {
+            Config::from_toml(&text)
+        };
+        parsed.map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.into(),
                 message,
             },
             other => other,
         })
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        // An empty YAML document is "no settings", as an empty TOML file is.
+        let config: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+                path: PathBuf::new(),
+                message: e.to_string(),
+            })?
+        };
+        config.validate()?;
+        Ok(config)
     }
 
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
@@ -259,6 +284,16 @@ mod tests {
         assert!(e.to_string().contains("ebpf.ring_buffer_bytes"), "{e}");
         let e = Config::from_toml("[http]\naddr = \"nope\"\n").unwrap_err();
         assert!(e.to_string().contains("addr"), "{e}");
+    }
+
+    #[test]
+    fn yaml_works_and_names_bad_fields() {
+        let c = Config::from_yaml("http:\n  addr: 0.0.0.0:1\notlp:\n  endpoint: http://c:4318\n")
+            .unwrap();
+        assert_eq!(c.http.addr.port(), 1);
+        assert_eq!(c.otlp.endpoint.as_deref(), Some("http://c:4318"));
+        let e = Config::from_yaml("otlp:\n  endpiont: x\n").unwrap_err();
+        assert!(e.to_string().contains("endpiont"), "{e}");
     }
 
     #[test]

@@ -65,13 +65,25 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
         config.prometheus.compat = Some(c.clone());
     }
     config.validate().map_err(|e| e.to_string())?;
+    // The OTEL_* variables are configuration too: a bad one stops start-up, named.
+    config
+        .otlp
+        .resolve(|k| std::env::var(k).ok())
+        .map_err(|e| format!("invalid OTLP configuration: {e}"))?;
     Ok(config)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::CheckConfig { file } => match Config::from_file(&file) {
+        Cmd::CheckConfig { file } => match Config::from_file(&file).and_then(|c| {
+            c.otlp.resolve(|k| std::env::var(k).ok()).map_err(|e| {
+                gpu_agent::config::ConfigError::Invalid {
+                    field: "otlp",
+                    message: e,
+                }
+            })
+        }) {
             Ok(_) => {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS

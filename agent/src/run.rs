@@ -125,6 +125,36 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
         drop(gpu_tx);
     }
     let max_gap = Duration::from_millis(config.nvml.interval_ms * 3);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let exporter = match config.otlp.resolve(|k| std::env::var(k).ok()) {
+        Ok(Some(settings)) => {
+            *stats.otlp.write().unwrap() = settings.url.clone();
+            let ctx = otel::otlp::ExportContext {
+                node: node.clone(),
+                service_name: settings.service_name.clone(),
+                resource_attributes: settings.resource_attributes.clone(),
+                groups: config.metrics.clone(),
+            };
+            tracing::info!(url = %settings.url, protocol = ?settings.protocol,
+                interval = ?settings.interval, "pushing OTLP metrics");
+            let ex = otel::export::OtlpExporter::new(settings, stats.export.clone())
+                .map_err(|e| anyhow::anyhow!("OTLP exporter: {e}"))?;
+            Some(tokio::spawn(run_exporter(
+                ex,
+                ctx,
+                snapshot.clone(),
+                stats.clone(),
+                started_ms,
+                stop_rx,
+            )))
+        }
+        Ok(None) => {
+            *stats.otlp.write().unwrap() = "disabled".into();
+            tracing::info!("no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT or [otlp] endpoint): not pushing");
+            None
+        }
+        Err(e) => anyhow::bail!("invalid OTLP configuration: {e}"),
+    };
     let ring = match tracker.source() {
         Some(s) => {
             let fd: OwnedFd = s.ring.as_fd().try_clone_to_owned()?;
@@ -167,6 +197,11 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
         }
     }
     tracing::info!("shutting down");
+    if let Some(handle) = exporter {
+        // One last export of the latest snapshot, bounded by the export timeout.
+        let _ = stop_tx.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(30), handle).await;
+    }
     server.abort();
     drop(ring);
     Ok(())
@@ -228,5 +263,41 @@ pub fn node_identity(config: &Config) -> otel::NodeIdentity {
     otel::NodeIdentity {
         host_name,
         node_name,
+    }
+}
+
+/// Pushes the latest snapshot every interval; on stop, one final flush.
+async fn run_exporter(
+    mut ex: otel::export::OtlpExporter,
+    ctx: otel::otlp::ExportContext,
+    snapshot: Arc<RwLock<Arc<Snapshot>>>,
+    stats: Arc<Stats>,
+    started_ms: u64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let interval = ex.settings().interval;
+    let timeout = ex.settings().timeout;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let build = |ex: &mut otel::export::OtlpExporter| {
+        let snap = snapshot.read().unwrap().clone();
+        let st = stats.agent_stats(started_ms);
+        ex.enqueue(otel::otlp::build_request(&snap, &st, &ctx, now_ms()));
+    };
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                build(&mut ex);
+                ex.flush(false).await;
+            }
+            _ = stop.changed() => {
+                build(&mut ex);
+                match tokio::time::timeout(timeout, ex.flush(true)).await {
+                    Ok(true) => tracing::info!("final OTLP export sent"),
+                    _ => tracing::warn!(queued = ex.queued(), "final OTLP export failed; exiting anyway"),
+                }
+                return;
+            }
+        }
     }
 }

@@ -32,8 +32,9 @@ pub struct Stats {
     pub gpu_processes: AtomicU64,
     pub gpu_processes_unresolved: AtomicU64,
     pub nvml: RwLock<String>,
-    pub export_failures: AtomicU64,
-    pub export_dropped_batches: AtomicU64,
+    pub export: std::sync::Arc<otel::export::ExportCounters>,
+    /// "disabled" or the OTLP URL pushed to.
+    pub otlp: RwLock<String>,
     pub mode: RwLock<Mode>,
     pub programs: RwLock<Vec<ProgramStats>>,
 }
@@ -71,6 +72,11 @@ pub struct StatsView {
     pub gpu_processes: u64,
     /// GPU processes neither the cache nor /proc could place (charged to the host entry).
     pub gpu_processes_unresolved: u64,
+    pub otlp: String,
+    pub export_sent: u64,
+    pub export_failures: u64,
+    pub export_dropped_batches: u64,
+    pub export_queued_bytes: u64,
     pub programs: Vec<ProgramStats>,
 }
 
@@ -91,8 +97,8 @@ impl Stats {
             procfs_fallback_lookups: v.procfs_fallback_lookups,
             cached_processes: v.cached_processes,
             nvml: v.nvml,
-            export_failures: self.export_failures.load(Relaxed),
-            export_dropped_batches: self.export_dropped_batches.load(Relaxed),
+            export_failures: self.export.failures.load(Relaxed),
+            export_dropped_batches: self.export.dropped_batches.load(Relaxed),
         }
     }
 
@@ -124,6 +130,11 @@ impl Stats {
             join_cpu_ns: self.join_cpu_ns.load(Relaxed),
             gpu_processes: self.gpu_processes.load(Relaxed),
             gpu_processes_unresolved: self.gpu_processes_unresolved.load(Relaxed),
+            otlp: self.otlp.read().unwrap().clone(),
+            export_sent: self.export.sent.load(Relaxed),
+            export_failures: self.export.failures.load(Relaxed),
+            export_dropped_batches: self.export.dropped_batches.load(Relaxed),
+            export_queued_bytes: self.export.queued_bytes.load(Relaxed),
             programs: self.programs.read().unwrap().clone(),
         }
     }

@@ -1,6 +1,8 @@
 //! gpu-agent's sinks: each snapshot as OpenTelemetry metrics, pushed over OTLP (gRPC or
 //! HTTP/protobuf), and as Prometheus text. Sinks only read snapshots; they never reach
 //! back into the sources.
+pub mod export;
+pub mod otlp;
 pub mod prometheus;
 
 /// Which metric groups a sink emits (dcgm-exporter's field lists, coarser).

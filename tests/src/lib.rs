@@ -2,6 +2,7 @@
 //! Nothing here fakes the kernel; only what this machine lacks (a GPU) is faked elsewhere.
 pub mod cgroups;
 pub mod http;
+pub mod otlp_receiver;
 
 use std::{
     io::{BufRead, BufReader},

@@ -1,0 +1,288 @@
+//! An in-process OTLP receiver built from opentelemetry-proto, for exact assertions: gRPC
+//! (tonic MetricsService) and HTTP/protobuf (POST /v1/metrics) on loopback.
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use opentelemetry_proto::tonic::{
+    collector::metrics::v1::{
+        metrics_service_server::{MetricsService, MetricsServiceServer},
+        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+    },
+    common::v1::{any_value, KeyValue},
+    metrics::v1::{metric::Data, Metric, NumberDataPoint, ResourceMetrics},
+};
+use prost::Message;
+
+/// One request with the headers it came with.
+pub type Arrival = (ExportMetricsServiceRequest, Vec<(String, String)>);
+
+/// What arrived.
+#[derive(Clone, Default)]
+pub struct Received(Arc<Mutex<Vec<Arrival>>>);
+
+impl Received {
+    pub fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    pub fn all(&self) -> Vec<Arrival> {
+        self.0.lock().unwrap().clone()
+    }
+
+    pub fn last(&self) -> Option<ExportMetricsServiceRequest> {
+        self.0.lock().unwrap().last().map(|(r, _)| r.clone())
+    }
+
+    /// Waits until `pred` holds for some request received so far.
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        mut pred: impl FnMut(&ExportMetricsServiceRequest) -> bool,
+    ) -> Option<ExportMetricsServiceRequest> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(r) = self
+                .all()
+                .into_iter()
+                .rev()
+                .map(|(r, _)| r)
+                .find(|r| pred(r))
+            {
+                return Some(r);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+struct Svc(Received);
+
+#[tonic::async_trait]
+impl MetricsService for Svc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let headers = request
+            .metadata()
+            .iter()
+            .filter_map(|kv| match kv {
+                tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
+                    Some((k.to_string(), v.to_str().unwrap_or("").to_string()))
+                }
+                _ => None,
+            })
+            .collect();
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push((request.into_inner(), headers));
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
+pub enum Kind {
+    Grpc,
+    Http,
+}
+
+/// A receiver on its own runtime thread; stops when dropped.
+pub struct Receiver {
+    pub addr: SocketAddr,
+    pub received: Received,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Receiver {
+    /// Binds 127.0.0.1:`port` (0: any free port).
+    pub fn start(kind: Kind, port: u16) -> Receiver {
+        let received = Received::default();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let r = received.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                    .await
+                    .expect("binding the receiver");
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                match kind {
+                    Kind::Grpc => {
+                        let incoming = tokio_stream_from(listener);
+                        tonic::transport::Server::builder()
+                            .add_service(
+                                MetricsServiceServer::new(Svc(r))
+                                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                            )
+                            .serve_with_incoming_shutdown(incoming, async {
+                                let _ = stop_rx.await;
+                            })
+                            .await
+                            .unwrap();
+                    }
+                    Kind::Http => {
+                        let app = axum::Router::new().route(
+                            "/v1/metrics",
+                            axum::routing::post(
+                                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                                    let r = r.clone();
+                                    async move {
+                                        let ct = headers
+                                            .get("content-type")
+                                            .and_then(|v| v.to_str().ok())
+                                            .unwrap_or("");
+                                        if ct != "application/x-protobuf" {
+                                            return (
+                                                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                                                vec![],
+                                            );
+                                        }
+                                        let Ok(req) = ExportMetricsServiceRequest::decode(body)
+                                        else {
+                                            return (axum::http::StatusCode::BAD_REQUEST, vec![]);
+                                        };
+                                        let hs = headers
+                                            .iter()
+                                            .map(|(k, v)| {
+                                                (
+                                                    k.to_string(),
+                                                    v.to_str().unwrap_or("").to_string(),
+                                                )
+                                            })
+                                            .collect();
+                                        r.0.lock().unwrap().push((req, hs));
+                                        (
+                                            axum::http::StatusCode::OK,
+                                            ExportMetricsServiceResponse::default().encode_to_vec(),
+                                        )
+                                    }
+                                },
+                            ),
+                        );
+                        axum::serve(listener, app)
+                            .with_graceful_shutdown(async {
+                                let _ = stop_rx.await;
+                            })
+                            .await
+                            .unwrap();
+                    }
+                }
+            });
+        });
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("receiver start");
+        Receiver {
+            addr,
+            received,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// tonic's serve_with_incoming wants a Stream of connections.
+fn tokio_stream_from(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream_compat::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    tokio_stream_compat::TcpListenerStream(listener)
+}
+
+mod tokio_stream_compat {
+    pub use futures_core::Stream;
+    use std::{
+        pin::Pin,
+        task::{Context, Poll},
+    };
+
+    pub struct TcpListenerStream(pub tokio::net::TcpListener);
+
+    impl Stream for TcpListenerStream {
+        type Item = std::io::Result<tokio::net::TcpStream>;
+        fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            match self.0.poll_accept(cx) {
+                Poll::Ready(Ok((s, _))) => Poll::Ready(Some(Ok(s))),
+                Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
+                Poll::Pending => Poll::Pending,
+            }
+        }
+    }
+}
+
+// ---- helpers to read requests ----
+
+pub fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.as_ref())
+}
+
+pub fn attr_str<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    match attr(attrs, key) {
+        Some(any_value::Value::StringValue(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// The resource whose `container.id` is `id`.
+pub fn container_resource<'a>(
+    req: &'a ExportMetricsServiceRequest,
+    id: &str,
+) -> Option<&'a ResourceMetrics> {
+    req.resource_metrics.iter().find(|rm| {
+        rm.resource
+            .as_ref()
+            .is_some_and(|r| attr_str(&r.attributes, "container.id") == Some(id))
+    })
+}
+
+pub fn metric<'a>(rm: &'a ResourceMetrics, name: &str) -> Option<&'a Metric> {
+    rm.scope_metrics
+        .iter()
+        .flat_map(|s| s.metrics.iter())
+        .find(|m| m.name == name)
+}
+
+pub fn points(m: &Metric) -> &[NumberDataPoint] {
+    match &m.data {
+        Some(Data::Gauge(g)) => &g.data_points,
+        Some(Data::Sum(s)) => &s.data_points,
+        _ => &[],
+    }
+}
+
+pub fn value(p: &NumberDataPoint) -> f64 {
+    use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value;
+    match p.value {
+        Some(Value::AsDouble(d)) => d,
+        Some(Value::AsInt(i)) => i as f64,
+        None => f64::NAN,
+    }
+}

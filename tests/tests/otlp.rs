@@ -1,0 +1,398 @@
+//! OTLP export end to end: the real agent (real eBPF, processes in pod cgroups, the fake
+//! NVML library) pushing to an in-process receiver built from opentelemetry-proto (exact
+//! assertions) and to a real collector, rotel.
+use std::{
+    path::PathBuf,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use tests::{
+    cgroups::{sleeper, systemd_container, Proc, TestCgroup},
+    fake_nvml_lib,
+    otlp_receiver::{attr_str, container_resource, metric, points, value, Kind, Receiver},
+    random_hex, random_uid, require_root, Agent,
+};
+
+const GIB: u64 = 1 << 30;
+const GPU: &str = "GPU-6663f2bc-da9f-4cff-88fe-d84cc95fe598";
+
+/// A pod with one GPU process, and a scenario that shows it holding 3 GiB.
+struct Fixture {
+    id: String,
+    uid: String,
+    _cg: TestCgroup,
+    _proc: Proc,
+    scenario: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let (uid, id) = (random_uid(), random_hex(64));
+        let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+        let p = Proc(cg.spawn(&mut sleeper()));
+        let scenario = std::env::temp_dir().join(format!("otlp-{}.json", random_hex(8)));
+        let v = json!({"driver_version": "580.159.04", "devices": [{
+            "uuid": GPU, "name": "NVIDIA H100 80GB HBM3", "memory_total": 85520809984u64,
+            "memory_used": 3 * GIB, "utilization_gpu": 40, "utilization_memory": 10,
+            "power_mw": 300000, "temperature_c": 50, "energy_mj": 5000,
+            "processes": [{"pid": p.pid(), "used_memory": 3 * GIB, "sm_util": 40, "mem_util": 10, "enc_util": 0, "dec_util": 0}]
+        }]});
+        std::fs::write(&scenario, v.to_string()).unwrap();
+        Fixture {
+            id,
+            uid,
+            _cg: cg,
+            _proc: p,
+            scenario,
+        }
+    }
+
+    fn agent(&self, env: &[(&str, &str)]) -> Agent {
+        let lib = fake_nvml_lib();
+        let mut all = vec![
+            ("FAKE_NVML_SCENARIO", self.scenario.to_str().unwrap()),
+            ("NODE_NAME", "gpu-node-1"),
+        ];
+        all.extend_from_slice(env);
+        Agent::start_env(
+            "[nvml]\ninterval_ms = 200\n",
+            &["--nvml-lib", lib.to_str().unwrap()],
+            &all,
+        )
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.scenario);
+    }
+}
+
+fn has_container_bytes(
+    req: &opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+    id: &str,
+) -> bool {
+    container_resource(req, id)
+        .and_then(|rm| metric(rm, "container.gpu.memory.usage"))
+        .is_some_and(|m| points(m).iter().any(|p| value(p) == (3 * GIB) as f64))
+}
+
+fn exact_assertions(kind: Kind, protocol: &str) {
+    let fx = Fixture::new();
+    let rx = Receiver::start(kind, 0);
+    let url = rx.url();
+    let agent = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cret"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test"),
+    ]);
+    let req = rx
+        .received
+        .wait_for(Duration::from_secs(20), |r| has_container_bytes(r, &fx.id))
+        .unwrap_or_else(|| panic!("no export with the container's bytes\n{}", agent.log()));
+    // One resource per container, with the attributes k8sattributes associates on.
+    let rm = container_resource(&req, &fx.id).unwrap();
+    let attrs = &rm.resource.as_ref().unwrap().attributes;
+    assert_eq!(attr_str(attrs, "k8s.pod.uid"), Some(fx.uid.as_str()));
+    assert_eq!(
+        attr_str(attrs, "container.runtime.name"),
+        Some("containerd")
+    );
+    assert_eq!(attr_str(attrs, "k8s.node.name"), Some("gpu-node-1"));
+    assert_eq!(attr_str(attrs, "service.name"), Some("gpu-agent"));
+    assert_eq!(attr_str(attrs, "deployment.environment"), Some("test"));
+    assert!(attr_str(attrs, "host.name").is_some());
+    let mem = metric(rm, "container.gpu.memory.usage").unwrap();
+    assert_eq!(mem.unit, "By");
+    assert_eq!(attr_str(&points(mem)[0].attributes, "hw.id"), Some(GPU));
+    let util = metric(rm, "container.gpu.utilization").unwrap();
+    let general = points(util)
+        .iter()
+        .find(|p| attr_str(&p.attributes, "hw.gpu.task") == Some("general"))
+        .unwrap();
+    assert!((value(general) - 0.40).abs() < 1e-9);
+    let time = metric(rm, "container.gpu.time").unwrap();
+    match &time.data {
+        Some(opentelemetry_proto::tonic::metrics::v1::metric::Data::Sum(s)) => {
+            assert!(s.is_monotonic);
+            assert_eq!(s.aggregation_temporality, 2, "cumulative");
+            assert!(s.data_points[0].start_time_unix_nano > 0);
+            assert!(s.data_points[0].start_time_unix_nano <= s.data_points[0].time_unix_nano);
+        }
+        other => panic!("container.gpu.time is {other:?}"),
+    }
+    assert!(metric(rm, "container.gpu.memory.time").is_some());
+    // The node resource: devices by the semantic conventions, and self-metrics.
+    let node = req
+        .resource_metrics
+        .iter()
+        .find(|rm| attr_str(&rm.resource.as_ref().unwrap().attributes, "container.id").is_none())
+        .expect("a node resource");
+    let usage = metric(node, "hw.gpu.memory.usage").unwrap();
+    let p = &points(usage)[0];
+    assert_eq!(value(p), (3 * GIB) as f64);
+    assert_eq!(attr_str(&p.attributes, "hw.id"), Some(GPU));
+    assert_eq!(attr_str(&p.attributes, "hw.vendor"), Some("NVIDIA"));
+    assert_eq!(
+        attr_str(&p.attributes, "hw.model"),
+        Some("NVIDIA H100 80GB HBM3")
+    );
+    for m in [
+        "hw.gpu.memory.limit",
+        "hw.gpu.utilization",
+        "hw.power",
+        "hw.energy",
+        "hw.temperature",
+        "gpu_agent.events.received",
+        "gpu_agent.nvml.up",
+    ] {
+        assert!(metric(node, m).is_some(), "{m} missing");
+    }
+    assert_eq!(value(&points(metric(node, "hw.power").unwrap())[0]), 300.0);
+    // Headers reached the receiver.
+    let (_, headers) = rx.received.all().into_iter().last().unwrap();
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "x-api-key" && v == "s3cret"),
+        "{headers:?}"
+    );
+    assert!(agent.stats()["export_sent"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn grpc_export_carries_one_resource_per_container() {
+    if !require_root("grpc_export_carries_one_resource_per_container") {
+        return;
+    }
+    exact_assertions(Kind::Grpc, "grpc");
+}
+
+#[test]
+fn http_protobuf_export_carries_one_resource_per_container() {
+    if !require_root("http_protobuf_export_carries_one_resource_per_container") {
+        return;
+    }
+    exact_assertions(Kind::Http, "http/protobuf");
+}
+
+#[test]
+fn sigterm_flushes_one_last_export_and_exits_zero() {
+    if !require_root("sigterm_flushes_one_last_export") {
+        return;
+    }
+    let fx = Fixture::new();
+    let rx = Receiver::start(Kind::Grpc, 0);
+    let url = rx.url();
+    // An interval far longer than the test: only the final flush can deliver.
+    let agent = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "600000"),
+    ]);
+    agent.wait_until("a GPU sample", Duration::from_secs(10), || {
+        agent.json("/debug/snapshot")["containers"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    });
+    assert_eq!(rx.received.count(), 0);
+    let status = agent.stop();
+    assert!(status.success(), "{status}");
+    let req = rx.received.last().expect("the final export");
+    assert!(has_container_bytes(&req, &fx.id));
+}
+
+#[test]
+fn collector_down_then_up_resumes_without_restart() {
+    if !require_root("collector_down_then_up_resumes") {
+        return;
+    }
+    let fx = Fixture::new();
+    // Reserve a port, then free it: nothing listens there yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let agent = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+    ]);
+    agent.wait_until("export failures", Duration::from_secs(15), || {
+        agent.stats()["export_failures"].as_u64() >= Some(1)
+    });
+    assert!(
+        agent.log().contains("OTLP export failed"),
+        "{}",
+        agent.log()
+    );
+    let rx = Receiver::start(Kind::Http, port);
+    // Backoff starts at 1 s and doubles: it must come back within a few attempts.
+    rx.received
+        .wait_for(Duration::from_secs(30), |r| has_container_bytes(r, &fx.id))
+        .unwrap_or_else(|| panic!("no export after the collector came back\n{}", agent.log()));
+    assert_eq!(agent.stats()["mode"], "ebpf", "the agent lived through it");
+    let status = agent.stop();
+    assert!(status.success());
+}
+
+// ---- rotel: a real OpenTelemetry collector ----
+
+fn rotel_binary() -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import rotel, os; print(os.path.dirname(rotel.__file__))",
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "rotel is not installed: pip install --pre rotel==0.0.1a15 (.ci/run does)"
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("rotel-agent")
+}
+
+struct Rotel {
+    child: Child,
+    out: PathBuf,
+}
+
+impl Rotel {
+    fn start(grpc: u16, http: u16, out: &PathBuf) -> Rotel {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)
+            .unwrap();
+        let child = Command::new(rotel_binary())
+            .args([
+                "start",
+                "--otlp-grpc-endpoint",
+                &format!("127.0.0.1:{grpc}"),
+            ])
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http}")])
+            .args([
+                "--exporter",
+                "blackhole",
+                "--debug-log",
+                "metrics",
+                "--debug-log-verbosity",
+                "detailed",
+            ])
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .expect("starting rotel-agent");
+        // Wait until both ports accept connections.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while [grpc, http]
+            .iter()
+            .any(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_err())
+        {
+            assert!(Instant::now() < deadline, "rotel did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Rotel {
+            child,
+            out: out.clone(),
+        }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
+impl Drop for Rotel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_output(r: &Rotel, from: usize, needles: &[&str], agent: &Agent) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let out = r.output();
+        let new = out.get(from..).unwrap_or("");
+        if needles.iter().all(|n| new.contains(n)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = r.output();
+    panic!(
+        "rotel never showed {needles:?}; its output tail:\n{}\nagent log:\n{}",
+        &out[out.len().saturating_sub(3000)..],
+        agent.log()
+    );
+}
+
+#[test]
+fn rotel_receives_over_grpc_and_http_and_survives_a_restart() {
+    if !require_root("rotel_receives_over_grpc_and_http") {
+        return;
+    }
+    let fx = Fixture::new();
+    let (grpc, http) = (free_port(), free_port());
+    let out = std::env::temp_dir().join(format!("rotel-{}.out", random_hex(8)));
+    let bytes = (3 * GIB).to_string();
+    let needles = [
+        fx.id.as_str(),
+        fx.uid.as_str(),
+        "container.gpu.memory.usage",
+        bytes.as_str(),
+    ];
+    let rotel = Rotel::start(grpc, http, &out);
+    for (protocol, port) in [("grpc", grpc), ("http/protobuf", http)] {
+        let from = rotel.output().len();
+        let url = format!("http://127.0.0.1:{port}");
+        let agent = fx.agent(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ]);
+        wait_output(&rotel, from, &needles, &agent);
+        assert!(agent.stop().success());
+    }
+    // Kill the collector under a running agent, let exports fail, bring it back on the
+    // same ports: data resumes, the agent never died.
+    drop(rotel);
+    let rotel = Rotel::start(grpc, http, &out);
+    let url = format!("http://127.0.0.1:{grpc}");
+    let agent = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+    ]);
+    wait_output(&rotel, 0, &needles, &agent);
+    drop(rotel);
+    agent.wait_until(
+        "failed exports while rotel is down",
+        Duration::from_secs(15),
+        || agent.stats()["export_failures"].as_u64() >= Some(1),
+    );
+    let from = std::fs::metadata(&out)
+        .map(|m| m.len() as usize)
+        .unwrap_or(0);
+    let rotel = Rotel::start(grpc, http, &out);
+    wait_output(&rotel, from, &needles, &agent);
+    assert_eq!(agent.stats()["mode"], "ebpf");
+    assert!(agent.stop().success());
+    let _ = std::fs::remove_file(&out);
+}
