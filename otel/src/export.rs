@@ -536,9 +536,21 @@ mod tests {
 
     #[test]
     fn queue_is_bounded_by_bytes_and_drops_oldest() {
+        let stats = gpu_model::AgentStats {
+            started_ms: 1,
+            ..Default::default()
+        };
+        let ctx = crate::otlp::ExportContext {
+            service_name: "t".into(),
+            ..Default::default()
+        };
+        let batch = || crate::otlp::build_request(&Default::default(), &stats, &ctx, 5);
+        let one = batch().encoded_len();
+        // Room for three and a half batches.
+        let budget = one * 7 / 2;
         let settings = OtlpConfig {
             endpoint: Some("http://127.0.0.1:9".into()),
-            max_queue_bytes: Some(300),
+            max_queue_bytes: Some(budget),
             ..Default::default()
         }
         .resolve(env(&[]))
@@ -551,29 +563,18 @@ mod tests {
             .unwrap();
         rt.block_on(async {
             let mut ex = OtlpExporter::new(settings, counters.clone()).unwrap();
-            let stats = gpu_model::AgentStats {
-                started_ms: 1,
-                ..Default::default()
-            };
-            let ctx = crate::otlp::ExportContext {
-                service_name: "t".into(),
-                ..Default::default()
-            };
             for _ in 0..50 {
-                ex.enqueue(crate::otlp::build_request(
-                    &Default::default(),
-                    &stats,
-                    &ctx,
-                    5,
-                ));
+                ex.enqueue(batch());
             }
-            assert!(ex.queued() < 50);
-            assert!(counters.queued_bytes.load(Relaxed) <= 300);
-            assert!(counters.dropped_batches.load(Relaxed) > 0);
+            assert_eq!(ex.queued(), 3);
+            assert!(counters.queued_bytes.load(Relaxed) as usize <= budget);
+            assert_eq!(counters.dropped_batches.load(Relaxed), 47);
             // Port 9 (discard) refuses: a retryable failure, the queue stays.
-            let before = ex.queued();
             assert!(!ex.flush(true).await);
-            assert_eq!(ex.queued(), before);
+            assert_eq!(ex.queued(), 3);
+            assert_eq!(counters.failures.load(Relaxed), 1);
+            // Backing off: a flush that respects the backoff does not even try.
+            assert!(!ex.flush(false).await);
             assert_eq!(counters.failures.load(Relaxed), 1);
         });
     }

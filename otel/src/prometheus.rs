@@ -1,5 +1,12 @@
-//! Prometheus text exposition of a snapshot (work in progress).
-use gpu_model::{AgentStats, Snapshot};
+//! Prometheus text exposition (format 0.0.4) of a snapshot and the agent's own stats.
+//!
+//! Names are the OpenTelemetry -> Prometheus mapping of the OTLP names (`hw.gpu.memory.usage`
+//! in By -> `hw_gpu_memory_usage_bytes`), so that the two sinks can be joined in queries.
+//! Every family has HELP and TYPE and passes `promtool check metrics`; the one exception is
+//! dcgm-exporter's own `modelName` label in the compatibility families (see `dcgm`).
+use std::{collections::HashMap, fmt::Write};
+
+use gpu_model::{AgentStats, ContainerUsage, DeviceSample, Snapshot};
 
 use crate::{Groups, NodeIdentity};
 
@@ -11,7 +18,979 @@ pub struct PromOptions {
     pub dcgm_compat: bool,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Gauge,
+    Counter,
+}
+use Kind::{Counter, Gauge};
+
+/// Every family, in output order. One table, so HELP/TYPE are written once per name and
+/// the order does not depend on which values a snapshot happens to have.
+const FAMILIES: &[(&str, Kind, &str)] = &[
+    // Device group.
+    ("hw_gpu_memory_usage_bytes", Gauge, "GPU memory in use, bytes."),
+    ("hw_gpu_memory_limit_bytes", Gauge, "GPU memory size, bytes."),
+    ("hw_gpu_memory_utilization_ratio", Gauge, "GPU memory in use over its size (0-1)."),
+    ("hw_gpu_utilization_ratio", Gauge, "Fraction of the last sample period the GPU was busy (general: a kernel ran; memory_controller: memory was read or written)."),
+    ("hw_power_watts", Gauge, "GPU power draw, watts."),
+    ("hw_energy_joules_total", Counter, "GPU energy consumed since the driver loaded, joules."),
+    ("hw_temperature_celsius", Gauge, "GPU core temperature, degrees Celsius."),
+    ("hw_errors_total", Counter, "GPU memory ECC errors since the driver loaded."),
+    ("hw_status", Gauge, "1 for the GPU's current state (ok, or failed when lost or unreachable), 0 for the other."),
+    ("hw_gpu_clock_hertz", Gauge, "GPU clock frequency, hertz."),
+    // Container group.
+    ("container_gpu_memory_usage_bytes", Gauge, "GPU memory held by the owner's processes on the device, bytes."),
+    ("container_gpu_utilization_ratio", Gauge, "The owner's share of the device's engines over the last sample period (0-1), summed over its processes."),
+    ("container_gpu_time_seconds_total", Counter, "GPU time used by the owner on the device, SM-utilization-weighted seconds."),
+    ("container_gpu_memory_byte_seconds_total", Counter, "GPU memory held by the owner on the device integrated over time, byte-seconds."),
+    ("container_gpu_processes", Gauge, "Processes of the owner on the device."),
+    // Process group.
+    ("process_gpu_memory_usage_bytes", Gauge, "GPU memory held by the process on the device, bytes."),
+    ("process_gpu_utilization_ratio", Gauge, "The process's share of the device's engines over the last sample period (0-1)."),
+    // Self group.
+    ("gpu_agent_events_received_total", Counter, "Kernel events received."),
+    ("gpu_agent_events_lost_total", Counter, "Kernel events lost (ring buffer full)."),
+    ("gpu_agent_resyncs_total", Counter, "Full rescans of /proc after lost events."),
+    ("gpu_agent_procfs_fallback_lookups_total", Counter, "Processes looked up in /proc because no event described them."),
+    ("gpu_agent_cached_processes", Gauge, "Processes in the agent's cache."),
+    ("gpu_agent_export_failures_total", Counter, "OTLP exports that failed."),
+    ("gpu_agent_export_dropped_batches_total", Counter, "OTLP batches dropped after retries or a full queue."),
+    ("gpu_agent_mode", Gauge, "1 for the agent's current process-tracking mode."),
+    ("gpu_agent_nvml_up", Gauge, "1 when NVML answers, 0 otherwise."),
+    ("gpu_agent_info", Gauge, "The agent's version, value 1."),
+    // dcgm-exporter compatibility (DCGM field names and units).
+    ("DCGM_FI_DEV_FB_USED", Gauge, "Framebuffer memory used (in MiB); with pod labels, that container's memory on the device."),
+    ("DCGM_FI_DEV_FB_FREE", Gauge, "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_GPU_UTIL", Gauge, "GPU utilization (in %); with pod labels, that container's SM utilization."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", Gauge, "Memory utilization (in %); with pod labels, that container's."),
+    ("DCGM_FI_DEV_POWER_USAGE", Gauge, "Power draw (in W)."),
+    ("DCGM_FI_DEV_GPU_TEMP", Gauge, "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_SM_CLOCK", Gauge, "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", Gauge, "Memory clock frequency (in MHz)."),
+];
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Default)]
+struct Out {
+    series: HashMap<&'static str, Vec<(Labels, f64)>>,
+}
+
+impl Out {
+    fn add(&mut self, name: &'static str, labels: Labels, value: f64) {
+        debug_assert!(
+            FAMILIES.iter().any(|f| f.0 == name),
+            "{name} is not in FAMILIES"
+        );
+        self.series.entry(name).or_default().push((labels, value));
+    }
+
+    /// Skips unknown values: an absent series, not a made-up 0.
+    fn opt(&mut self, name: &'static str, labels: &Labels, value: Option<f64>) {
+        if let Some(v) = value {
+            self.add(name, labels.clone(), v);
+        }
+    }
+
+    fn render(mut self) -> String {
+        let mut s = String::new();
+        for &(name, kind, help) in FAMILIES {
+            let Some(mut series) = self.series.remove(name) else {
+                continue;
+            };
+            // Sorted for stable output; a repeated label set would make Prometheus reject
+            // the whole scrape, so only its first value is kept.
+            series.sort_by(|a, b| a.0.cmp(&b.0));
+            series.dedup_by(|a, b| a.0 == b.0);
+            let kind = match kind {
+                Gauge => "gauge",
+                Counter => "counter",
+            };
+            let _ = writeln!(s, "# HELP {name} {}", escape_help(help));
+            let _ = writeln!(s, "# TYPE {name} {kind}");
+            for (labels, value) in series {
+                s.push_str(name);
+                if !labels.is_empty() {
+                    s.push('{');
+                    for (i, (k, v)) in labels.iter().enumerate() {
+                        if i > 0 {
+                            s.push(',');
+                        }
+                        let _ = write!(s, "{k}=\"{}\"", escape_label(v));
+                    }
+                    s.push('}');
+                }
+                let _ = writeln!(s, " {}", format_value(value));
+            }
+        }
+        s
+    }
+}
+
+fn with(base: &Labels, extra: &[(&'static str, &str)]) -> Labels {
+    let mut l = base.clone();
+    l.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
+    l
+}
+
+fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// Rust's `Display` for f64 is the shortest round-trip form and never uses an exponent, so
+/// integers print as integers (1536, not 1.536e3); only the non-finite ones need spelling.
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else if v == 0.0 {
+        "0".into() // not "-0"
+    } else {
+        v.to_string()
+    }
+}
+
+fn pct(p: Option<u32>) -> Option<f64> {
+    p.map(|p| p as f64 / 100.0)
+}
+
+fn ratio(used: Option<u64>, total: Option<u64>) -> Option<f64> {
+    match (used, total) {
+        (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
+        _ => None,
+    }
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
 /// Renders the snapshot and the agent's own stats in the Prometheus text format 0.0.4.
-pub fn render(_snap: &Snapshot, _stats: &AgentStats, _opts: &PromOptions) -> String {
-    String::new()
+pub fn render(snap: &Snapshot, stats: &AgentStats, opts: &PromOptions) -> String {
+    let node = opts
+        .node
+        .node_name
+        .as_deref()
+        .unwrap_or(&opts.node.host_name);
+    let mut out = Out::default();
+    if opts.groups.device {
+        devices(&mut out, snap, node);
+    }
+    if opts.groups.container {
+        containers(&mut out, snap, node);
+    }
+    if opts.groups.process {
+        processes(&mut out, snap, node);
+    }
+    if opts.groups.self_metrics {
+        self_metrics(&mut out, stats);
+    }
+    if opts.dcgm_compat {
+        dcgm(&mut out, snap, node, &opts.groups);
+    }
+    out.render()
+}
+
+fn devices(out: &mut Out, snap: &Snapshot, node: &str) {
+    for d in &snap.devices {
+        let l: Labels = vec![
+            ("hw_id", d.uuid.clone()),
+            ("gpu", d.index.to_string()),
+            ("model", d.name.clone()),
+            ("pci_bus_id", d.pci_bus_id.clone().unwrap_or_default()),
+            ("node", node.to_string()),
+        ];
+        let used = d.memory_used_bytes;
+        let total = d.memory_total_bytes;
+        out.opt("hw_gpu_memory_usage_bytes", &l, used.map(|v| v as f64));
+        out.opt("hw_gpu_memory_limit_bytes", &l, total.map(|v| v as f64));
+        out.opt("hw_gpu_memory_utilization_ratio", &l, ratio(used, total));
+        let general = with(&l, &[("hw_gpu_task", "general")]);
+        let memctl = with(&l, &[("hw_gpu_task", "memory_controller")]);
+        out.opt("hw_gpu_utilization_ratio", &general, pct(d.utilization_gpu));
+        out.opt(
+            "hw_gpu_utilization_ratio",
+            &memctl,
+            pct(d.utilization_memory),
+        );
+        out.opt("hw_power_watts", &l, d.power_mw.map(|v| v as f64 / 1000.0));
+        out.opt(
+            "hw_energy_joules_total",
+            &l,
+            d.energy_mj.map(|v| v as f64 / 1000.0),
+        );
+        out.opt("hw_temperature_celsius", &l, d.temperature_c.map(f64::from));
+        let corrected = with(&l, &[("error_type", "corrected")]);
+        let uncorrected = with(&l, &[("error_type", "uncorrected")]);
+        out.opt(
+            "hw_errors_total",
+            &corrected,
+            d.ecc_corrected.map(|v| v as f64),
+        );
+        out.opt(
+            "hw_errors_total",
+            &uncorrected,
+            d.ecc_uncorrected.map(|v| v as f64),
+        );
+        // "lost" and "error: ..." (no handle) both mean the device cannot be used.
+        let ok = d.status == "ok";
+        out.add(
+            "hw_status",
+            with(&l, &[("hw_state", "ok")]),
+            ok as u8 as f64,
+        );
+        out.add(
+            "hw_status",
+            with(&l, &[("hw_state", "failed")]),
+            !ok as u8 as f64,
+        );
+        let mhz = |v: Option<u32>| v.map(|v| v as f64 * 1e6);
+        out.opt(
+            "hw_gpu_clock_hertz",
+            &with(&l, &[("clock", "sm")]),
+            mhz(d.sm_clock_mhz),
+        );
+        out.opt(
+            "hw_gpu_clock_hertz",
+            &with(&l, &[("clock", "memory")]),
+            mhz(d.mem_clock_mhz),
+        );
+        // MIG devices: NVML tells only their memory; the rest is the parent's.
+        for m in &d.mig_devices {
+            let mut ml = l.clone();
+            ml[0].1 = m.uuid.clone();
+            ml.push(("hw_parent", d.uuid.clone()));
+            let (used, total) = (m.memory_used_bytes, m.memory_total_bytes);
+            out.opt("hw_gpu_memory_usage_bytes", &ml, used.map(|v| v as f64));
+            out.opt("hw_gpu_memory_limit_bytes", &ml, total.map(|v| v as f64));
+            out.opt("hw_gpu_memory_utilization_ratio", &ml, ratio(used, total));
+        }
+    }
+}
+
+/// "container", "pod" (a pod-level cgroup) or "host" (outside any container).
+fn owner(c: &ContainerUsage) -> &'static str {
+    match (&c.container_id, &c.pod_uid) {
+        (Some(_), _) => "container",
+        (None, Some(_)) => "pod",
+        (None, None) => "host",
+    }
+}
+
+fn s(v: &Option<String>) -> String {
+    v.clone().unwrap_or_default()
+}
+
+fn containers(out: &mut Out, snap: &Snapshot, node: &str) {
+    for c in &snap.containers {
+        for g in &c.gpus {
+            let l: Labels = vec![
+                ("container_id", s(&c.container_id)),
+                ("pod_uid", s(&c.pod_uid)),
+                ("namespace", s(&c.namespace)),
+                ("pod", s(&c.pod_name)),
+                ("container", s(&c.container_name)),
+                ("qos", c.qos.unwrap_or_default().to_string()),
+                ("runtime", c.runtime.unwrap_or_default().to_string()),
+                ("hw_id", g.uuid.clone()),
+                ("gpu_uuid", g.gpu_uuid.clone()),
+                ("node", node.to_string()),
+                ("owner", owner(c).to_string()),
+            ];
+            out.add(
+                "container_gpu_memory_usage_bytes",
+                l.clone(),
+                g.memory_used_bytes as f64,
+            );
+            utilizations(
+                out,
+                "container_gpu_utilization_ratio",
+                &l,
+                [g.sm_util, g.mem_util, g.enc_util, g.dec_util],
+            );
+            out.add(
+                "container_gpu_time_seconds_total",
+                l.clone(),
+                g.gpu_time_seconds,
+            );
+            out.add(
+                "container_gpu_memory_byte_seconds_total",
+                l.clone(),
+                g.memory_byte_seconds,
+            );
+            out.add("container_gpu_processes", l, g.pids.len() as f64);
+        }
+    }
+}
+
+/// The four engines NVML samples per process: SM, memory controller, encoder, decoder.
+fn utilizations(out: &mut Out, name: &'static str, l: &Labels, v: [Option<u32>; 4]) {
+    const TASKS: [&str; 4] = ["general", "memory_controller", "encoder", "decoder"];
+    for (task, v) in TASKS.into_iter().zip(v) {
+        out.opt(name, &with(l, &[("hw_gpu_task", task)]), pct(v));
+    }
+}
+
+fn processes(out: &mut Out, snap: &Snapshot, node: &str) {
+    for p in &snap.processes {
+        let l: Labels = vec![
+            ("pid", p.pid.to_string()),
+            ("comm", s(&p.comm)),
+            ("container_id", s(&p.container_id)),
+            ("pod_uid", s(&p.pod_uid)),
+            ("hw_id", p.uuid.clone()),
+            ("node", node.to_string()),
+        ];
+        out.add(
+            "process_gpu_memory_usage_bytes",
+            l.clone(),
+            p.used_memory_bytes as f64,
+        );
+        utilizations(
+            out,
+            "process_gpu_utilization_ratio",
+            &l,
+            [p.sm_util, p.mem_util, p.enc_util, p.dec_util],
+        );
+    }
+}
+
+fn self_metrics(out: &mut Out, st: &AgentStats) {
+    let counters = [
+        ("gpu_agent_events_received_total", st.events_received),
+        ("gpu_agent_events_lost_total", st.events_lost),
+        ("gpu_agent_resyncs_total", st.resyncs),
+        (
+            "gpu_agent_procfs_fallback_lookups_total",
+            st.procfs_fallback_lookups,
+        ),
+        ("gpu_agent_cached_processes", st.cached_processes),
+        ("gpu_agent_export_failures_total", st.export_failures),
+        (
+            "gpu_agent_export_dropped_batches_total",
+            st.export_dropped_batches,
+        ),
+    ];
+    for (name, v) in counters {
+        out.add(name, vec![], v as f64);
+    }
+    out.add("gpu_agent_mode", vec![("mode", st.mode.clone())], 1.0);
+    out.add("gpu_agent_nvml_up", vec![], (st.nvml == "ok") as u8 as f64);
+    out.add(
+        "gpu_agent_info",
+        vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+        1.0,
+    );
+}
+
+/// dcgm-exporter's labels for a device: `gpu`, `UUID` (the physical GPU's, also on MIG
+/// series), `pci_bus_id`, `device` (nvidia<index>), `modelName`, `GPU_I_ID` on MIG series,
+/// `Hostname` (its released versions' spelling; the node name when known, as it does) and
+/// the driver version label it attaches by default. `modelName` is camelCase, which promtool
+/// flags; it is kept so that existing queries by it keep working.
+fn dcgm_device_labels(d: &DeviceSample, gi: Option<u32>, node: &str, driver: &str) -> Labels {
+    let mut l: Labels = vec![
+        ("gpu", d.index.to_string()),
+        ("UUID", d.uuid.clone()),
+        ("pci_bus_id", d.pci_bus_id.clone().unwrap_or_default()),
+        ("device", format!("nvidia{}", d.index)),
+        ("modelName", d.name.clone()),
+    ];
+    // No GPU_I_PROFILE: the snapshot does not carry the MIG profile name.
+    if let Some(gi) = gi {
+        l.push(("GPU_I_ID", gi.to_string()));
+    }
+    l.push(("Hostname", node.to_string()));
+    if !driver.is_empty() {
+        l.push(("DCGM_FI_DRIVER_VERSION", driver.to_string()));
+    }
+    l
+}
+
+/// dcgm-exporter's names for what we measure, so dashboards built on them (Grafana 12239)
+/// and existing alerts keep working.
+///
+/// Where this differs from dcgm-exporter: it learns from the kubelet which pod was
+/// *allocated* a GPU and relabels the device's values with that pod, so a shared
+/// (time-sliced) GPU repeats the whole device's value under every pod. Here each container
+/// gets a series of its own with its *own* FB_USED (its processes' memory) and GPU_UTIL /
+/// MEM_COPY_UTIL (its processes' utilization), labelled also with `pod_uid` (as
+/// dcgm-exporter's --kubernetes-enable-pod-uid does) and `container_id`, so containers
+/// whose names are unknown stay distinct. The device keeps one series of its own, with
+/// empty pod, namespace and container, for the whole device. So summing a DCGM family
+/// over all series counts a GPU's usage twice: the device series are those with
+/// `pod_uid="",container_id=""`. Processes outside any container are in the device series
+/// only. FB_FREE is total - used (NVML's reserved memory is not in the snapshot).
+fn dcgm(out: &mut Out, snap: &Snapshot, node: &str, groups: &Groups) {
+    let driver = snap.driver_version.as_deref().unwrap_or_default();
+    let mib = |b: u64| b as f64 / MIB;
+    if groups.device {
+        for d in &snap.devices {
+            let l = dcgm_device_labels(d, None, node, driver);
+            let l = with(&l, &[("container", ""), ("namespace", ""), ("pod", "")]);
+            let (used, total) = (d.memory_used_bytes, d.memory_total_bytes);
+            out.opt("DCGM_FI_DEV_FB_USED", &l, used.map(mib));
+            let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
+            out.opt("DCGM_FI_DEV_FB_FREE", &l, free);
+            out.opt("DCGM_FI_DEV_GPU_UTIL", &l, d.utilization_gpu.map(f64::from));
+            let mem_util = d.utilization_memory.map(f64::from);
+            out.opt("DCGM_FI_DEV_MEM_COPY_UTIL", &l, mem_util);
+            out.opt(
+                "DCGM_FI_DEV_POWER_USAGE",
+                &l,
+                d.power_mw.map(|v| v as f64 / 1000.0),
+            );
+            out.opt("DCGM_FI_DEV_GPU_TEMP", &l, d.temperature_c.map(f64::from));
+            out.opt("DCGM_FI_DEV_SM_CLOCK", &l, d.sm_clock_mhz.map(f64::from));
+            out.opt("DCGM_FI_DEV_MEM_CLOCK", &l, d.mem_clock_mhz.map(f64::from));
+            for m in &d.mig_devices {
+                let ml = dcgm_device_labels(d, Some(m.gpu_instance_id), node, driver);
+                let ml = with(&ml, &[("container", ""), ("namespace", ""), ("pod", "")]);
+                let (used, total) = (m.memory_used_bytes, m.memory_total_bytes);
+                out.opt("DCGM_FI_DEV_FB_USED", &ml, used.map(mib));
+                let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
+                out.opt("DCGM_FI_DEV_FB_FREE", &ml, free);
+            }
+        }
+    }
+    if groups.container {
+        for c in &snap.containers {
+            if owner(c) == "host" {
+                continue; // not a container: already in the device series
+            }
+            for g in &c.gpus {
+                // A device missing from the snapshot (lost) has no labels to give.
+                let Some(d) = snap.devices.iter().find(|d| d.uuid == g.gpu_uuid) else {
+                    continue;
+                };
+                let gi = d
+                    .mig_devices
+                    .iter()
+                    .find(|m| m.uuid == g.uuid)
+                    .map(|m| m.gpu_instance_id);
+                let l = dcgm_device_labels(d, gi, node, driver);
+                let l = with(
+                    &l,
+                    &[
+                        ("container", &s(&c.container_name)),
+                        ("namespace", &s(&c.namespace)),
+                        ("pod", &s(&c.pod_name)),
+                        ("pod_uid", &s(&c.pod_uid)),
+                        ("container_id", &s(&c.container_id)),
+                    ],
+                );
+                out.add("DCGM_FI_DEV_FB_USED", l.clone(), mib(g.memory_used_bytes));
+                out.opt("DCGM_FI_DEV_GPU_UTIL", &l, g.sm_util.map(f64::from));
+                out.opt("DCGM_FI_DEV_MEM_COPY_UTIL", &l, g.mem_util.map(f64::from));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_model::{ContainerGpu, MigSample, ProcessUsage};
+
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    const H100: &str = r#"hw_id="GPU-a",gpu="0",model="NVIDIA H100 80GB HBM3",pci_bus_id="00000000:18:00.0",node="node-a""#;
+
+    fn gpu(index: u32, uuid: &str, name: &str) -> DeviceSample {
+        DeviceSample {
+            index,
+            uuid: uuid.into(),
+            name: name.into(),
+            pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + index)),
+            status: "ok".into(),
+            ..Default::default()
+        }
+    }
+
+    fn cgpu(uuid: &str, gpu_uuid: &str, mem: u64, sm: Option<u32>, pids: &[u32]) -> ContainerGpu {
+        ContainerGpu {
+            uuid: uuid.into(),
+            gpu_uuid: gpu_uuid.into(),
+            memory_used_bytes: mem,
+            sm_util: sm,
+            mem_util: sm.map(|_| 10),
+            enc_util: sm.map(|_| 0),
+            dec_util: None,
+            pids: pids.to_vec(),
+            gpu_time_seconds: 12.5,
+            memory_byte_seconds: 1.5e12,
+            counters_since_ms: 1,
+        }
+    }
+
+    /// Two GPUs (the second with MIG on and one MIG device), a lost third, a container on
+    /// the first GPU and the MIG device, a pod-level cgroup and the host entry.
+    fn snapshot() -> Snapshot {
+        let mut a = gpu(0, "GPU-a", "NVIDIA H100 80GB HBM3");
+        a.memory_total_bytes = Some(80 * GIB);
+        a.memory_used_bytes = Some(3 * GIB);
+        a.utilization_gpu = Some(60);
+        a.utilization_memory = Some(29);
+        a.power_mw = Some(350_500);
+        a.energy_mj = Some(123_456_789);
+        a.temperature_c = Some(45);
+        a.sm_clock_mhz = Some(1980);
+        a.mem_clock_mhz = Some(2619);
+        a.ecc_corrected = Some(2);
+        a.ecc_uncorrected = Some(0);
+        let mut b = gpu(1, "GPU-b", "NVIDIA A100-SXM4-80GB");
+        b.memory_total_bytes = Some(80 * GIB);
+        b.memory_used_bytes = Some(5 * GIB);
+        b.mig_enabled = true;
+        b.mig_devices = vec![MigSample {
+            uuid: "MIG-c".into(),
+            gpu_instance_id: 2,
+            compute_instance_id: 0,
+            memory_total_bytes: Some(20 * GIB),
+            memory_used_bytes: Some(5 * GIB),
+        }];
+        let mut lost = gpu(2, "GPU-d", "NVIDIA H100 80GB HBM3");
+        lost.status = "lost".into();
+        Snapshot {
+            taken_at_ms: 1,
+            nvml: "ok".into(),
+            driver_version: Some("580.159.04".into()),
+            devices: vec![a, b, lost],
+            containers: vec![
+                ContainerUsage {
+                    container_id: Some(CID.into()),
+                    pod_uid: Some("uid-1".into()),
+                    qos: Some("burstable"),
+                    runtime: Some("containerd"),
+                    cgroup_path: None,
+                    pod_name: Some("trainer".into()),
+                    namespace: Some("ml".into()),
+                    container_name: Some("main".into()),
+                    gpus: vec![
+                        cgpu("GPU-a", "GPU-a", 3 * GIB / 2, Some(50), &[10, 11]),
+                        cgpu("MIG-c", "GPU-b", 5 * GIB, None, &[12]),
+                    ],
+                },
+                ContainerUsage {
+                    container_id: None,
+                    pod_uid: Some("uid-2".into()),
+                    qos: Some("besteffort"),
+                    runtime: None,
+                    cgroup_path: None,
+                    pod_name: None,
+                    namespace: None,
+                    container_name: None,
+                    gpus: vec![cgpu("GPU-a", "GPU-a", GIB, Some(5), &[20])],
+                },
+                ContainerUsage {
+                    container_id: None,
+                    pod_uid: None,
+                    qos: None,
+                    runtime: None,
+                    cgroup_path: None,
+                    pod_name: None,
+                    namespace: None,
+                    container_name: None,
+                    gpus: vec![cgpu("GPU-a", "GPU-a", GIB / 2, Some(0), &[30])],
+                },
+            ],
+            processes: vec![ProcessUsage {
+                pid: 10,
+                comm: Some("python3".into()),
+                container_id: Some(CID.into()),
+                pod_uid: Some("uid-1".into()),
+                uuid: "GPU-a".into(),
+                used_memory_bytes: GIB,
+                sm_util: Some(30),
+                mem_util: None,
+                enc_util: None,
+                dec_util: None,
+                exited: false,
+            }],
+        }
+    }
+
+    fn stats() -> AgentStats {
+        AgentStats {
+            started_ms: 1,
+            mode: "ebpf".into(),
+            events_received: 1234,
+            events_lost: 0,
+            resyncs: 1,
+            procfs_fallback_lookups: 3,
+            cached_processes: 250,
+            nvml: "ok".into(),
+            export_failures: 0,
+            export_dropped_batches: 0,
+        }
+    }
+
+    fn opts() -> PromOptions {
+        PromOptions {
+            node: NodeIdentity {
+                host_name: "host-a".into(),
+                node_name: Some("node-a".into()),
+            },
+            groups: Groups::default(),
+            dcgm_compat: false,
+        }
+    }
+
+    #[track_caller]
+    fn has(text: &str, line: &str) {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing line\n  {line}\nin\n{text}"
+        );
+    }
+
+    fn lines_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .collect()
+    }
+
+    #[test]
+    fn device_series() {
+        let t = render(&snapshot(), &stats(), &opts());
+        has(
+            &t,
+            "# HELP hw_gpu_memory_usage_bytes GPU memory in use, bytes.",
+        );
+        has(&t, "# TYPE hw_gpu_memory_usage_bytes gauge");
+        has(
+            &t,
+            &format!("hw_gpu_memory_usage_bytes{{{H100}}} 3221225472"),
+        );
+        has(
+            &t,
+            &format!("hw_gpu_memory_limit_bytes{{{H100}}} 85899345920"),
+        );
+        has(
+            &t,
+            &format!("hw_gpu_memory_utilization_ratio{{{H100}}} 0.0375"),
+        );
+        has(
+            &t,
+            &format!(r#"hw_gpu_utilization_ratio{{{H100},hw_gpu_task="general"}} 0.6"#),
+        );
+        has(
+            &t,
+            &format!(r#"hw_gpu_utilization_ratio{{{H100},hw_gpu_task="memory_controller"}} 0.29"#),
+        );
+        has(&t, &format!("hw_power_watts{{{H100}}} 350.5"));
+        has(&t, "# TYPE hw_energy_joules_total counter");
+        has(&t, &format!("hw_energy_joules_total{{{H100}}} 123456.789"));
+        has(&t, &format!("hw_temperature_celsius{{{H100}}} 45"));
+        has(
+            &t,
+            &format!(r#"hw_errors_total{{{H100},error_type="corrected"}} 2"#),
+        );
+        has(
+            &t,
+            &format!(r#"hw_errors_total{{{H100},error_type="uncorrected"}} 0"#),
+        );
+        has(&t, &format!(r#"hw_status{{{H100},hw_state="ok"}} 1"#));
+        has(&t, &format!(r#"hw_status{{{H100},hw_state="failed"}} 0"#));
+        has(
+            &t,
+            &format!(r#"hw_gpu_clock_hertz{{{H100},clock="sm"}} 1980000000"#),
+        );
+        has(
+            &t,
+            &format!(r#"hw_gpu_clock_hertz{{{H100},clock="memory"}} 2619000000"#),
+        );
+        // The MIG device: memory only, with its parent.
+        let mig = r#"hw_id="MIG-c",gpu="1",model="NVIDIA A100-SXM4-80GB",pci_bus_id="00000000:19:00.0",node="node-a",hw_parent="GPU-b""#;
+        has(
+            &t,
+            &format!("hw_gpu_memory_usage_bytes{{{mig}}} 5368709120"),
+        );
+        has(
+            &t,
+            &format!("hw_gpu_memory_limit_bytes{{{mig}}} 21474836480"),
+        );
+        has(
+            &t,
+            &format!("hw_gpu_memory_utilization_ratio{{{mig}}} 0.25"),
+        );
+        let hw = |id: &str| {
+            t.lines()
+                .filter(|l| l.starts_with("hw_") && l.contains(&format!("hw_id=\"{id}\"")))
+                .count()
+        };
+        assert_eq!(hw("MIG-c"), 3, "{t}");
+        // No utilization under MIG: no series, not a 0.
+        assert!(
+            !t.contains(r#"hw_gpu_utilization_ratio{hw_id="GPU-b""#),
+            "{t}"
+        );
+        // The lost GPU: failed, and nothing else.
+        let lost = r#"hw_id="GPU-d",gpu="2",model="NVIDIA H100 80GB HBM3",pci_bus_id="00000000:1A:00.0",node="node-a""#;
+        has(&t, &format!(r#"hw_status{{{lost},hw_state="ok"}} 0"#));
+        has(&t, &format!(r#"hw_status{{{lost},hw_state="failed"}} 1"#));
+        assert_eq!(hw("GPU-d"), 2, "{t}");
+    }
+
+    #[test]
+    fn container_series() {
+        let t = render(&snapshot(), &stats(), &opts());
+        let c = format!(
+            r#"container_id="{CID}",pod_uid="uid-1",namespace="ml",pod="trainer",container="main",qos="burstable",runtime="containerd""#
+        );
+        let on_a = format!(r#"{c},hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="container""#);
+        has(
+            &t,
+            &format!("container_gpu_memory_usage_bytes{{{on_a}}} 1610612736"),
+        );
+        has(
+            &t,
+            &format!(r#"container_gpu_utilization_ratio{{{on_a},hw_gpu_task="general"}} 0.5"#),
+        );
+        has(
+            &t,
+            &format!(
+                r#"container_gpu_utilization_ratio{{{on_a},hw_gpu_task="memory_controller"}} 0.1"#
+            ),
+        );
+        has(
+            &t,
+            &format!(r#"container_gpu_utilization_ratio{{{on_a},hw_gpu_task="encoder"}} 0"#),
+        );
+        assert!(!t.contains("decoder"), "dec_util is None: {t}");
+        has(&t, "# TYPE container_gpu_time_seconds_total counter");
+        has(
+            &t,
+            &format!("container_gpu_time_seconds_total{{{on_a}}} 12.5"),
+        );
+        has(
+            &t,
+            &format!("container_gpu_memory_byte_seconds_total{{{on_a}}} 1500000000000"),
+        );
+        has(&t, &format!("container_gpu_processes{{{on_a}}} 2"));
+        // On the MIG device: charged to it, the physical GPU beside it; no utilization.
+        let on_mig =
+            format!(r#"{c},hw_id="MIG-c",gpu_uuid="GPU-b",node="node-a",owner="container""#);
+        has(
+            &t,
+            &format!("container_gpu_memory_usage_bytes{{{on_mig}}} 5368709120"),
+        );
+        assert!(!t.contains(&format!("container_gpu_utilization_ratio{{{on_mig}")));
+        // A pod-level cgroup and the host entry.
+        has(
+            &t,
+            r#"container_gpu_memory_usage_bytes{container_id="",pod_uid="uid-2",namespace="",pod="",container="",qos="besteffort",runtime="",hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="pod"} 1073741824"#,
+        );
+        has(
+            &t,
+            r#"container_gpu_memory_usage_bytes{container_id="",pod_uid="",namespace="",pod="",container="",qos="",runtime="",hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="host"} 536870912"#,
+        );
+        assert_eq!(lines_of(&t, "container_gpu_memory_usage_bytes").len(), 4);
+        // Processes are off by default.
+        assert!(!t.contains("process_gpu"), "{t}");
+    }
+
+    #[test]
+    fn self_series() {
+        let t = render(&snapshot(), &stats(), &opts());
+        has(&t, "# TYPE gpu_agent_events_received_total counter");
+        has(&t, "gpu_agent_events_received_total 1234");
+        has(&t, "gpu_agent_events_lost_total 0");
+        has(&t, "gpu_agent_resyncs_total 1");
+        has(&t, "gpu_agent_procfs_fallback_lookups_total 3");
+        has(&t, "# TYPE gpu_agent_cached_processes gauge");
+        has(&t, "gpu_agent_cached_processes 250");
+        has(&t, "gpu_agent_export_failures_total 0");
+        has(&t, "gpu_agent_export_dropped_batches_total 0");
+        has(&t, r#"gpu_agent_mode{mode="ebpf"} 1"#);
+        has(&t, "gpu_agent_nvml_up 1");
+        has(
+            &t,
+            &format!(
+                r#"gpu_agent_info{{version="{}"}} 1"#,
+                env!("CARGO_PKG_VERSION")
+            ),
+        );
+        let down = AgentStats {
+            nvml: "unavailable: the NVIDIA driver is not loaded".into(),
+            ..stats()
+        };
+        has(
+            &render(&Snapshot::default(), &down, &opts()),
+            "gpu_agent_nvml_up 0",
+        );
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_once_before_its_samples() {
+        let mut o = opts();
+        o.groups.process = true;
+        o.dcgm_compat = true;
+        let t = render(&snapshot(), &stats(), &o);
+        let mut seen: Vec<&str> = vec![];
+        let mut current = "";
+        let mut lines = t.lines().peekable();
+        while let Some(l) = lines.next() {
+            if let Some(rest) = l.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(!seen.contains(&name), "{name} twice");
+                seen.push(name);
+                let ty = lines.next().unwrap();
+                assert!(ty.starts_with(&format!("# TYPE {name} ")), "{ty}");
+                current = name;
+            } else {
+                let name = l.split(['{', ' ']).next().unwrap();
+                assert_eq!(name, current, "{l}");
+            }
+        }
+        // Every family in the table appears with this snapshot.
+        assert_eq!(seen.len(), FAMILIES.len(), "{seen:?}");
+        // Deterministic.
+        assert_eq!(t, render(&snapshot(), &stats(), &o));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut snap = snapshot();
+        snap.containers[0].pod_name = Some("a\"b\\c\nd".into());
+        let mut o = opts();
+        o.node.node_name = None;
+        o.node.host_name = "h\"\\".into();
+        let t = render(&snap, &stats(), &o);
+        assert!(t.contains(r#"pod="a\"b\\c\nd""#), "{t}");
+        assert!(t.contains(r#"node="h\"\\""#), "{t}");
+        // One sample per line: the newline did not split one.
+        for l in t.lines().filter(|l| !l.starts_with('#')) {
+            assert!(l.ends_with(|c: char| c.is_ascii_digit()), "{l}");
+        }
+    }
+
+    #[test]
+    fn groups_switch_families_off() {
+        let mut o = opts();
+        o.groups = Groups {
+            device: false,
+            container: false,
+            process: true,
+            self_metrics: false,
+        };
+        o.dcgm_compat = true;
+        let t = render(&snapshot(), &stats(), &o);
+        for off in ["hw_", "container_gpu", "gpu_agent", "DCGM", "# HELP hw_"] {
+            assert!(!t.lines().any(|l| l.starts_with(off)), "{off}: {t}");
+        }
+        has(
+            &t,
+            &format!(
+                r#"process_gpu_memory_usage_bytes{{pid="10",comm="python3",container_id="{CID}",pod_uid="uid-1",hw_id="GPU-a",node="node-a"}} 1073741824"#
+            ),
+        );
+        has(
+            &t,
+            &format!(
+                r#"process_gpu_utilization_ratio{{pid="10",comm="python3",container_id="{CID}",pod_uid="uid-1",hw_id="GPU-a",node="node-a",hw_gpu_task="general"}} 0.3"#
+            ),
+        );
+        assert_eq!(lines_of(&t, "process_gpu_utilization_ratio").len(), 1);
+        // Device on, container off: DCGM device series only.
+        o.groups.device = true;
+        let t = render(&snapshot(), &stats(), &o);
+        assert!(t.contains("DCGM_FI_DEV_FB_USED"), "{t}");
+        assert!(!t.contains("pod_uid=\"uid-1\",container_id"), "{t}");
+        // Everything off: nothing at all.
+        let none = PromOptions {
+            groups: Groups {
+                device: false,
+                container: false,
+                process: false,
+                self_metrics: false,
+            },
+            ..opts()
+        };
+        assert_eq!(render(&snapshot(), &stats(), &none), "");
+    }
+
+    #[test]
+    fn dcgm_series_per_device_and_per_container() {
+        let mut o = opts();
+        o.dcgm_compat = true;
+        let t = render(&snapshot(), &stats(), &o);
+        let dev = r#"gpu="0",UUID="GPU-a",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-a",DCGM_FI_DRIVER_VERSION="580.159.04""#;
+        let whole = format!(r#"{dev},container="",namespace="",pod="""#);
+        has(&t, "# TYPE DCGM_FI_DEV_FB_USED gauge");
+        has(&t, &format!("DCGM_FI_DEV_FB_USED{{{whole}}} 3072"));
+        has(&t, &format!("DCGM_FI_DEV_FB_FREE{{{whole}}} 78848"));
+        has(&t, &format!("DCGM_FI_DEV_GPU_UTIL{{{whole}}} 60"));
+        has(&t, &format!("DCGM_FI_DEV_MEM_COPY_UTIL{{{whole}}} 29"));
+        has(&t, &format!("DCGM_FI_DEV_POWER_USAGE{{{whole}}} 350.5"));
+        has(&t, &format!("DCGM_FI_DEV_GPU_TEMP{{{whole}}} 45"));
+        has(&t, &format!("DCGM_FI_DEV_SM_CLOCK{{{whole}}} 1980"));
+        has(&t, &format!("DCGM_FI_DEV_MEM_CLOCK{{{whole}}} 2619"));
+        // The container: its own memory and utilization, not the device's.
+        let mine = format!(
+            r#"{dev},container="main",namespace="ml",pod="trainer",pod_uid="uid-1",container_id="{CID}""#
+        );
+        has(&t, &format!("DCGM_FI_DEV_FB_USED{{{mine}}} 1536"));
+        has(&t, &format!("DCGM_FI_DEV_GPU_UTIL{{{mine}}} 50"));
+        has(&t, &format!("DCGM_FI_DEV_MEM_COPY_UTIL{{{mine}}} 10"));
+        assert!(!t.contains(&format!("DCGM_FI_DEV_FB_FREE{{{mine}")), "{t}");
+        assert!(
+            !t.contains(&format!("DCGM_FI_DEV_POWER_USAGE{{{mine}")),
+            "{t}"
+        );
+        // The pod-level cgroup, names unknown: told apart by its uid.
+        has(
+            &t,
+            &format!(
+                r#"DCGM_FI_DEV_FB_USED{{{dev},container="",namespace="",pod="",pod_uid="uid-2",container_id=""}} 1024"#
+            ),
+        );
+        // The MIG device and the container on it, by GPU instance; the parent's UUID.
+        let mig = r#"gpu="1",UUID="GPU-b",pci_bus_id="00000000:19:00.0",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",GPU_I_ID="2",Hostname="node-a",DCGM_FI_DRIVER_VERSION="580.159.04""#;
+        has(
+            &t,
+            &format!(r#"DCGM_FI_DEV_FB_USED{{{mig},container="",namespace="",pod=""}} 5120"#),
+        );
+        has(
+            &t,
+            &format!(r#"DCGM_FI_DEV_FB_FREE{{{mig},container="",namespace="",pod=""}} 15360"#),
+        );
+        has(
+            &t,
+            &format!(
+                r#"DCGM_FI_DEV_FB_USED{{{mig},container="main",namespace="ml",pod="trainer",pod_uid="uid-1",container_id="{CID}"}} 5120"#
+            ),
+        );
+        // Device series: 3 GPUs (the lost one has no memory) + 1 MIG; containers: 3 (not the host).
+        assert_eq!(lines_of(&t, "DCGM_FI_DEV_FB_USED").len(), 2 + 1 + 3, "{t}");
+        assert!(
+            !t.contains(r#"pod_uid="",container_id="""#),
+            "host entry: {t}"
+        );
+    }
+
+    #[test]
+    fn values_print_without_exponent_noise() {
+        assert_eq!(format_value(85899345920.0), "85899345920");
+        assert_eq!(format_value(1.5e12), "1500000000000");
+        assert_eq!(format_value(0.29), "0.29");
+        assert_eq!(format_value(-0.0), "0");
+        assert_eq!(format_value(f64::INFINITY), "+Inf");
+        assert_eq!(format_value(f64::NAN), "NaN");
+        assert_eq!(pct(Some(7)).map(format_value).as_deref(), Some("0.07"));
+    }
 }

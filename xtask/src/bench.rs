@@ -29,6 +29,17 @@ pub enum Which {
         #[arg(long)]
         no_write: bool,
     },
+    /// OTLP export: cost of building and encoding one export for 200 containers x 8 GPUs,
+    /// and the agent's RSS while the collector is down for a long time.
+    Export {
+        #[arg(long, default_value_t = 200)]
+        containers: u32,
+        /// Minutes of dead collector.
+        #[arg(long, default_value_t = 10)]
+        minutes: u32,
+        #[arg(long)]
+        no_write: bool,
+    },
     /// One NVML collection + join cycle: the 8-GPU H100 scenario (fake libnvidia-ml.so)
     /// with GPU processes that are real processes spread over pod cgroups.
     Gpu {
@@ -59,6 +70,11 @@ pub fn run(which: Which) -> Result<()> {
             cycles,
             no_write,
         } => gpu(processes, pods.max(1), cycles.max(1), no_write),
+        Which::Export {
+            containers,
+            minutes,
+            no_write,
+        } => export(containers.max(1), minutes.max(1), no_write),
     }
 }
 
@@ -417,6 +433,148 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
     );
     if !no_write {
         write_section("gpu", &md)?;
+    }
+    drop(procs);
+    drop(cgs);
+    Ok(())
+}
+
+fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
+    // 1. Building and encoding one export: `cargo bench` (release profile) in the otel crate.
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "bench",
+            "-q",
+            "-p",
+            "otel",
+            "--bench",
+            "export",
+            "--",
+            &n.to_string(),
+        ])
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("BENCH "))
+        .with_context(|| format!("no BENCH line from cargo bench: {text}"))?;
+    let field = |k: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let (build_us, size, prom_us, prom_size) = (
+        field("build_us"),
+        field("bytes"),
+        field("prom_us"),
+        field("prom_bytes"),
+    );
+    eprintln!("{line}");
+
+    // 2. The real agent pushing to a dead collector for `minutes`.
+    require_root()?;
+    let bin = release_agent()?;
+    cargo(&["build", "--release", "-p", "fake-nvml"])?;
+    let lib = workspace_root().join("target/release/libnvidia_ml.so");
+    let cgs: Vec<TestCgroup> = (0..n)
+        .map(|_| {
+            TestCgroup::v2(&format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
+                random_uid().replace('-', "_"),
+                random_hex(64)
+            ))
+        })
+        .collect();
+    let procs: Vec<tests::cgroups::Proc> = cgs
+        .iter()
+        .map(|cg| {
+            let mut c = Command::new("sleep");
+            c.arg("7200");
+            tests::cgroups::Proc(cg.spawn(&mut c))
+        })
+        .collect();
+    let devices: Vec<Value> = (0..8)
+        .map(|i| {
+            let ps: Vec<Value> = procs
+                .iter()
+                .map(|p| serde_json::json!({"pid": p.pid(), "used_memory": 1u64 << 28, "sm_util": 3, "mem_util": 1, "enc_util": 0, "dec_util": 0}))
+                .collect();
+            serde_json::json!({"uuid": format!("GPU-{i:08x}-1111-2222-3333-444444444444"), "name": "NVIDIA H100 80GB HBM3",
+                "memory_total": 85520809984u64, "memory_used": 1u64 << 36, "utilization_gpu": 60, "utilization_memory": 20,
+                "power_mw": 500000, "temperature_c": 55, "processes": ps})
+        })
+        .collect();
+    let path = std::env::temp_dir().join(format!("bench-export-{}.json", random_hex(8)));
+    std::fs::write(&path, serde_json::json!({"devices": devices}).to_string())?;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let endpoint = format!("http://127.0.0.1:{dead}");
+    let agent = Agent::start_full(
+        &bin,
+        "",
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_SCENARIO", path.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
+        ],
+    );
+    let mut samples = vec![];
+    let started = Instant::now();
+    let total = Duration::from_secs(minutes as u64 * 60);
+    while started.elapsed() < total {
+        std::thread::sleep(
+            Duration::from_secs(30)
+                .min(total.saturating_sub(started.elapsed()))
+                .max(Duration::from_secs(1)),
+        );
+        let s = agent.stats();
+        let rss = rss_kib(agent.pid())? as f64 / 1024.0;
+        eprintln!(
+            "{:>4.0}s rss {rss:.1} MiB, queued {} KiB, dropped {}, failures {}",
+            started.elapsed().as_secs_f64(),
+            counter(&s, "export_queued_bytes") / 1024,
+            counter(&s, "export_dropped_batches"),
+            counter(&s, "export_failures")
+        );
+        samples.push((started.elapsed().as_secs(), rss, s));
+    }
+    drop(agent);
+    let _ = std::fs::remove_file(&path);
+    let first = samples.first().map(|s| s.1).unwrap_or(0.0);
+    let max = samples.iter().map(|s| s.1).fold(0.0, f64::max);
+    let last = samples.last().unwrap();
+    let mid = &samples[samples.len() / 2];
+    let mut md = format!(
+        "Measured by `cargo xtask bench export` on {}.\n\n| figure | value | goal |\n| --- | --- | --- |\n",
+        machine()
+    );
+    md.push_str(&format!(
+        "| build + encode one OTLP export, {n} containers x 8 GPUs | {build_us:.0} us CPU, {:.0} KiB | |\n",
+        size / 1024.0
+    ));
+    md.push_str(&format!(
+        "| render /metrics for the same (dcgm names on) | {prom_us:.0} us CPU, {:.0} KiB | |\n",
+        prom_size / 1024.0
+    ));
+    md.push_str(&format!(
+        "| agent RSS, dead collector: after 30 s / at {} s / at {} s (max) | {first:.1} / {:.1} / {:.1} MiB ({max:.1}) | no growth |\n",
+        mid.0, last.0, mid.1, last.1
+    ));
+    md.push_str(&format!(
+        "| export queue at the end (bounded at 8 MiB) | {} KiB, {} batches dropped, {} failed attempts | |\n",
+        counter(&last.2, "export_queued_bytes") / 1024,
+        counter(&last.2, "export_dropped_batches"),
+        counter(&last.2, "export_failures")
+    ));
+    println!("{md}");
+    println!("RESULT build_us={build_us:.0} rss_first_mb={first:.1} rss_last_mb={:.1} rss_max_mb={max:.1}", last.1);
+    if !no_write {
+        write_section("export", &md)?;
     }
     drop(procs);
     drop(cgs);

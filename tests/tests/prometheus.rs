@@ -1,0 +1,344 @@
+//! /metrics end to end: the real agent (fake NVML, a real process in a pod cgroup) is
+//! linted by promtool and scraped by a real Prometheus (Debian's), then queried in PromQL.
+//! CI installs both (`apt-get install -y --no-install-recommends prometheus`); without them
+//! the test fails, it does not skip.
+use std::{
+    io::Write,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use tests::{
+    cgroups::{sleeper, systemd_container, Proc, TestCgroup},
+    fake_nvml_lib, http, random_hex, random_uid, require_root, Agent,
+};
+
+const GIB: u64 = 1 << 30;
+const INSTALL: &str = "apt-get install -y --no-install-recommends prometheus";
+
+/// A scenario file for the fake NVML library, removed on drop.
+struct Scenario(PathBuf);
+
+impl Scenario {
+    fn new(v: &Value) -> Scenario {
+        let path = std::env::temp_dir().join(format!("fake-nvml-{}.json", random_hex(12)));
+        std::fs::write(&path, serde_json::to_vec_pretty(v).unwrap()).unwrap();
+        Scenario(path)
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A Prometheus server scraping one target every second; killed, and its data removed,
+/// on drop.
+struct Prometheus {
+    child: Child,
+    dir: PathBuf,
+    addr: String,
+}
+
+impl Prometheus {
+    fn start(target: &str) -> Prometheus {
+        let bin = which("prometheus");
+        let dir = std::env::temp_dir().join(format!("gpu-agent-prometheus-{}", random_hex(12)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: gpu-agent\n    static_configs:\n      \
+                 - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = Command::new(bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting prometheus");
+        Prometheus { child, dir, addr }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// An instant query: the result vector, or None while Prometheus is not answering.
+    fn query(&self, promql: &str) -> Option<Vec<Value>> {
+        let (status, body) = http::get(
+            &self.addr,
+            &format!("/api/v1/query?query={}", urlencode(promql)),
+        )
+        .ok()?;
+        if status != 200 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["data"]["result"].as_array().cloned()
+    }
+
+    /// Polls `promql` until one of its series has `label` = `want_label` and value `want`.
+    fn wait_for(&self, promql: &str, label: &str, want_label: &str, want: f64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = None;
+        while Instant::now() < deadline {
+            last = self.query(promql);
+            let found = last.iter().flatten().any(|s| {
+                s["metric"][label] == want_label
+                    && s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()) == Some(want)
+            });
+            if found {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let targets = http::get(&self.addr, "/api/v1/targets").map(|r| r.1);
+        panic!(
+            "Prometheus never answered {promql} with {label}={want_label} = {want}; \
+             last result: {last:?}\ntargets: {targets:?}\nprometheus log:\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A program on PATH, or a failure that says how to install it.
+fn which(name: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} is not installed: this test needs Debian's Prometheus (`{INSTALL}`)")
+        })
+}
+
+fn free_port() -> u16 {
+    // Released before Prometheus binds it: a small race, good enough on a test machine.
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `promtool check metrics` on `text`: (success, what it printed).
+fn promtool(bin: &Path, text: &str) -> (bool, String) {
+    let mut child = Command::new(bin)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), printed)
+}
+
+/// The sample line of `family` whose labels contain every `labels` pair.
+fn sample<'a>(text: &'a str, family: &str, labels: &[(&str, &str)]) -> Option<&'a str> {
+    text.lines().find(|l| {
+        l.starts_with(&format!("{family}{{"))
+            && labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+    })
+}
+
+fn value(line: &str) -> f64 {
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Polls /metrics until `cond` holds; returns that text.
+fn wait_metrics(agent: &Agent, mut cond: impl FnMut(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, text) = http::get(&agent.addr, "/metrics").expect("GET /metrics");
+        assert_eq!(status, 200, "{text}");
+        if cond(&text) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out; last /metrics:\n{text}\nagent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn metrics_pass_promtool_and_prometheus_scrapes_them() {
+    if !require_root("metrics_pass_promtool_and_prometheus_scrapes_them") {
+        return;
+    }
+    // Fail early, before anything is started, if the tools are missing.
+    let promtool_bin = which("promtool");
+    which("prometheus");
+
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let a = Proc(cg.spawn(&mut sleeper()));
+    let b = Proc(cg.spawn(&mut sleeper()));
+    let host = Proc(sleeper().spawn().unwrap());
+    let mem = 3 * GIB + GIB / 2;
+    let p = |pid: u32, mem: u64, sm: u32| {
+        json!({"pid": pid, "used_memory": mem, "sm_util": sm, "mem_util": 5,
+               "enc_util": 0, "dec_util": 0})
+    };
+    let sc = Scenario::new(&json!({
+        "driver_version": "580.159.04",
+        "devices": [{
+            "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+            "name": "NVIDIA H100 80GB HBM3", "memory_total": 85520809984u64,
+            "utilization_gpu": 60, "utilization_memory": 20, "power_mw": 350000,
+            "temperature_c": 45, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
+            "processes": [p(a.pid(), 3 * GIB, 30), p(b.pid(), GIB / 2, 20), p(host.pid(), GIB, 1)]
+        }]
+    }));
+    let lib = fake_nvml_lib();
+    let agent = Agent::start_env(
+        "[nvml]\ninterval_ms = 200\n",
+        &[
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--prometheus",
+            "--prometheus-compat",
+            "dcgm",
+        ],
+        &[("FAKE_NVML_SCENARIO", sc.0.to_str().unwrap())],
+    );
+
+    // The container's memory, summed over its two processes.
+    let text = wait_metrics(&agent, |t| {
+        sample(
+            t,
+            "container_gpu_memory_usage_bytes",
+            &[("container_id", &id)],
+        )
+        .is_some_and(|l| value(l) == mem as f64)
+    });
+    let line = sample(
+        &text,
+        "container_gpu_memory_usage_bytes",
+        &[("container_id", &id)],
+    )
+    .unwrap();
+    for label in [
+        format!("pod_uid=\"{uid}\""),
+        "qos=\"burstable\"".into(),
+        "owner=\"container\"".into(),
+        "hw_id=\"GPU-11111111-2222-3333-4444-555555555555\"".into(),
+    ] {
+        assert!(line.contains(&label), "{label} in {line}");
+    }
+    let util = sample(
+        &text,
+        "container_gpu_utilization_ratio",
+        &[("container_id", &id), ("hw_gpu_task", "general")],
+    )
+    .expect("the container's SM utilization");
+    assert_eq!(value(util), 0.5, "{util}");
+    let host_line = sample(
+        &text,
+        "container_gpu_memory_usage_bytes",
+        &[("owner", "host")],
+    )
+    .expect("the host entry");
+    assert_eq!(value(host_line), GIB as f64, "{host_line}");
+    assert!(text.contains("\ngpu_agent_nvml_up 1\n"), "{text}");
+    // dcgm-exporter's names: the container's own MiB, and the whole device's.
+    let dcgm = sample(&text, "DCGM_FI_DEV_FB_USED", &[("pod_uid", &uid)])
+        .expect("the container's DCGM_FI_DEV_FB_USED");
+    assert_eq!(value(dcgm), 3584.0, "{dcgm}");
+    let device = text
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_FB_USED{") && !l.contains("pod_uid="))
+        .expect("the device's DCGM_FI_DEV_FB_USED");
+    assert!(
+        device.contains(r#",container="",namespace="",pod="""#),
+        "{device}"
+    );
+    assert_eq!(value(device), 4608.0, "{device}");
+
+    // promtool: its only finding is dcgm-exporter's own camelCase label `modelName`, kept
+    // for compatibility; with it renamed, nothing at all.
+    let (ok, printed) = promtool(&promtool_bin, &text);
+    for problem in printed.lines() {
+        assert!(
+            problem.starts_with("DCGM_FI_DEV_")
+                && problem
+                    .ends_with("label names should be written in 'snake_case' not 'camelCase'"),
+            "promtool: {problem}\nin:\n{text}"
+        );
+    }
+    assert_eq!(ok, printed.is_empty(), "promtool:\n{printed}");
+    let (ok, printed) = promtool(&promtool_bin, &text.replace("modelName=", "model_name="));
+    assert!(
+        ok && printed.is_empty(),
+        "promtool:\n{printed}\nin:\n{text}"
+    );
+
+    // A real Prometheus scrapes it and answers PromQL.
+    let prom = Prometheus::start(&agent.addr);
+    prom.wait_for(
+        "sum by (pod_uid) (container_gpu_memory_usage_bytes)",
+        "pod_uid",
+        &uid,
+        mem as f64,
+    );
+    prom.wait_for(
+        &format!("DCGM_FI_DEV_FB_USED{{pod_uid=\"{uid}\"}}"),
+        "container_id",
+        &id,
+        3584.0,
+    );
+    drop(prom);
+    drop(agent);
+}
