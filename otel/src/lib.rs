@@ -15,6 +15,20 @@ pub struct Groups {
     pub process: bool,
     #[serde(rename = "self")]
     pub self_metrics: bool,
+    /// Attributes (OTLP names, e.g. "hw.gpu.index", or Prometheus label names, e.g.
+    /// "pci_bus_id") left off every data point, resource and series: cardinality control.
+    pub drop_attributes: Vec<String>,
+}
+
+impl Groups {
+    /// Whether `key` (an OTLP attribute or a Prometheus label) is configured away.
+    pub fn drops(&self, key: &str) -> bool {
+        !self.drop_attributes.is_empty()
+            && self
+                .drop_attributes
+                .iter()
+                .any(|d| d == key || d.replace('.', "_") == key)
+    }
 }
 
 impl Default for Groups {
@@ -24,6 +38,7 @@ impl Default for Groups {
             container: true,
             process: false,
             self_metrics: true,
+            drop_attributes: vec![],
         }
     }
 }

@@ -63,6 +63,8 @@ struct Metrics {
         Kind,
         Vec<NumberDataPoint>,
     )>,
+    /// Attributes configured away (metrics.drop_attributes).
+    drop: Vec<String>,
 }
 
 impl Metrics {
@@ -78,6 +80,10 @@ impl Metrics {
         start_ns: u64,
         time_ns: u64,
     ) {
+        let mut attributes = attributes;
+        if !self.drop.is_empty() {
+            attributes.retain(|kv| !self.drop.iter().any(|d| d == &kv.key));
+        }
         let dp = NumberDataPoint {
             attributes,
             start_time_unix_nano: match kind {
@@ -132,6 +138,12 @@ impl Metrics {
 const MS: u64 = 1_000_000;
 
 fn node_attributes(ctx: &ExportContext) -> Vec<KeyValue> {
+    let mut a = node_attributes_all(ctx);
+    a.retain(|kv| !ctx.groups.drops(&kv.key));
+    a
+}
+
+fn node_attributes_all(ctx: &ExportContext) -> Vec<KeyValue> {
     let mut a = vec![kv("service.name", ctx.service_name.clone())];
     a.push(kv("service.version", env!("CARGO_PKG_VERSION")));
     if !ctx.node.host_name.is_empty() {
@@ -150,7 +162,7 @@ fn node_attributes(ctx: &ExportContext) -> Vec<KeyValue> {
 
 /// Resource attributes of one container (or pod-level cgroup).
 pub fn container_attributes(ctx: &ExportContext, c: &ContainerUsage) -> Vec<KeyValue> {
-    let mut a = node_attributes(ctx);
+    let mut a = node_attributes_all(ctx);
     if let Some(id) = &c.container_id {
         a.push(kv("container.id", id.clone()));
     }
@@ -169,6 +181,7 @@ pub fn container_attributes(ctx: &ExportContext, c: &ContainerUsage) -> Vec<KeyV
     if let Some(r) = c.runtime {
         a.push(kv("container.runtime.name", r));
     }
+    a.retain(|kv| !ctx.groups.drops(&kv.key));
     a
 }
 
@@ -559,7 +572,11 @@ pub fn build_request(
         now_ms
     } * MS;
     let start_ns = stats.started_ms.max(1) * MS;
-    let mut node = Metrics::default();
+    let fresh = || Metrics {
+        drop: ctx.groups.drop_attributes.clone(),
+        ..Default::default()
+    };
+    let mut node = fresh();
     if ctx.groups.device {
         device_metrics(&mut node, snap, start_ns, t);
     }
@@ -570,7 +587,7 @@ pub fn build_request(
     for c in &snap.containers {
         let host = c.container_id.is_none() && c.pod_uid.is_none();
         // The host entry's GPU use goes on the node resource, without container.id.
-        let mut m = Metrics::default();
+        let mut m = fresh();
         let target = if host { &mut node } else { &mut m };
         if ctx.groups.container {
             container_metrics(target, c, t, start_ns);
@@ -603,4 +620,153 @@ pub fn build_request(
         );
     }
     ExportMetricsServiceRequest { resource_metrics }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_model::{ContainerGpu, ContainerUsage, DeviceSample};
+
+    use super::*;
+
+    fn snap() -> Snapshot {
+        Snapshot {
+            taken_at_ms: 2_000,
+            devices: vec![DeviceSample {
+                uuid: "GPU-a".into(),
+                name: "H100".into(),
+                status: "ok".into(),
+                memory_used_bytes: Some(7),
+                ..Default::default()
+            }],
+            containers: vec![
+                ContainerUsage {
+                    container_id: Some("c1".into()),
+                    pod_uid: Some("p1".into()),
+                    qos: None,
+                    runtime: Some("cri-o"),
+                    cgroup_path: None,
+                    pod_name: None,
+                    namespace: None,
+                    container_name: None,
+                    gpus: vec![ContainerGpu {
+                        uuid: "MIG-1".into(),
+                        gpu_uuid: "GPU-a".into(),
+                        memory_used_bytes: 3,
+                        sm_util: None,
+                        mem_util: None,
+                        enc_util: None,
+                        dec_util: None,
+                        pids: vec![1],
+                        gpu_time_seconds: 1.5,
+                        memory_byte_seconds: 9.0,
+                        counters_since_ms: 1_000,
+                    }],
+                },
+                ContainerUsage {
+                    container_id: None,
+                    pod_uid: None,
+                    qos: None,
+                    runtime: None,
+                    cgroup_path: None,
+                    pod_name: None,
+                    namespace: None,
+                    container_name: None,
+                    gpus: vec![],
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn ctx() -> ExportContext {
+        ExportContext {
+            node: NodeIdentity {
+                host_name: "h".into(),
+                node_name: Some("n".into()),
+            },
+            service_name: "gpu-agent".into(),
+            groups: Groups::default(),
+            ..Default::default()
+        }
+    }
+
+    fn names(rm: &ResourceMetrics) -> Vec<&str> {
+        rm.scope_metrics[0]
+            .metrics
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn one_resource_for_the_node_and_one_per_container() {
+        let stats = AgentStats {
+            started_ms: 500,
+            ..Default::default()
+        };
+        let r = build_request(&snap(), &stats, &ctx(), 0);
+        assert_eq!(r.resource_metrics.len(), 2);
+        let c = &r.resource_metrics[1];
+        let keys: Vec<&str> = c
+            .resource
+            .as_ref()
+            .unwrap()
+            .attributes
+            .iter()
+            .map(|k| k.key.as_str())
+            .collect();
+        assert!(
+            keys.contains(&"container.id")
+                && keys.contains(&"k8s.pod.uid")
+                && keys.contains(&"k8s.node.name")
+        );
+        let time = c.scope_metrics[0]
+            .metrics
+            .iter()
+            .find(|m| m.name == "container.gpu.time")
+            .unwrap();
+        let Some(Data::Sum(s)) = &time.data else {
+            panic!()
+        };
+        assert_eq!(
+            s.data_points[0].start_time_unix_nano,
+            1_000 * MS,
+            "since the container was first seen"
+        );
+        assert_eq!(s.data_points[0].time_unix_nano, 2_000 * MS);
+        // MIG: charged to the MIG device, parent named.
+        let a = &s.data_points[0].attributes;
+        assert!(a.iter().any(|k| k.key == "hw.parent"));
+        // No utilization known: no point rather than a zero.
+        assert!(!names(c).contains(&"container.gpu.utilization"));
+        assert!(names(&r.resource_metrics[0]).contains(&"hw.gpu.memory.usage"));
+    }
+
+    #[test]
+    fn groups_and_dropped_attributes_apply() {
+        let mut cx = ctx();
+        cx.groups.device = false;
+        cx.groups.drop_attributes = vec!["k8s.node.name".into(), "hw.parent".into()];
+        let r = build_request(&snap(), &AgentStats::default(), &cx, 0);
+        assert!(!names(&r.resource_metrics[0]).contains(&"hw.gpu.memory.usage"));
+        for rm in &r.resource_metrics {
+            assert!(rm
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes
+                .iter()
+                .all(|k| k.key != "k8s.node.name"));
+            for m in &rm.scope_metrics[0].metrics {
+                let pts = match &m.data {
+                    Some(Data::Gauge(g)) => &g.data_points,
+                    Some(Data::Sum(s)) => &s.data_points,
+                    _ => continue,
+                };
+                assert!(pts
+                    .iter()
+                    .all(|p| p.attributes.iter().all(|k| k.key != "hw.parent")));
+            }
+        }
+    }
 }

@@ -75,10 +75,20 @@ type Labels = Vec<(&'static str, String)>;
 #[derive(Default)]
 struct Out {
     series: HashMap<&'static str, Vec<(Labels, f64)>>,
+    /// Labels configured away (metrics.drop_attributes).
+    drop: Vec<String>,
 }
 
 impl Out {
-    fn add(&mut self, name: &'static str, labels: Labels, value: f64) {
+    fn add(&mut self, name: &'static str, mut labels: Labels, value: f64) {
+        if !self.drop.is_empty() {
+            labels.retain(|(k, _)| {
+                !self
+                    .drop
+                    .iter()
+                    .any(|d| d == k || d.replace('.', "_") == *k)
+            });
+        }
         debug_assert!(
             FAMILIES.iter().any(|f| f.0 == name),
             "{name} is not in FAMILIES"
@@ -185,7 +195,10 @@ pub fn render(snap: &Snapshot, stats: &AgentStats, opts: &PromOptions) -> String
         .node_name
         .as_deref()
         .unwrap_or(&opts.node.host_name);
-    let mut out = Out::default();
+    let mut out = Out {
+        drop: opts.groups.drop_attributes.clone(),
+        ..Default::default()
+    };
     if opts.groups.device {
         devices(&mut out, snap, node);
     }
@@ -887,6 +900,7 @@ mod tests {
             container: false,
             process: true,
             self_metrics: false,
+            drop_attributes: vec![],
         };
         o.dcgm_compat = true;
         let t = render(&snapshot(), &stats(), &o);
@@ -918,6 +932,7 @@ mod tests {
                 container: false,
                 process: false,
                 self_metrics: false,
+                drop_attributes: vec![],
             },
             ..opts()
         };
@@ -992,5 +1007,33 @@ mod tests {
         assert_eq!(format_value(f64::INFINITY), "+Inf");
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(pct(Some(7)).map(format_value).as_deref(), Some("0.07"));
+    }
+}
+
+#[cfg(test)]
+mod drop_tests {
+    use super::*;
+
+    #[test]
+    fn dropped_labels_are_left_off_every_series() {
+        let snap = Snapshot {
+            devices: vec![DeviceSample {
+                uuid: "GPU-a".into(),
+                name: "H100".into(),
+                pci_bus_id: Some("0000:01:00.0".into()),
+                status: "ok".into(),
+                memory_used_bytes: Some(5),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut opts = PromOptions::default();
+        opts.groups.drop_attributes = vec!["pci_bus_id".into(), "hw.gpu.index".into()];
+        let t = render(&snap, &AgentStats::default(), &opts);
+        assert!(
+            t.contains("hw_gpu_memory_usage_bytes{hw_id=\"GPU-a\""),
+            "{t}"
+        );
+        assert!(!t.contains("pci_bus_id"), "{t}");
     }
 }
