@@ -88,6 +88,11 @@ impl MetricsService for Svc {
 
 pub enum Kind {
     Grpc,
+    /// gRPC over TLS with this PEM certificate chain and key.
+    GrpcTls {
+        cert: Vec<u8>,
+        key: Vec<u8>,
+    },
     Http,
 }
 
@@ -117,9 +122,16 @@ impl Receiver {
                     .expect("binding the receiver");
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
                 match kind {
-                    Kind::Grpc => {
+                    Kind::Grpc | Kind::GrpcTls { .. } => {
                         let incoming = tokio_stream_from(listener);
-                        tonic::transport::Server::builder()
+                        let mut builder = tonic::transport::Server::builder();
+                        if let Kind::GrpcTls { cert, key } = &kind {
+                            let id = tonic::transport::Identity::from_pem(cert, key);
+                            builder = builder
+                                .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
+                                .expect("server TLS config");
+                        }
+                        builder
                             .add_service(
                                 MetricsServiceServer::new(Svc(r))
                                     .accept_compressed(tonic::codec::CompressionEncoding::Gzip),

@@ -242,6 +242,112 @@ fn collector_down_then_up_resumes_without_restart() {
     assert!(status.success());
 }
 
+/// A throwaway CA and a server certificate for 127.0.0.1/localhost, made with openssl.
+fn test_pki(dir: &std::path::Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl is needed for the TLS test (apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=gpu-agent test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.pem",
+    ]);
+    (
+        dir.join("ca.pem"),
+        std::fs::read(dir.join("server.pem")).unwrap(),
+        std::fs::read(dir.join("server.key")).unwrap(),
+    )
+}
+
+#[test]
+fn grpc_over_tls_verifies_the_collector_with_the_given_ca() {
+    if !require_root("grpc_over_tls") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("otlp-tls-{}", random_hex(8)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, cert, key) = test_pki(&dir);
+    let fx = Fixture::new();
+    let rx = Receiver::start(Kind::GrpcTls { cert, key }, 0);
+    let url = format!("https://localhost:{}", rx.addr.port());
+    let agent = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.to_str().unwrap()),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+    ]);
+    rx.received
+        .wait_for(Duration::from_secs(20), |r| has_container_bytes(r, &fx.id))
+        .unwrap_or_else(|| panic!("no export over TLS\n{}", agent.log()));
+    drop(agent);
+    // Without the CA the same collector is not trusted: exports fail, nothing arrives.
+    let before = rx.received.count();
+    let untrusting = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+    ]);
+    untrusting.wait_until("a TLS failure", Duration::from_secs(15), || {
+        untrusting.stats()["export_failures"].as_u64() >= Some(1)
+    });
+    assert_eq!(rx.received.count(), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // ---- rotel: a real OpenTelemetry collector ----
 
 fn rotel_binary() -> PathBuf {
