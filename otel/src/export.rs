@@ -262,7 +262,8 @@ enum Transport {
 pub struct OtlpExporter {
     settings: OtlpSettings,
     transport: Transport,
-    queue: VecDeque<(ExportMetricsServiceRequest, usize)>,
+    /// Encoded requests: in memory exactly what the byte budget counts.
+    queue: VecDeque<Vec<u8>>,
     queued_bytes: usize,
     backoff: Duration,
     next_attempt: Instant,
@@ -329,12 +330,13 @@ impl OtlpExporter {
 
     /// Queues a batch, dropping the oldest ones beyond the byte budget.
     pub fn enqueue(&mut self, req: ExportMetricsServiceRequest) {
-        let len = req.encoded_len();
-        self.queue.push_back((req, len));
-        self.queued_bytes += len;
+        let bytes = req.encode_to_vec();
+        drop(req);
+        self.queued_bytes += bytes.len();
+        self.queue.push_back(bytes);
         while self.queued_bytes > self.settings.max_queue_bytes && self.queue.len() > 1 {
-            let (_, l) = self.queue.pop_front().unwrap();
-            self.queued_bytes -= l;
+            let old = self.queue.pop_front().unwrap();
+            self.queued_bytes -= old.len();
             self.counters.dropped_batches.fetch_add(1, Relaxed);
         }
         self.counters
@@ -352,8 +354,9 @@ impl OtlpExporter {
         if !ignore_backoff && Instant::now() < self.next_attempt {
             return false;
         }
-        while let Some((req, len)) = self.queue.pop_front() {
-            match self.send(&req).await {
+        while let Some(body) = self.queue.pop_front() {
+            let len = body.len();
+            match self.send(&body).await {
                 Ok(()) => {
                     self.counters.sent.fetch_add(1, Relaxed);
                     if self.backoff > BACKOFF_MIN {
@@ -374,7 +377,7 @@ impl OtlpExporter {
                     } else {
                         tracing::debug!("OTLP export failed again: {e}");
                     }
-                    self.queue.push_front((req, len));
+                    self.queue.push_front(body);
                     self.next_attempt = Instant::now() + self.backoff;
                     self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
                     return false;
@@ -388,10 +391,13 @@ impl OtlpExporter {
         true
     }
 
-    async fn send(&mut self, req: &ExportMetricsServiceRequest) -> Result<(), SendError> {
+    async fn send(&mut self, body: &[u8]) -> Result<(), SendError> {
         match &mut self.transport {
             Transport::Grpc(client) => {
-                let mut r = tonic::Request::new(req.clone());
+                // tonic's generated client wants the message: decoded only for the send.
+                let req = ExportMetricsServiceRequest::decode(body)
+                    .map_err(|e| SendError::Permanent(format!("re-decoding a batch: {e}")))?;
+                let mut r = tonic::Request::new(req);
                 for (k, v) in &self.settings.headers {
                     if let (Ok(k), Ok(v)) = (
                         k.to_ascii_lowercase()
@@ -418,7 +424,7 @@ impl OtlpExporter {
                 }
             }
             Transport::Http(client) => {
-                let mut body = req.encode_to_vec();
+                let mut body = body.to_vec();
                 let mut rb = client
                     .post(&self.settings.url)
                     .header("content-type", "application/x-protobuf");
