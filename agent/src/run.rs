@@ -20,8 +20,65 @@ use crate::{
     tracker::Tracker,
 };
 
+/// What an embedding caller (`gpu-agent top`) reads: the same state the daemon serves.
+#[derive(Clone)]
+pub struct Handles {
+    pub snapshot: Arc<RwLock<Arc<Snapshot>>>,
+    pub stats: Arc<Stats>,
+    pub state: Arc<RwLock<crate::state::State>>,
+}
+
+/// Running the sources without the HTTP endpoint and the exporter.
+pub struct Embedded {
+    /// Receives the handles once the start-up walk is done.
+    pub handles_tx: std::sync::mpsc::Sender<Handles>,
+    /// Set to true to stop.
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Starts the sources (eBPF cache, NVML, join) on a thread of their own, for a caller that
+/// only reads. Returns once the start-up walk is done.
+pub fn spawn_embedded(
+    config: Config,
+    prep_error: Option<String>,
+) -> Result<(
+    Handles,
+    tokio::sync::watch::Sender<bool>,
+    std::thread::JoinHandle<()>,
+)> {
+    let (handles_tx, handles_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let thread = std::thread::Builder::new()
+        .name("sources".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            if let Err(e) = rt.block_on(run_with(
+                config,
+                prep_error,
+                Some(Embedded { handles_tx, stop }),
+            )) {
+                tracing::error!("sources stopped: {e:#}");
+            }
+        })?;
+    let handles = handles_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the sources failed to start (see the log)"))?;
+    Ok((handles, stop_tx, thread))
+}
+
 /// Runs until SIGTERM or SIGINT. `prep_error`: why tracefs could not be prepared, if so.
 pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
+    run_with(config, prep_error, None).await
+}
+
+async fn run_with(
+    config: Config,
+    prep_error: Option<String>,
+    embedded: Option<Embedded>,
+) -> Result<()> {
     let stats = Arc::new(Stats::default());
     let ready = Arc::new(AtomicBool::new(false));
     let procfs = Procfs::new(&config.cgroup.proc_root);
@@ -68,10 +125,6 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
         stats.clone(),
     );
 
-    let listener = TcpListener::bind(config.http.addr)
-        .await
-        .with_context(|| format!("binding the HTTP endpoint {}", config.http.addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "http server listening");
     let snapshot = Arc::new(RwLock::new(Arc::new(Snapshot {
         nvml: "unavailable: not sampled yet".into(),
         ..Default::default()
@@ -93,10 +146,31 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
         prometheus,
         started_ms,
     });
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let server = if embedded.is_none() {
+        let listener = TcpListener::bind(config.http.addr)
+            .await
+            .with_context(|| format!("binding the HTTP endpoint {}", config.http.addr))?;
+        tracing::info!(addr = %listener.local_addr()?, "http server listening");
+        Some(tokio::spawn(
+            async move { axum::serve(listener, app).await },
+        ))
+    } else {
+        None
+    };
 
     tracker.startup();
     ready.store(true, Ordering::Release);
+    let mut stop = match embedded {
+        Some(e) => {
+            let _ = e.handles_tx.send(Handles {
+                snapshot: snapshot.clone(),
+                stats: stats.clone(),
+                state: tracker.state.clone(),
+            });
+            Some(e.stop)
+        }
+        None => None,
+    };
     let st = stats.view();
     tracing::info!(
         mode = st.mode,
@@ -126,7 +200,12 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
     }
     let max_gap = Duration::from_millis(config.nvml.interval_ms * 3);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let exporter = match config.otlp.resolve(|k| std::env::var(k).ok()) {
+    let otlp = if stop.is_some() {
+        Ok(None) // embedded (top): looking, not exporting
+    } else {
+        config.otlp.resolve(|k| std::env::var(k).ok())
+    };
+    let exporter = match otlp {
         Ok(Some(settings)) => {
             *stats.otlp.write().unwrap() = settings.url.clone();
             let ctx = otel::otlp::ExportContext {
@@ -148,6 +227,7 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
                 stop_rx,
             )))
         }
+        Ok(None) if stop.is_some() => None,
         Ok(None) => {
             *stats.otlp.write().unwrap() = "disabled".into();
             tracing::info!("no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT or [otlp] endpoint): not pushing");
@@ -167,6 +247,7 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
     loop {
         tokio::select! {
             _ = sigterm.recv() => break,
+            _ = async { stop.as_mut().unwrap().changed().await }, if stop.is_some() => break,
             _ = sigint.recv() => break,
             r = async { ring.as_ref().unwrap().readable().await }, if ring.is_some() => {
                 let mut guard = r?;
@@ -202,7 +283,9 @@ pub async fn run(config: Config, prep_error: Option<String>) -> Result<()> {
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(30), handle).await;
     }
-    server.abort();
+    if let Some(server) = server {
+        server.abort();
+    }
     drop(ring);
     Ok(())
 }
