@@ -19,6 +19,33 @@ pub struct Config {
     pub metrics: otel::Groups,
     /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
     pub node_name: Option<String>,
+    pub metadata: MetadataSettings,
+}
+
+/// The node's sockets for names and GPU allocations.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetadataSettings {
+    pub enabled: bool,
+    /// CRI runtime socket; autodetected at the usual containerd/CRI-O paths when unset.
+    pub cri_socket: Option<PathBuf>,
+    pub pod_resources_socket: PathBuf,
+    /// Docker Engine API, for names on plain Docker hosts.
+    pub docker_socket: PathBuf,
+    /// How often GPU allocations are re-read from the kubelet.
+    pub allocation_interval_secs: u64,
+}
+
+impl Default for MetadataSettings {
+    fn default() -> Self {
+        MetadataSettings {
+            enabled: true,
+            cri_socket: None,
+            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            docker_socket: PathBuf::from("/var/run/docker.sock"),
+            allocation_interval_secs: 30,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -238,6 +265,9 @@ impl Config {
                     "the only compatibility mode is \"dcgm\"",
                 );
             }
+        }
+        if self.metadata.allocation_interval_secs == 0 {
+            return invalid("metadata.allocation_interval_secs", "must be at least 1");
         }
         if self.cache.procfs_rescan_secs == 0 {
             return invalid("cache.procfs_rescan_secs", "must be at least 1");

@@ -8,6 +8,7 @@ use std::{
 
 use crate::{
     gpu::{DeviceSample, GpuSample},
+    metadata::{parse_device_id, DeviceRef, Metadata},
     state::State,
 };
 
@@ -57,6 +58,41 @@ struct Group {
     gpus: BTreeMap<String, ContainerGpu>,
 }
 
+/// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
+fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[DeviceSample]) {
+    if let Some(n) = c
+        .container_id
+        .as_deref()
+        .and_then(|id| metadata.names_of(id))
+    {
+        c.pod_name = c.pod_name.take().or_else(|| n.pod_name.clone());
+        c.namespace = c.namespace.take().or_else(|| n.namespace.clone());
+        c.container_name = c.container_name.take().or_else(|| n.container_name.clone());
+        c.pod_uid = c.pod_uid.take().or_else(|| n.pod_uid.clone());
+    }
+    let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
+        return;
+    };
+    let mut uuids = vec![];
+    for a in metadata.allocations_of(ns, pod, name) {
+        for id in &a.device_ids {
+            let uuid = match parse_device_id(id) {
+                Some(DeviceRef::Uuid(u)) => Some(u),
+                Some(DeviceRef::Index(i)) => devices
+                    .iter()
+                    .find(|d| d.index == i)
+                    .map(|d| d.uuid.clone()),
+                None => None,
+            };
+            if let Some(u) = uuid.filter(|u| !uuids.contains(u)) {
+                uuids.push(u);
+            }
+        }
+    }
+    uuids.sort();
+    c.allocated_gpus = uuids;
+}
+
 fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
     match (a, b) {
         (None, None) => None,
@@ -68,6 +104,7 @@ fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
 /// counters when samples were missed (NVML unavailable, the agent paused).
 pub fn join(
     state: &State,
+    metadata: &Metadata,
     sample: &GpuSample,
     nvml_status: &str,
     prev: &Counters,
@@ -176,7 +213,7 @@ pub fn join(
             Owner::Host => OwnerMeta::default(),
             _ => g.meta.unwrap_or_default(),
         };
-        containers.push(ContainerUsage {
+        let mut c = ContainerUsage {
             container_id: m.container_id,
             pod_uid: m.pod_uid,
             qos: m.qos,
@@ -186,7 +223,45 @@ pub fn join(
             namespace: None,
             container_name: None,
             gpus,
-        });
+            allocated_gpus: vec![],
+        };
+        name_and_allocate(&mut c, metadata, &sample.devices);
+        containers.push(c);
+    }
+    // Containers the kubelet gave a GPU that run no GPU process at all: allocated, idle.
+    for a in &metadata.allocations {
+        let named = |c: &ContainerUsage| {
+            c.namespace.as_deref() == Some(a.namespace.as_str())
+                && c.pod_name.as_deref() == Some(a.pod_name.as_str())
+                && c.container_name.as_deref() == Some(a.container_name.as_str())
+        };
+        if containers.iter().any(named) {
+            continue;
+        }
+        let key = (
+            a.namespace.clone(),
+            a.pod_name.clone(),
+            a.container_name.clone(),
+        );
+        let id = metadata.ids_by_name.get(&key).cloned();
+        let pod_uid = id
+            .as_ref()
+            .and_then(|id| metadata.names_of(id))
+            .and_then(|n| n.pod_uid.clone());
+        let mut c = ContainerUsage {
+            container_id: id,
+            pod_uid,
+            qos: None,
+            runtime: None,
+            cgroup_path: None,
+            pod_name: Some(a.pod_name.clone()),
+            namespace: Some(a.namespace.clone()),
+            container_name: Some(a.container_name.clone()),
+            gpus: vec![],
+            allocated_gpus: vec![],
+        };
+        name_and_allocate(&mut c, metadata, &sample.devices);
+        containers.push(c);
     }
     // Owners idle this cycle keep their totals (counters must not reset) until forgotten.
     for (k, acc) in &prev.map {
@@ -222,6 +297,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::metadata::{Allocation, ContainerNames};
     use crate::{
         cache::{ProcessCache, ProcessEntry},
         cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
@@ -312,6 +388,7 @@ mod tests {
         );
         let (snap, _) = join(
             &st,
+            &Metadata::default(),
             &s,
             "ok",
             &Counters::default(),
@@ -339,6 +416,7 @@ mod tests {
         let st = state();
         let (_, c1) = join(
             &st,
+            &Metadata::default(),
             &sample(1000, vec![proc(100, 1000, 50)]),
             "ok",
             &Counters::default(),
@@ -347,6 +425,7 @@ mod tests {
         );
         let (s2, c2) = join(
             &st,
+            &Metadata::default(),
             &sample(3000, vec![proc(100, 1000, 50)]),
             "ok",
             &c1,
@@ -363,6 +442,7 @@ mod tests {
         // Idle cycle: the container is absent, its totals are kept for when it returns.
         let (s3, c3) = join(
             &st,
+            &Metadata::default(),
             &sample(4000, vec![]),
             "ok",
             &c2,
@@ -373,6 +453,7 @@ mod tests {
         // A long gap is capped at max_gap.
         let (s4, _) = join(
             &st,
+            &Metadata::default(),
             &sample(100_000, vec![proc(100, 1000, 100)]),
             "ok",
             &c3,
@@ -393,6 +474,7 @@ mod tests {
         st.cache.on_exit(100, Instant::now());
         let (snap, _) = join(
             &st,
+            &Metadata::default(),
             &sample(1000, vec![proc(100, 42, 0)]),
             "ok",
             &Counters::default(),
@@ -411,6 +493,7 @@ mod tests {
         p.sm_util = None;
         let (snap, _) = join(
             &st,
+            &Metadata::default(),
             &sample(1000, vec![p, proc(101, 20, 0)]),
             "ok",
             &Counters::default(),
@@ -425,5 +508,78 @@ mod tests {
             .collect();
         assert_eq!(uuids, vec![("GPU-1", "GPU-1", 20), ("MIG-1", "GPU-1", 10)]);
         assert_eq!(a.gpus[1].sm_util, None);
+    }
+
+    #[test]
+    fn names_allocations_and_allocated_but_idle_containers() {
+        let st = state();
+        let mut md = Metadata::default();
+        let a = A.to_string();
+        md.names.insert(
+            a.clone(),
+            ContainerNames {
+                pod_name: Some("trainer-0".into()),
+                namespace: Some("ml".into()),
+                container_name: Some("main".into()),
+                pod_uid: None,
+            },
+        );
+        md.allocations = vec![
+            Allocation {
+                namespace: "ml".into(),
+                pod_name: "trainer-0".into(),
+                container_name: "main".into(),
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec!["GPU-1::2".into(), "1".into()],
+            },
+            Allocation {
+                namespace: "ml".into(),
+                pod_name: "idle-0".into(),
+                container_name: "sleepy".into(),
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec!["GPU-9".into()],
+            },
+        ];
+        md.ids_by_name.insert(
+            ("ml".into(), "idle-0".into(), "sleepy".into()),
+            "c".repeat(64),
+        );
+        let mut sample = sample(1000, vec![proc(100, 10, 5)]);
+        sample.devices.push(DeviceSample {
+            index: 1,
+            uuid: "GPU-2".into(),
+            status: "ok".into(),
+            ..Default::default()
+        });
+        let (snap, _) = join(
+            &st,
+            &md,
+            &sample,
+            "ok",
+            &Counters::default(),
+            Duration::from_secs(3),
+            false,
+        );
+        let c = snap
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(a.as_str()))
+            .unwrap();
+        assert_eq!(c.pod_name.as_deref(), Some("trainer-0"));
+        assert_eq!(c.namespace.as_deref(), Some("ml"));
+        assert_eq!(
+            c.allocated_gpus,
+            vec!["GPU-1".to_string(), "GPU-2".to_string()]
+        );
+        // Uses GPU-1, holds GPU-2 without using it.
+        assert_eq!(c.idle_allocations(), vec!["GPU-2"]);
+        let idle = snap
+            .containers
+            .iter()
+            .find(|c| c.pod_name.as_deref() == Some("idle-0"))
+            .unwrap();
+        assert_eq!(idle.container_id.as_deref(), Some("c".repeat(64).as_str()));
+        assert!(idle.gpus.is_empty());
+        assert_eq!(idle.idle_allocations(), vec!["GPU-9"]);
     }
 }

@@ -18,24 +18,43 @@ struct Cli {
 enum Cmd {
     /// Run the agent.
     Run(RunArgs),
+    /// A live terminal view of the node's GPUs and the containers using them.
+    Top(TopArgs),
     /// Validate a config file and exit (non-zero, naming the field, when it is bad).
     CheckConfig { file: PathBuf },
 }
 
-#[derive(clap::Args)]
-struct RunArgs {
+/// The flags that choose and configure the sources: shared by `run` and `top`.
+#[derive(clap::Args, Clone, Default)]
+struct SourceArgs {
     /// Config file (TOML); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Address of /healthz, /readyz and /debug/* [default: 127.0.0.1:9464]
-    #[arg(long)]
-    http_addr: Option<std::net::SocketAddr>,
     /// Do not try eBPF: run in /proc mode.
     #[arg(long)]
     no_ebpf: bool,
     /// Load NVML from this path instead of the system's libnvidia-ml.so.1.
     #[arg(long, value_name = "PATH")]
     nvml_lib: Option<PathBuf>,
+    /// CRI runtime socket for pod and container names [default: autodetect containerd/CRI-O]
+    #[arg(long, value_name = "PATH")]
+    cri_socket: Option<PathBuf>,
+    /// kubelet pod-resources socket for GPU allocations
+    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock]
+    #[arg(long, value_name = "PATH")]
+    pod_resources_socket: Option<PathBuf>,
+    /// Docker Engine socket for names on plain Docker hosts [default: /var/run/docker.sock]
+    #[arg(long, value_name = "PATH")]
+    docker_socket: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    sources: SourceArgs,
+    /// Address of /healthz, /readyz and /debug/* [default: 127.0.0.1:9464]
+    #[arg(long)]
+    http_addr: Option<std::net::SocketAddr>,
     /// Serve Prometheus text at /metrics on the HTTP address.
     #[arg(long)]
     prometheus: bool,
@@ -44,18 +63,39 @@ struct RunArgs {
     prometheus_compat: Option<String>,
 }
 
+#[derive(clap::Args)]
+struct TopArgs {
+    #[command(flatten)]
+    sources: SourceArgs,
+    /// Print one plain-text frame to stdout and exit (for scripts and bug reports).
+    #[arg(long)]
+    once: bool,
+    /// Where the live view writes the agent's log (it would scribble over the screen).
+    #[arg(long, value_name = "PATH", default_value = "/tmp/gpu-agent-top.log")]
+    log_file: PathBuf,
+}
+
 fn load_config(args: &RunArgs) -> Result<Config, String> {
-    let mut config = match &args.config {
+    let mut config = match &args.sources.config {
         Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
         None => Config::default(),
     };
     if let Some(addr) = args.http_addr {
         config.http.addr = addr;
     }
-    if args.no_ebpf {
+    if args.sources.no_ebpf {
         config.ebpf.enabled = false;
     }
-    if let Some(p) = &args.nvml_lib {
+    if let Some(p) = &args.sources.cri_socket {
+        config.metadata.cri_socket = Some(p.clone());
+    }
+    if let Some(p) = &args.sources.pod_resources_socket {
+        config.metadata.pod_resources_socket = p.clone();
+    }
+    if let Some(p) = &args.sources.docker_socket {
+        config.metadata.docker_socket = p.clone();
+    }
+    if let Some(p) = &args.sources.nvml_lib {
         config.nvml.lib_path = Some(p.clone());
     }
     if args.prometheus || args.prometheus_compat.is_some() {
@@ -71,6 +111,22 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
         .resolve(|k| std::env::var(k).ok())
         .map_err(|e| format!("invalid OTLP configuration: {e}"))?;
     Ok(config)
+}
+
+/// Before any thread exists: unshare(CLONE_NEWNS) refuses multi-threaded callers.
+/// Returns why tracefs could not be prepared, if so.
+fn prepare_tracefs(config: &Config) -> Option<String> {
+    if !config.ebpf.enabled {
+        return None;
+    }
+    match gpu_agent::ebpf::tracefs::prepare_mount_namespace() {
+        Ok(Some(done)) => {
+            tracing::info!("{done}");
+            None
+        }
+        Ok(None) => None,
+        Err(e) => Some(e),
+    }
 }
 
 fn main() -> ExitCode {
@@ -109,19 +165,7 @@ fn main() -> ExitCode {
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
-            // Before any thread exists: unshare(CLONE_NEWNS) refuses multi-threaded callers.
-            let prep_error = if config.ebpf.enabled {
-                match gpu_agent::ebpf::tracefs::prepare_mount_namespace() {
-                    Ok(Some(done)) => {
-                        tracing::info!("{done}");
-                        None
-                    }
-                    Ok(None) => None,
-                    Err(e) => Some(e),
-                }
-            } else {
-                None
-            };
+            let prep_error = prepare_tracefs(&config);
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -139,6 +183,31 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Cmd::Top(args) => {
+            // The same configuration as `run`, from the same flags and file.
+            let run_args = RunArgs {
+                sources: args.sources.clone(),
+                http_addr: None,
+                prometheus: false,
+                prometheus_compat: None,
+            };
+            let mut config = match load_config(&run_args) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("gpu-agent: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            // Per-process rows are what a container row expands into.
+            config.nvml.process_detail = true;
+            let opts = gpu_agent::top::Options {
+                once: args.once,
+                log_file: args.log_file,
+            };
+            gpu_agent::top::init_logging(&opts);
+            let prep_error = prepare_tracefs(&config);
+            gpu_agent::top::main(config, prep_error, opts)
         }
     }
 }

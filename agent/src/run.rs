@@ -199,6 +199,23 @@ async fn run_with(
         drop(gpu_tx);
     }
     let max_gap = Duration::from_millis(config.nvml.interval_ms * 3);
+    // Names and allocations: their own task, asked when an unknown container id shows up.
+    let (meta_tx, meta_rx) = tokio::sync::mpsc::channel::<Vec<String>>(4);
+    let (meta_stop_tx, meta_stop_rx) = tokio::sync::watch::channel(false);
+    let metadata_src = crate::metadata::MetadataSource::new(crate::metadata::MetadataConfig {
+        cri_socket: config.metadata.cri_socket.clone(),
+        pod_resources_socket: config.metadata.pod_resources_socket.clone(),
+        docker_socket: config.metadata.docker_socket.clone(),
+        allocation_interval: Duration::from_secs(config.metadata.allocation_interval_secs),
+    });
+    let metadata = metadata_src.published();
+    let metadata_status = metadata_src.status.clone();
+    if config.metadata.enabled {
+        tokio::spawn(crate::metadata::run(metadata_src, meta_rx, meta_stop_rx));
+    }
+    // Container ids already asked about, so a container the runtime does not know is
+    // not asked about every cycle.
+    let mut asked: std::collections::HashMap<String, Instant> = Default::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let otlp = if stop.is_some() {
         Ok(None) // embedded (top): looking, not exporting
@@ -268,7 +285,30 @@ async fn run_with(
                         // Apply what the kernel queued before the sample, so new GPU
                         // processes are already in the cache.
                         tracker.drain();
-                        tracker.join_gpu(&s, &status, max_gap, config.nvml.process_detail)
+                        let md = metadata.read().unwrap().clone();
+                        let snap = tracker.join_gpu(&md, &s, &status, max_gap, config.nvml.process_detail);
+                        let now = Instant::now();
+                        asked.retain(|_, t| now.duration_since(*t) < Duration::from_secs(60));
+                        let unknown: Vec<String> = snap
+                            .containers
+                            .iter()
+                            .filter(|c| c.pod_name.is_none() && c.container_name.is_none())
+                            .filter_map(|c| c.container_id.clone())
+                            .filter(|id| !asked.contains_key(id))
+                            .collect();
+                        if !unknown.is_empty() && config.metadata.enabled {
+                            for id in &unknown {
+                                asked.insert(id.clone(), now);
+                            }
+                            let _ = meta_tx.try_send(unknown);
+                        }
+                        *stats.metadata.write().unwrap() = metadata_status
+                            .read()
+                            .unwrap()
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.clone()))
+                            .collect();
+                        snap
                     }
                     None => Snapshot { taken_at_ms: now_ms(), nvml: status, ..Default::default() },
                 };
@@ -278,6 +318,7 @@ async fn run_with(
         }
     }
     tracing::info!("shutting down");
+    let _ = meta_stop_tx.send(true);
     if let Some(handle) = exporter {
         // One last export of the latest snapshot, bounded by the export timeout.
         let _ = stop_tx.send(true);

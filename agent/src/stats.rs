@@ -35,6 +35,8 @@ pub struct Stats {
     pub export: std::sync::Arc<otel::export::ExportCounters>,
     /// "disabled" or the OTLP URL pushed to.
     pub otlp: RwLock<String>,
+    /// Metadata sources' health: "cri", "pod_resources", "docker" -> "ok" | "unavailable: ...".
+    pub metadata: RwLock<std::collections::BTreeMap<String, String>>,
     pub mode: RwLock<Mode>,
     pub programs: RwLock<Vec<ProgramStats>>,
 }
@@ -73,6 +75,7 @@ pub struct StatsView {
     /// GPU processes neither the cache nor /proc could place (charged to the host entry).
     pub gpu_processes_unresolved: u64,
     pub otlp: String,
+    pub metadata: std::collections::BTreeMap<String, String>,
     pub export_sent: u64,
     pub export_failures: u64,
     pub export_dropped_batches: u64,
@@ -131,6 +134,7 @@ impl Stats {
             gpu_processes: self.gpu_processes.load(Relaxed),
             gpu_processes_unresolved: self.gpu_processes_unresolved.load(Relaxed),
             otlp: self.otlp.read().unwrap().clone(),
+            metadata: self.metadata.read().unwrap().clone(),
             export_sent: self.export.sent.load(Relaxed),
             export_failures: self.export.failures.load(Relaxed),
             export_dropped_batches: self.export.dropped_batches.load(Relaxed),

@@ -340,6 +340,7 @@ impl Tracker {
     /// full) is still placed.
     pub fn join_gpu(
         &mut self,
+        metadata: &crate::metadata::Metadata,
         sample: &GpuSample,
         nvml_status: &str,
         max_gap: Duration,
@@ -378,6 +379,7 @@ impl Tracker {
         let st = self.state.read().unwrap();
         let (snap, counters) = join(
             &st,
+            metadata,
             sample,
             nvml_status,
             &self.counters,

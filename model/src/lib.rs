@@ -100,6 +100,25 @@ pub struct ContainerUsage {
     pub namespace: Option<String>,
     pub container_name: Option<String>,
     pub gpus: Vec<ContainerGpu>,
+    /// Devices the kubelet allocated to this container (GPU or MIG UUIDs), whether it uses
+    /// them or not; empty when unknown or none.
+    pub allocated_gpus: Vec<String>,
+}
+
+impl ContainerUsage {
+    /// Allocated devices the container used neither memory nor SM time on this sample.
+    pub fn idle_allocations(&self) -> Vec<&str> {
+        self.allocated_gpus
+            .iter()
+            .filter(|u| {
+                !self.gpus.iter().any(|g| {
+                    (&g.uuid == *u || &g.gpu_uuid == *u)
+                        && (g.memory_used_bytes > 0 || g.sm_util.unwrap_or(0) > 0)
+                })
+            })
+            .map(String::as_str)
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -36,6 +36,7 @@ fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
             pod_name: Some(format!("trainer-{c}")),
             namespace: Some("ml".into()),
             container_name: Some("main".into()),
+            allocated_gpus: vec![],
             gpus: devices
                 .iter()
                 .map(|d| ContainerGpu {

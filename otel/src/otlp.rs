@@ -440,6 +440,26 @@ fn container_metrics(m: &mut Metrics, c: &ContainerUsage, t: u64, start_ns: u64)
     }
 }
 
+fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage, t: u64, start_ns: u64) {
+    let idle = c.idle_allocations();
+    for u in &c.allocated_gpus {
+        let a = vec![kv("hw.id", u.clone())];
+        m.point(
+            "container.gpu.allocated",
+            "{gpu}",
+            "Devices the kubelet allocated to the container",
+            Kind::UpDown,
+            1.0,
+            a.clone(),
+            start_ns,
+            t,
+        );
+        m.point("container.gpu.allocated.idle", "1",
+            "1 when the container holds this allocated device but used neither its memory nor its SMs this sample",
+            Kind::Gauge, idle.contains(&u.as_str()) as u8 as f64, a, start_ns, t);
+    }
+}
+
 fn process_metrics(m: &mut Metrics, snap: &Snapshot, c: &ContainerUsage, start_ns: u64, t: u64) {
     for p in snap
         .processes
@@ -591,6 +611,7 @@ pub fn build_request(
         let target = if host { &mut node } else { &mut m };
         if ctx.groups.container {
             container_metrics(target, c, t, start_ns);
+            allocation_metrics(target, c, t, start_ns);
         }
         if ctx.groups.process {
             process_metrics(target, snap, c, start_ns, t);
@@ -648,6 +669,7 @@ mod tests {
                     pod_name: None,
                     namespace: None,
                     container_name: None,
+                    allocated_gpus: vec![],
                     gpus: vec![ContainerGpu {
                         uuid: "MIG-1".into(),
                         gpu_uuid: "GPU-a".into(),
@@ -672,6 +694,7 @@ mod tests {
                     namespace: None,
                     container_name: None,
                     gpus: vec![],
+                    allocated_gpus: vec![],
                 },
             ],
             ..Default::default()

@@ -45,6 +45,8 @@ const FAMILIES: &[(&str, Kind, &str)] = &[
     ("container_gpu_time_seconds_total", Counter, "GPU time used by the owner on the device, SM-utilization-weighted seconds."),
     ("container_gpu_memory_byte_seconds_total", Counter, "GPU memory held by the owner on the device integrated over time, byte-seconds."),
     ("container_gpu_processes", Gauge, "Processes of the owner on the device."),
+    ("container_gpu_allocated", Gauge, "1 for each device the kubelet allocated to the container."),
+    ("container_gpu_allocated_idle", Gauge, "1 when the container holds this allocated device but used neither its memory nor its SMs."),
     // Process group.
     ("process_gpu_memory_usage_bytes", Gauge, "GPU memory held by the process on the device, bytes."),
     ("process_gpu_utilization_ratio", Gauge, "The process's share of the device's engines over the last sample period (0-1)."),
@@ -346,6 +348,24 @@ fn containers(out: &mut Out, snap: &Snapshot, node: &str) {
             );
             out.add("container_gpu_processes", l, g.pids.len() as f64);
         }
+        let idle = c.idle_allocations();
+        for u in &c.allocated_gpus {
+            let l: Labels = vec![
+                ("container_id", s(&c.container_id)),
+                ("pod_uid", s(&c.pod_uid)),
+                ("namespace", s(&c.namespace)),
+                ("pod", s(&c.pod_name)),
+                ("container", s(&c.container_name)),
+                ("hw_id", u.clone()),
+                ("node", node.to_string()),
+            ];
+            out.add("container_gpu_allocated", l.clone(), 1.0);
+            out.add(
+                "container_gpu_allocated_idle",
+                l,
+                idle.contains(&u.as_str()) as u8 as f64,
+            );
+        }
     }
 }
 
@@ -593,6 +613,7 @@ mod tests {
                     pod_name: Some("trainer".into()),
                     namespace: Some("ml".into()),
                     container_name: Some("main".into()),
+                    allocated_gpus: vec!["GPU-a".into(), "GPU-d".into()],
                     gpus: vec![
                         cgpu("GPU-a", "GPU-a", 3 * GIB / 2, Some(50), &[10, 11]),
                         cgpu("MIG-c", "GPU-b", 5 * GIB, None, &[12]),
@@ -607,6 +628,7 @@ mod tests {
                     pod_name: None,
                     namespace: None,
                     container_name: None,
+                    allocated_gpus: vec![],
                     gpus: vec![cgpu("GPU-a", "GPU-a", GIB, Some(5), &[20])],
                 },
                 ContainerUsage {
@@ -618,6 +640,7 @@ mod tests {
                     pod_name: None,
                     namespace: None,
                     container_name: None,
+                    allocated_gpus: vec![],
                     gpus: vec![cgpu("GPU-a", "GPU-a", GIB / 2, Some(0), &[30])],
                 },
             ],
@@ -1007,6 +1030,33 @@ mod tests {
         assert_eq!(format_value(f64::INFINITY), "+Inf");
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(pct(Some(7)).map(format_value).as_deref(), Some("0.07"));
+    }
+}
+
+#[cfg(test)]
+mod allocation_tests {
+    use super::*;
+
+    #[test]
+    fn allocated_and_idle_series() {
+        let snap = Snapshot {
+            containers: vec![ContainerUsage {
+                container_id: Some("c1".into()),
+                pod_uid: Some("u1".into()),
+                qos: None,
+                runtime: None,
+                cgroup_path: None,
+                pod_name: Some("p".into()),
+                namespace: Some("ns".into()),
+                container_name: Some("c".into()),
+                gpus: vec![],
+                allocated_gpus: vec!["GPU-z".into()],
+            }],
+            ..Default::default()
+        };
+        let t = render(&snap, &AgentStats::default(), &PromOptions::default());
+        assert!(t.contains(r#"container_gpu_allocated{container_id="c1",pod_uid="u1",namespace="ns",pod="p",container="c",hw_id="GPU-z",node=""} 1"#), "{t}");
+        assert!(t.contains(r#"container_gpu_allocated_idle{container_id="c1",pod_uid="u1",namespace="ns",pod="p",container="c",hw_id="GPU-z",node=""} 1"#), "{t}");
     }
 }
 

@@ -1,6 +1,7 @@
 //! Test support: the real agent binary, real cgroups shaped like kubelet's, real processes.
 //! Nothing here fakes the kernel; only what this machine lacks (a GPU) is faked elsewhere.
 pub mod cgroups;
+pub mod fake_node;
 pub mod http;
 pub mod otlp_receiver;
 

@@ -1,0 +1,57 @@
+//! CRI runtime v1 (containerd, CRI-O): container id -> the `io.kubernetes.*` labels.
+use std::{collections::HashMap, path::Path};
+
+use node_api::cri::{
+    runtime_service_client::RuntimeServiceClient, ContainerStatusRequest, ListContainersRequest,
+};
+
+use super::ContainerNames;
+
+fn names_from_labels(labels: &HashMap<String, String>) -> ContainerNames {
+    let get = |k: &str| labels.get(k).filter(|v| !v.is_empty()).cloned();
+    ContainerNames {
+        pod_name: get("io.kubernetes.pod.name"),
+        namespace: get("io.kubernetes.pod.namespace"),
+        container_name: get("io.kubernetes.container.name"),
+        pod_uid: get("io.kubernetes.pod.uid"),
+    }
+}
+
+/// Every container the runtime knows, with its names.
+pub async fn list(socket: &Path) -> Result<Vec<(String, ContainerNames)>, String> {
+    let channel = node_api::unix_channel(socket).map_err(|e| e.to_string())?;
+    let mut client = RuntimeServiceClient::new(channel);
+    let resp = client
+        .list_containers(ListContainersRequest { filter: None })
+        .await
+        .map_err(|s| format!("ListContainers: {}", s.message()))?;
+    Ok(resp
+        .into_inner()
+        .containers
+        .into_iter()
+        .map(|c| {
+            let mut n = names_from_labels(&c.labels);
+            if n.container_name.is_none() {
+                n.container_name = c.metadata.map(|m| m.name).filter(|s| !s.is_empty());
+            }
+            (c.id, n)
+        })
+        .collect())
+}
+
+/// One container's names through ContainerStatus; None when the runtime does not know it.
+pub async fn status(socket: &Path, id: &str) -> Result<Option<ContainerNames>, String> {
+    let channel = node_api::unix_channel(socket).map_err(|e| e.to_string())?;
+    let mut client = RuntimeServiceClient::new(channel);
+    match client
+        .container_status(ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        })
+        .await
+    {
+        Ok(r) => Ok(r.into_inner().status.map(|s| names_from_labels(&s.labels))),
+        Err(s) if s.code() == node_api::tonic::Code::NotFound => Ok(None),
+        Err(s) => Err(format!("ContainerStatus: {}", s.message())),
+    }
+}

@@ -1,0 +1,358 @@
+//! Names and GPU allocations from the node's own sockets: the container runtime (CRI) for
+//! container id -> pod/namespace/container names, the kubelet's pod-resources service for
+//! which container is *allocated* which GPU, and the Docker API on plain Docker hosts.
+//! Nothing needs cluster-wide RBAC, and unknown names never block export.
+pub mod cri;
+pub mod docker;
+pub mod podresources;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+/// What the runtime says about one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ContainerNames {
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
+    pub container_name: Option<String>,
+    pub pod_uid: Option<String>,
+}
+
+/// The kubelet's allocation of devices to one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Allocation {
+    pub namespace: String,
+    pub pod_name: String,
+    pub container_name: String,
+    pub resource_name: String,
+    /// As the device plugin names them: `GPU-<uuid>`, `MIG-<uuid>`, an index, with an
+    /// optional `::N` time-slicing replica suffix, or GKE's `nvidia0/gi0`.
+    pub device_ids: Vec<String>,
+}
+
+/// The latest metadata, published to the join.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Metadata {
+    pub names: HashMap<String, ContainerNames>,
+    pub allocations: Vec<Allocation>,
+    /// (namespace, pod, container) -> container id, to name allocated-but-idle containers.
+    pub ids_by_name: HashMap<(String, String, String), String>,
+}
+
+impl Metadata {
+    pub fn names_of(&self, container_id: &str) -> Option<&ContainerNames> {
+        self.names.get(container_id)
+    }
+
+    /// Allocations of the container with these names.
+    pub fn allocations_of(&self, namespace: &str, pod: &str, container: &str) -> Vec<&Allocation> {
+        self.allocations
+            .iter()
+            .filter(|a| {
+                a.namespace == namespace && a.pod_name == pod && a.container_name == container
+            })
+            .collect()
+    }
+}
+
+/// Is this an NVIDIA GPU resource (whole GPUs, MIG profiles, shared replicas)?
+pub fn is_gpu_resource(name: &str) -> bool {
+    name.starts_with("nvidia.com/")
+}
+
+/// A device id as the join can match it: a UUID (`GPU-…`/`MIG-…`) or an NVML index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceRef {
+    Uuid(String),
+    Index(u32),
+}
+
+/// Normalises a device plugin's id: strips the `::N` time-slicing suffix, maps an index or
+/// GKE's `nvidia0/gi0` to the GPU index.
+pub fn parse_device_id(id: &str) -> Option<DeviceRef> {
+    let id = id.split("::").next().unwrap_or(id).trim();
+    if id.starts_with("GPU-") || id.starts_with("MIG-") {
+        return Some(DeviceRef::Uuid(id.to_string()));
+    }
+    if let Ok(i) = id.parse() {
+        return Some(DeviceRef::Index(i));
+    }
+    let gke = id.strip_prefix("nvidia")?;
+    let idx = gke.split('/').next()?;
+    idx.parse().ok().map(DeviceRef::Index)
+}
+
+/// Where to find the sockets.
+#[derive(Debug, Clone, Default)]
+pub struct MetadataConfig {
+    /// None: autodetect among the usual paths.
+    pub cri_socket: Option<PathBuf>,
+    pub pod_resources_socket: PathBuf,
+    pub docker_socket: PathBuf,
+    /// How often allocations are re-read (they change without any GPU process appearing).
+    pub allocation_interval: Duration,
+}
+
+pub const CRI_CANDIDATES: [&str; 6] = [
+    "/run/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+    "/run/k3s/containerd/containerd.sock",
+    "/var/run/containerd/containerd.sock",
+    "/var/run/crio/crio.sock",
+    "/run/cri-dockerd.sock",
+];
+
+/// Listings that may miss a pending id before it is given up.
+const PENDING_MISSES: u32 = 5;
+
+/// One source's health, logged on change only ("logs once").
+#[derive(Debug, Default)]
+struct Health {
+    failing: Option<String>,
+    next_try: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Health {
+    fn ok(&mut self, what: &str) {
+        if self.failing.take().is_some() {
+            tracing::info!("{what}: reachable again");
+        }
+        self.next_try = None;
+        self.backoff = Duration::ZERO;
+    }
+
+    fn fail(&mut self, what: &str, err: String) {
+        if self.failing.as_deref() != Some(err.as_str()) {
+            tracing::warn!("{what}: {err}; running on with container ids only, retrying");
+        }
+        self.failing = Some(err);
+        self.backoff = (self.backoff * 2).clamp(Duration::from_secs(2), Duration::from_secs(60));
+        self.next_try = Some(Instant::now() + self.backoff);
+    }
+
+    fn may_try(&self) -> bool {
+        self.next_try.is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn status(&self) -> String {
+        match &self.failing {
+            None => "ok".into(),
+            Some(e) => format!("unavailable: {e}"),
+        }
+    }
+}
+
+/// The metadata owner: refreshes on request (an unknown container id appeared) and on a
+/// slow timer (allocations), and publishes an immutable `Metadata`.
+pub struct MetadataSource {
+    cfg: MetadataConfig,
+    published: Arc<RwLock<Arc<Metadata>>>,
+    cri: Health,
+    podres: Health,
+    docker: Health,
+    last_cri_list: Option<Instant>,
+    /// Ids asked about that no source could name yet, with how many answered listings
+    /// did not know them: retried on the timer, given up after a few.
+    pending: Vec<(String, u32)>,
+    pub status: Arc<RwLock<HashMap<&'static str, String>>>,
+}
+
+impl MetadataSource {
+    pub fn new(cfg: MetadataConfig) -> MetadataSource {
+        MetadataSource {
+            cfg,
+            published: Arc::new(RwLock::new(Arc::new(Metadata::default()))),
+            cri: Health::default(),
+            podres: Health::default(),
+            docker: Health::default(),
+            last_cri_list: None,
+            pending: vec![],
+            status: Arc::new(RwLock::new(HashMap::new())),
+        }
+    }
+
+    pub fn published(&self) -> Arc<RwLock<Arc<Metadata>>> {
+        self.published.clone()
+    }
+
+    fn cri_socket(&self) -> Option<PathBuf> {
+        self.cfg.cri_socket.clone().or_else(|| {
+            CRI_CANDIDATES
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.exists())
+        })
+    }
+
+    /// Re-reads names for `unknown` container ids (and everything else the runtime lists).
+    pub async fn refresh_names(&mut self, unknown: &[String]) {
+        for id in unknown {
+            if !self.pending.iter().any(|(p, _)| p == id) {
+                self.pending.push((id.clone(), 0));
+            }
+        }
+        // A burst of unknown ids costs one listing, not one per id.
+        if self
+            .last_cri_list
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        let unknown: Vec<String> = self.pending.iter().map(|(id, _)| id.clone()).collect();
+        let mut answered = false;
+        let mut md = (**self.published.read().unwrap()).clone();
+        let mut still_unknown: Vec<String> = unknown.to_vec();
+        if let Some(sock) = self.cri_socket() {
+            if self.cri.may_try() {
+                self.last_cri_list = Some(Instant::now());
+                match cri::list(&sock).await {
+                    Ok(list) => {
+                        answered = true;
+                        self.cri.ok("CRI");
+                        for (id, names) in list {
+                            if let (Some(ns), Some(pod), Some(c)) =
+                                (&names.namespace, &names.pod_name, &names.container_name)
+                            {
+                                md.ids_by_name
+                                    .insert((ns.clone(), pod.clone(), c.clone()), id.clone());
+                            }
+                            md.names.insert(id, names);
+                        }
+                        still_unknown.retain(|id| !md.names.contains_key(id));
+                        // Not listed (e.g. already removed): ask for its status directly.
+                        for id in still_unknown.clone() {
+                            if let Ok(Some(names)) = cri::status(&sock, &id).await {
+                                md.names.insert(id.clone(), names);
+                                still_unknown.retain(|u| u != &id);
+                            }
+                        }
+                    }
+                    Err(e) => self.cri.fail(&format!("CRI at {}", sock.display()), e),
+                }
+            }
+        } else if self.cri.failing.is_none() && !unknown.is_empty() {
+            self.cri.fail("CRI", "no runtime socket found".into());
+        }
+        if !still_unknown.is_empty() && self.cfg.docker_socket.exists() && self.docker.may_try() {
+            for id in &still_unknown {
+                match docker::inspect(&self.cfg.docker_socket, id).await {
+                    Ok(Some(names)) => {
+                        self.docker.ok("Docker");
+                        md.names.insert(id.clone(), names);
+                    }
+                    Ok(None) => self.docker.ok("Docker"),
+                    Err(e) => {
+                        self.docker.fail(
+                            &format!("Docker at {}", self.cfg.docker_socket.display()),
+                            e,
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+        // Ids nobody could name (sources down, or a container no runtime knows) are retried
+        // a bounded number of times: pending is capped.
+        self.pending.retain(|(id, _)| !md.names.contains_key(id));
+        if answered {
+            for (_, misses) in &mut self.pending {
+                *misses += 1;
+            }
+            // Not a container any source knows (a plain runc or LXC cgroup): stop asking.
+            self.pending.retain(|(_, misses)| *misses < PENDING_MISSES);
+        }
+        if self.pending.len() > 1024 {
+            self.pending.drain(..self.pending.len() - 1024);
+        }
+        self.publish(md);
+    }
+
+    /// The timer's work: allocations, and names still pending after a failure.
+    pub async fn tick(&mut self) {
+        self.refresh_allocations().await;
+        if !self.pending.is_empty() && self.cri.may_try() {
+            self.refresh_names(&[]).await;
+        }
+    }
+
+    /// Re-reads the kubelet's device allocations.
+    pub async fn refresh_allocations(&mut self) {
+        if !self.podres.may_try() {
+            return;
+        }
+        let sock = self.cfg.pod_resources_socket.clone();
+        match podresources::list(&sock).await {
+            Ok(allocs) => {
+                self.podres.ok("kubelet pod-resources");
+                let mut md = (**self.published.read().unwrap()).clone();
+                md.allocations = allocs;
+                self.publish(md);
+            }
+            Err(e) => {
+                self.podres
+                    .fail(&format!("kubelet pod-resources at {}", sock.display()), e);
+                let mut st = self.status.write().unwrap();
+                st.insert("pod_resources", self.podres.status());
+            }
+        }
+    }
+
+    fn publish(&self, md: Metadata) {
+        *self.published.write().unwrap() = Arc::new(md);
+        let mut st = self.status.write().unwrap();
+        st.insert("cri", self.cri.status());
+        st.insert("pod_resources", self.podres.status());
+        st.insert("docker", self.docker.status());
+    }
+}
+
+/// Runs the metadata source until `stop`: refreshes names when asked, allocations on a timer.
+pub async fn run(
+    mut src: MetadataSource,
+    mut requests: tokio::sync::mpsc::Receiver<Vec<String>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(src.cfg.allocation_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Names of the containers that exist at start-up, once.
+    src.refresh_names(&[]).await;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tick.tick() => src.tick().await,
+            Some(ids) = requests.recv() => src.refresh_names(&ids).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_ids_of_every_plugin_shape() {
+        let u = "GPU-6663f2bc-da9f-4cff-88fe-d84cc95fe598";
+        assert_eq!(parse_device_id(u), Some(DeviceRef::Uuid(u.into())));
+        assert_eq!(
+            parse_device_id(&format!("{u}::3")),
+            Some(DeviceRef::Uuid(u.into()))
+        );
+        let m = "MIG-4f06c904-75ca-4d7d-a0bb-51f2b99055b2";
+        assert_eq!(parse_device_id(m), Some(DeviceRef::Uuid(m.into())));
+        assert_eq!(parse_device_id("2"), Some(DeviceRef::Index(2)));
+        assert_eq!(parse_device_id("1::0"), Some(DeviceRef::Index(1)));
+        assert_eq!(parse_device_id("nvidia0/gi0"), Some(DeviceRef::Index(0)));
+        assert_eq!(parse_device_id("nvidia3"), Some(DeviceRef::Index(3)));
+        assert_eq!(parse_device_id("tpu-7"), None);
+        assert!(is_gpu_resource("nvidia.com/gpu"));
+        assert!(is_gpu_resource("nvidia.com/mig-1g.10gb"));
+        assert!(!is_gpu_resource("cpu"));
+    }
+}

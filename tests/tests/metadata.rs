@@ -1,0 +1,305 @@
+//! Names and allocations from the node's sockets, end to end: fake kubelet pod-resources
+//! and CRI servers (from the same protos as the agent's clients) on unix sockets, the real
+//! agent with real eBPF, processes in pod cgroups, and the fake NVML library.
+use std::{path::PathBuf, time::Duration};
+
+use serde_json::{json, Value};
+use tests::{
+    cgroups::{sleeper, systemd_container, Proc, TestCgroup},
+    fake_node::{FakeContainer, FakeNode, World},
+    fake_nvml_lib, random_hex, random_uid, require_root, Agent,
+};
+
+const G0: &str = "GPU-00000000-1111-2222-3333-444444444444";
+const G1: &str = "GPU-11111111-1111-2222-3333-444444444444";
+
+fn scenario(path: &PathBuf, procs_on_g0: &[u32]) {
+    let ps: Vec<Value> = procs_on_g0
+        .iter()
+        .map(|p| json!({"pid": p, "used_memory": 1u64 << 30, "sm_util": 20, "mem_util": 1, "enc_util": 0, "dec_util": 0}))
+        .collect();
+    let dev = |i: u32, uuid: &str, ps: Vec<Value>| {
+        json!({"index": i, "uuid": uuid, "name": "NVIDIA H100 80GB HBM3", "memory_total": 85520809984u64,
+               "memory_used": 1u64 << 30, "utilization_gpu": 20, "utilization_memory": 1, "processes": ps})
+    };
+    let v = json!({"devices": [dev(0, G0, ps), dev(1, G1, vec![])]});
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, v.to_string()).unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
+    snap["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["container_id"] == json!(id))
+}
+
+fn wait(agent: &Agent, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    let mut last = Value::Null;
+    while std::time::Instant::now() < deadline {
+        last = agent.json("/debug/snapshot");
+        if pred(&last) {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "timed out waiting for {what}; last snapshot:\n{last:#}\nagent log:\n{}",
+        agent.log()
+    );
+}
+
+struct Env {
+    dir: PathBuf,
+    scenario: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = std::env::temp_dir().join(format!("fake-node-{}", random_hex(8)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let scenario = dir.join("nvml.json");
+        Env { dir, scenario }
+    }
+
+    fn agent(&self, node: &FakeNode) -> Agent {
+        let lib = fake_nvml_lib();
+        let cfg = format!(
+            "[nvml]\ninterval_ms = 200\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\ndocker_socket = \"{}\"\nallocation_interval_secs = 1\n",
+            node.cri.display(),
+            node.pod_resources.display(),
+            self.dir.join("no-docker.sock").display()
+        );
+        Agent::start_env(
+            &cfg,
+            &["--nvml-lib", lib.to_str().unwrap(), "--prometheus"],
+            &[("FAKE_NVML_SCENARIO", self.scenario.to_str().unwrap())],
+        )
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn names_allocations_and_allocated_but_idle_containers() {
+    if !require_root("names_allocations_and_allocated_but_idle_containers") {
+        return;
+    }
+    let env = Env::new();
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let p = Proc(cg.spawn(&mut sleeper()));
+    scenario(&env.scenario, &[p.pid()]);
+    let idle_id = random_hex(64);
+    let world = World::default();
+    world.set(vec![
+        FakeContainer {
+            id: id.clone(),
+            pod_uid: uid.clone(),
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            name: "main".into(),
+            // Time-slicing replica 1 of GPU 0.
+            gpus: vec![format!("{G0}::1")],
+        },
+        FakeContainer {
+            id: idle_id.clone(),
+            pod_uid: random_uid(),
+            namespace: "ml".into(),
+            pod: "idle-0".into(),
+            name: "sleepy".into(),
+            // An index, as some device plugins name GPUs.
+            gpus: vec!["1".into()],
+        },
+    ]);
+    let node = FakeNode::start(&env.dir, world.clone());
+    let agent = env.agent(&node);
+    let snap = wait(&agent, "names and the idle allocation", |s| {
+        container(s, &id).is_some_and(|c| c["pod_name"] == "trainer-0")
+            && container(s, &idle_id).is_some()
+    });
+    let c = container(&snap, &id).unwrap();
+    assert_eq!(c["namespace"], "ml");
+    assert_eq!(c["container_name"], "main");
+    assert_eq!(c["allocated_gpus"], json!([G0]));
+    let idle = container(&snap, &idle_id).unwrap();
+    assert_eq!(idle["pod_name"], "idle-0");
+    assert_eq!(idle["gpus"], json!([]));
+    assert_eq!(idle["allocated_gpus"], json!([G1]));
+    // The Prometheus view says who holds a GPU without using it.
+    let (_, text) = tests::http::get(&agent.addr, "/metrics").unwrap();
+    let idle_line = text
+        .lines()
+        .find(|l| l.starts_with("container_gpu_allocated_idle{") && l.contains("pod=\"idle-0\""))
+        .unwrap_or_else(|| panic!("no idle series:\n{text}"));
+    assert!(idle_line.ends_with(" 1"), "{idle_line}");
+    let busy_line = text
+        .lines()
+        .find(|l| l.starts_with("container_gpu_allocated_idle{") && l.contains("pod=\"trainer-0\""))
+        .unwrap();
+    assert!(busy_line.ends_with(" 0"), "{busy_line}");
+    assert!(text.contains(&format!("container_gpu_memory_usage_bytes{{container_id=\"{id}\",pod_uid=\"{uid}\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\"")), "{text}");
+    // Names come from a listing when an unknown id appears, not from polling: steady.
+    let calls = world.list_calls();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        world.list_calls() <= calls + 1,
+        "CRI polled blindly: {calls} -> {}",
+        world.list_calls()
+    );
+    let st = agent.stats();
+    assert_eq!(st["metadata"]["cri"], "ok", "{st}");
+    assert_eq!(st["metadata"]["pod_resources"], "ok", "{st}");
+}
+
+#[test]
+fn sockets_that_vanish_leave_ids_and_names_come_back_with_them() {
+    if !require_root("sockets_that_vanish") {
+        return;
+    }
+    let env = Env::new();
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let p = Proc(cg.spawn(&mut sleeper()));
+    scenario(&env.scenario, &[p.pid()]);
+    let world = World::default();
+    let first = FakeContainer {
+        id: id.clone(),
+        pod_uid: uid.clone(),
+        namespace: "team-a".into(),
+        pod: "job-1".into(),
+        name: "worker".into(),
+        gpus: vec![G0.into()],
+    };
+    world.set(vec![first.clone()]);
+    let mut node = FakeNode::start(&env.dir, world.clone());
+    let agent = env.agent(&node);
+    wait(&agent, "the first name", |s| {
+        container(s, &id).is_some_and(|c| c["pod_name"] == "job-1")
+    });
+    // Both sockets vanish; a new GPU container appears.
+    node.stop();
+    let (uid2, id2) = (random_uid(), random_hex(64));
+    let cg2 = TestCgroup::v2(&systemd_container(&uid2, &id2));
+    let p2 = Proc(cg2.spawn(&mut sleeper()));
+    scenario(&env.scenario, &[p.pid(), p2.pid()]);
+    let snap = wait(&agent, "the new container by id", |s| {
+        container(s, &id2).is_some()
+    });
+    let c2 = container(&snap, &id2).unwrap();
+    assert_eq!(c2["pod_uid"], json!(uid2), "ids are always there");
+    assert_eq!(c2["pod_name"], Value::Null);
+    agent.wait_until(
+        "the CRI failure to be reported",
+        Duration::from_secs(15),
+        || {
+            agent.stats()["metadata"]["cri"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("unavailable"))
+        },
+    );
+    assert!(
+        agent.log().contains("running on with container ids only"),
+        "{}",
+        agent.log()
+    );
+    // The sockets come back: the pending name resolves by itself.
+    world.set(vec![
+        first,
+        FakeContainer {
+            id: id2.clone(),
+            pod_uid: uid2.clone(),
+            namespace: "team-b".into(),
+            pod: "job-2".into(),
+            name: "trainer".into(),
+            gpus: vec![G1.into()],
+        },
+    ]);
+    let _node = FakeNode::start(&env.dir, world.clone());
+    let snap = wait(&agent, "the new container's name", |s| {
+        container(s, &id2).is_some_and(|c| c["pod_name"] == "job-2")
+    });
+    assert_eq!(
+        container(&snap, &id2).unwrap()["allocated_gpus"],
+        json!([G1])
+    );
+    assert_eq!(agent.stats()["mode"], "ebpf", "the agent ran on throughout");
+}
+
+/// A Docker Engine API stand-in: answers GET /containers/<id>/json for one container.
+fn fake_docker(sock: PathBuf, id: String, name: &'static str) -> std::thread::JoinHandle<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let _ = std::fs::remove_file(&sock);
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap_or(0);
+            let (status, body) = if line.contains(&format!("/containers/{id}/json")) {
+                (
+                    "200 OK",
+                    json!({"Id": id, "Name": format!("/{name}"), "Config": {"Labels": {}}})
+                        .to_string(),
+                )
+            } else if line.contains("/stop") {
+                return;
+            } else {
+                (
+                    "404 Not Found",
+                    r#"{"message":"No such container"}"#.to_string(),
+                )
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    })
+}
+
+#[test]
+fn plain_docker_host_names_come_from_the_docker_api() {
+    if !require_root("plain_docker_host_names") {
+        return;
+    }
+    let env = Env::new();
+    let id = random_hex(64);
+    let cg = TestCgroup::v2(&format!("/system.slice/docker-{id}.scope"));
+    let p = Proc(cg.spawn(&mut sleeper()));
+    scenario(&env.scenario, &[p.pid()]);
+    let docker = env.dir.join("docker.sock");
+    let _srv = fake_docker(docker.clone(), id.clone(), "llm-server");
+    let lib = fake_nvml_lib();
+    let cfg = format!(
+        "[nvml]\ninterval_ms = 200\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\nallocation_interval_secs = 1\n",
+        env.dir.join("no-cri.sock").display(),
+        env.dir.join("no-kubelet.sock").display(),
+    );
+    let agent = Agent::start_env(
+        &cfg,
+        &[
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--docker-socket",
+            docker.to_str().unwrap(),
+        ],
+        &[("FAKE_NVML_SCENARIO", env.scenario.to_str().unwrap())],
+    );
+    let snap = wait(&agent, "the docker name", |s| {
+        container(s, &id).is_some_and(|c| c["container_name"] == "llm-server")
+    });
+    let c = container(&snap, &id).unwrap();
+    assert_eq!(c["runtime"], "docker");
+    assert_eq!(c["pod_name"], Value::Null);
+    // Stop the stand-in's accept loop.
+    let _ = std::os::unix::net::UnixStream::connect(&docker)
+        .and_then(|mut s| std::io::Write::write_all(&mut s, b"GET /stop HTTP/1.1\r\n\r\n"));
+}
