@@ -403,19 +403,18 @@ async fn run_exporter(
     let timeout = ex.settings().timeout;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let build = |ex: &mut otel::export::OtlpExporter| {
-        let snap = snapshot.read().unwrap().clone();
-        let st = stats.agent_stats(started_ms);
-        ex.enqueue(otel::otlp::build_request(&snap, &st, &ctx, now_ms()));
-    };
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                build(&mut ex);
-                ex.flush(false).await;
+                let snap = snapshot.read().unwrap().clone();
+                let st = stats.agent_stats(started_ms);
+                let now = now_ms();
+                ex.export(|| otel::otlp::build_request(&snap, &st, &ctx, now)).await;
             }
             _ = stop.changed() => {
-                build(&mut ex);
+                let snap = snapshot.read().unwrap().clone();
+                let st = stats.agent_stats(started_ms);
+                ex.enqueue(otel::otlp::build_request(&snap, &st, &ctx, now_ms()));
                 match tokio::time::timeout(timeout, ex.flush(true)).await {
                     Ok(true) => tracing::info!("final OTLP export sent"),
                     _ => tracing::warn!(queued = ex.queued(), "final OTLP export failed; exiting anyway"),

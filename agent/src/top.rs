@@ -7,9 +7,10 @@ mod view;
 
 use std::{
     io::{self, IsTerminal, Stdout, Write},
+    os::fd::AsRawFd,
     path::PathBuf,
     process::ExitCode,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicBool, AtomicI32, Ordering},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -55,27 +56,30 @@ pub fn init_logging(opts: &Options) {
             .init();
         return;
     }
-    // O_NOFOLLOW: we run as root and the default path is in a world-writable /tmp.
-    let file = std::os::unix::fs::OpenOptionsExt::custom_flags(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true),
-        libc::O_NOFOLLOW,
-    )
-    .open(&opts.log_file);
+    let file = open_log(&opts.log_file).and_then(|f| f.set_len(0).map(|_| f));
     match file {
         Ok(f) => tracing_subscriber::fmt()
             .with_env_filter(filter("info"))
             .with_writer(std::sync::Mutex::new(f))
             .with_ansi(false)
             .init(),
-        // No log rather than a log over the screen; said once the screen is restored.
+        // No log rather than a log over the screen; this line is still there after `q`.
         Err(e) => eprintln!(
             "gpu-agent top: cannot open the log file {}: {e}; not logging",
             opts.log_file.display()
         ),
     }
+}
+
+/// Appending, so that the tracing writer and stderr (redirected here while the screen is
+/// ours) do not write over each other. O_NOFOLLOW: we run as root and the default path
+/// is in a world-writable /tmp.
+fn open_log(path: &std::path::Path) -> io::Result<std::fs::File> {
+    std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().create(true).append(true),
+        libc::O_NOFOLLOW,
+    )
+    .open(path)
 }
 
 /// Starts the sources, shows them (live, or one plain frame with `--once`), stops them.
@@ -96,7 +100,7 @@ pub fn main(config: Config, prep_error: Option<String>, opts: Options) -> ExitCo
     let code = if opts.once {
         once(&handles, &thread, &host)
     } else {
-        match live(&handles, &thread, &host) {
+        match live(&handles, &thread, &host, &opts.log_file) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => {
                 eprintln!(
@@ -134,6 +138,7 @@ fn sources(stats: &Stats) -> Sources {
         },
         degraded_reason: mode.reason,
         cached_processes: stats.cached_processes.load(Ordering::Relaxed),
+        metadata: stats.metadata.read().unwrap().clone(),
     }
 }
 
@@ -163,8 +168,13 @@ fn once(handles: &Handles, thread: &JoinHandle<()>, host: &str) -> ExitCode {
 }
 
 /// Ok(true): the user quit; Ok(false): the sources stopped under us.
-fn live(handles: &Handles, thread: &JoinHandle<()>, host: &str) -> io::Result<bool> {
-    let mut tui = Tui::enter()?;
+fn live(
+    handles: &Handles,
+    thread: &JoinHandle<()>,
+    host: &str,
+    log_file: &std::path::Path,
+) -> io::Result<bool> {
+    let mut tui = Tui::enter(log_file)?;
     let mut app = App::default();
     let mut table = TableState::default();
     loop {
@@ -188,6 +198,8 @@ fn live(handles: &Handles, thread: &JoinHandle<()>, host: &str) -> io::Result<bo
 
 /// Set while the terminal is in raw mode on the alternate screen.
 static TUI_ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The real stderr while fd 2 points at the log, else -1.
+static SAVED_STDERR: AtomicI32 = AtomicI32::new(-1);
 
 /// Raw mode and the alternate screen, undone on drop (quit, error, or unwinding panic).
 struct Tui {
@@ -195,10 +207,11 @@ struct Tui {
 }
 
 impl Tui {
-    fn enter() -> io::Result<Tui> {
+    fn enter(log_file: &std::path::Path) -> io::Result<Tui> {
         install_panic_hook();
         terminal::enable_raw_mode()?;
         TUI_ACTIVE.store(true, Ordering::SeqCst);
+        redirect_stderr(log_file);
         let setup = || -> io::Result<Terminal<CrosstermBackend<Stdout>>> {
             execute!(io::stdout(), EnterAlternateScreen, cursor::Hide)?;
             Terminal::new(CrosstermBackend::new(io::stdout()))
@@ -222,25 +235,48 @@ impl Drop for Tui {
 /// Idempotent: the panic hook and the guard's drop both call it.
 fn restore() {
     if TUI_ACTIVE.swap(false, Ordering::SeqCst) {
+        let saved = SAVED_STDERR.swap(-1, Ordering::SeqCst);
+        if saved >= 0 {
+            // SAFETY: `saved` is our duplicate of the original fd 2.
+            unsafe {
+                libc::dup2(saved, 2);
+                libc::close(saved);
+            }
+        }
         let _ = terminal::disable_raw_mode();
         let _ = execute!(io::stdout(), LeaveAlternateScreen, cursor::Show);
     }
 }
 
+/// Whatever writes to fd 2 behind our back (a C library: NVML itself) would land on the
+/// screen: it goes to the log (or nowhere) until `restore`.
+fn redirect_stderr(log_file: &std::path::Path) {
+    let target =
+        open_log(log_file).or_else(|_| std::fs::OpenOptions::new().write(true).open("/dev/null"));
+    let Ok(target) = target else { return };
+    // SAFETY: plain fd calls on fds we own; `target` is closed when dropped.
+    unsafe {
+        let saved = libc::dup(2);
+        if saved >= 0 && libc::dup2(target.as_raw_fd(), 2) >= 0 {
+            SAVED_STDERR.store(saved, Ordering::SeqCst);
+        } else if saved >= 0 {
+            libc::close(saved);
+        }
+    }
+}
+
 /// The screen is restored before the panic message prints, or the message would be lost
-/// on the alternate screen. A panic on another thread (the sources) goes to the log
-/// instead of over the screen; the live view then sees the sources gone and quits.
+/// on the alternate screen. A panic on another thread (the sources) leaves the screen to
+/// the live view, which sees the sources gone and quits; its message goes to the log.
 fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let ui_thread = std::thread::current().id();
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if TUI_ACTIVE.load(Ordering::SeqCst) && std::thread::current().id() != ui_thread {
-                tracing::error!("panic: {info}");
-                return;
+            if std::thread::current().id() == ui_thread {
+                restore();
             }
-            restore();
             previous(info);
         }));
     });

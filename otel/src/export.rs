@@ -344,6 +344,42 @@ impl OtlpExporter {
             .store(self.queued_bytes as u64, Relaxed);
     }
 
+    /// Exports one batch. With nothing queued and no backoff pending, the request goes out
+    /// as built (no encode/decode round trip); only a failed one is encoded and queued, from
+    /// `make` again (it builds the same batch from the same snapshot).
+    pub async fn export(&mut self, make: impl Fn() -> ExportMetricsServiceRequest) {
+        if !self.queue.is_empty() || Instant::now() < self.next_attempt {
+            self.enqueue(make());
+            self.flush(false).await;
+            return;
+        }
+        let result = match &mut self.transport {
+            Transport::Grpc(_) => self.send_grpc(make()).await,
+            Transport::Http(_) => self.send(&make().encode_to_vec()).await,
+        };
+        match result {
+            Ok(()) => {
+                self.counters.sent.fetch_add(1, Relaxed);
+                if self.backoff > BACKOFF_MIN {
+                    tracing::info!(url = %self.settings.url, "OTLP export recovered");
+                }
+                self.backoff = BACKOFF_MIN;
+            }
+            Err(SendError::Permanent(e)) => {
+                tracing::warn!(url = %self.settings.url, "OTLP export rejected, batch dropped: {e}");
+                self.counters.failures.fetch_add(1, Relaxed);
+                self.counters.dropped_batches.fetch_add(1, Relaxed);
+            }
+            Err(SendError::Retryable(e)) => {
+                self.counters.failures.fetch_add(1, Relaxed);
+                tracing::warn!(url = %self.settings.url, "OTLP export failed, retrying with backoff: {e}");
+                self.next_attempt = Instant::now() + self.backoff;
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                self.enqueue(make());
+            }
+        }
+    }
+
     pub fn queued(&self) -> usize {
         self.queue.len()
     }
@@ -391,37 +427,42 @@ impl OtlpExporter {
         true
     }
 
+    async fn send_grpc(&mut self, req: ExportMetricsServiceRequest) -> Result<(), SendError> {
+        let Transport::Grpc(client) = &mut self.transport else {
+            unreachable!("send_grpc on an HTTP exporter");
+        };
+        let mut r = tonic::Request::new(req);
+        for (k, v) in &self.settings.headers {
+            if let (Ok(k), Ok(v)) = (
+                k.to_ascii_lowercase()
+                    .parse::<tonic::metadata::MetadataKey<_>>(),
+                v.parse(),
+            ) {
+                r.metadata_mut().insert(k, v);
+            }
+        }
+        r.set_timeout(self.settings.timeout);
+        match client.export(r).await {
+            Ok(_) => Ok(()),
+            Err(s) => {
+                use tonic::Code::*;
+                let msg = format!("{}: {}", s.code(), s.message());
+                match s.code() {
+                    Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled
+                    | Unknown | Internal | OutOfRange | DataLoss => Err(SendError::Retryable(msg)),
+                    _ => Err(SendError::Permanent(msg)),
+                }
+            }
+        }
+    }
+
     async fn send(&mut self, body: &[u8]) -> Result<(), SendError> {
         match &mut self.transport {
-            Transport::Grpc(client) => {
-                // tonic's generated client wants the message: decoded only for the send.
+            Transport::Grpc(_) => {
+                // tonic's generated client wants the message: decoded only for a retry.
                 let req = ExportMetricsServiceRequest::decode(body)
                     .map_err(|e| SendError::Permanent(format!("re-decoding a batch: {e}")))?;
-                let mut r = tonic::Request::new(req);
-                for (k, v) in &self.settings.headers {
-                    if let (Ok(k), Ok(v)) = (
-                        k.to_ascii_lowercase()
-                            .parse::<tonic::metadata::MetadataKey<_>>(),
-                        v.parse(),
-                    ) {
-                        r.metadata_mut().insert(k, v);
-                    }
-                }
-                r.set_timeout(self.settings.timeout);
-                match client.export(r).await {
-                    Ok(_) => Ok(()),
-                    Err(s) => {
-                        use tonic::Code::*;
-                        let msg = format!("{}: {}", s.code(), s.message());
-                        match s.code() {
-                            Unavailable | ResourceExhausted | DeadlineExceeded | Aborted
-                            | Cancelled | Unknown | Internal | OutOfRange | DataLoss => {
-                                Err(SendError::Retryable(msg))
-                            }
-                            _ => Err(SendError::Permanent(msg)),
-                        }
-                    }
-                }
+                self.send_grpc(req).await
             }
             Transport::Http(client) => {
                 let mut body = body.to_vec();

@@ -129,7 +129,10 @@ fn render_devices(model: &Model, area: Rect, buf: &mut Buffer) {
         "TEMP",
     ])
     .style(header_style());
-    let table = Table::new(rows, widths).header(header).block(block);
+    let table = Table::new(rows, widths)
+        .header(header)
+        .block(block)
+        .column_spacing(2);
     Widget::render(table, area, buf);
 }
 
@@ -241,8 +244,17 @@ fn render_containers(model: &Model, area: Rect, buf: &mut Buffer, state: &mut Ta
                 Cell::from(percent(row.util.mem)),
                 Cell::from(percent(row.util.enc)),
                 Cell::from(percent(row.util.dec)),
-                Cell::from(row.pids.len().to_string()),
-            ]),
+                Cell::from(if row.idle_allocation {
+                    format!("{} idle", row.pids.len())
+                } else {
+                    row.pids.len().to_string()
+                }),
+            ])
+            .style(if row.idle_allocation {
+                Style::new().fg(Color::Yellow)
+            } else {
+                Style::new()
+            }),
             Line::Process(p) => Row::new(vec![
                 Cell::from(first),
                 Cell::from(""),
@@ -267,11 +279,12 @@ fn render_containers(model: &Model, area: Rect, buf: &mut Buffer, state: &mut Ta
         Constraint::Length(4),
         Constraint::Length(4),
         Constraint::Length(4),
-        Constraint::Length(5),
+        Constraint::Length(6),
     ];
     let table = Table::new(rows, widths)
         .header(header)
         .block(block)
+        .column_spacing(2)
         .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
         .highlight_symbol(">")
         .highlight_spacing(if model.interactive {
@@ -339,6 +352,7 @@ mod tests {
             mode: "ebpf".into(),
             degraded_reason: None,
             cached_processes: 42,
+            metadata: Default::default(),
         }
     }
 

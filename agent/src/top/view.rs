@@ -55,6 +55,8 @@ pub struct ContainerRow {
     pub memory_bytes: u64,
     pub util: Util,
     pub pids: Vec<u32>,
+    /// The kubelet allocated this device to the container, which leaves it idle.
+    pub idle_allocation: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +110,8 @@ pub struct Sources {
     pub mode: String,
     pub degraded_reason: Option<String>,
     pub cached_processes: u64,
+    /// Name sources ("cri", "docker", "pod_resources") -> "ok" or "unavailable: ...".
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// Everything one frame shows.
@@ -156,21 +160,20 @@ pub fn bar(fraction: f64, width: usize) -> String {
 }
 
 pub fn short_id(id: &str) -> &str {
-    &id[..id.len().min(SHORT_ID_LEN)]
+    id.get(..SHORT_ID_LEN).unwrap_or(id)
 }
 
 /// "0" for a GPU, "0/gi2" for a MIG device (its GPU instance), else a short UUID.
-fn gpu_label(devices: &[DeviceSample], uuid: &str, gpu_uuid: &str) -> String {
-    let Some(d) = devices.iter().find(|d| d.uuid == gpu_uuid) else {
-        return uuid.chars().take(12).collect();
-    };
-    if uuid == d.uuid {
-        return d.index.to_string();
+fn gpu_label(devices: &[DeviceSample], uuid: &str) -> String {
+    for d in devices {
+        if d.uuid == uuid {
+            return d.index.to_string();
+        }
+        if let Some(m) = d.mig_devices.iter().find(|m| m.uuid == uuid) {
+            return format!("{}/gi{}", d.index, m.gpu_instance_id);
+        }
     }
-    match d.mig_devices.iter().find(|m| m.uuid == uuid) {
-        Some(m) => format!("{}/gi{}", d.index, m.gpu_instance_id),
-        None => format!("{}/mig", d.index),
-    }
+    uuid.chars().take(12).collect()
 }
 
 /// One row per (owner, device), unsorted.
@@ -191,17 +194,24 @@ pub fn container_rows(snap: &Snapshot) -> Vec<ContainerRow> {
             // A process in the pod's own cgroup, in no container of it.
             (None, None) => "(pod)".into(),
         };
+        let idle = c.idle_allocations();
+        let row = |uuid: &str| ContainerRow {
+            key: RowKey {
+                container_id: c.container_id.clone(),
+                pod_uid: c.pod_uid.clone(),
+                uuid: uuid.to_string(),
+            },
+            pod: pod.clone(),
+            namespace: namespace.clone(),
+            container: container.clone(),
+            gpu: gpu_label(&snap.devices, uuid),
+            memory_bytes: 0,
+            util: Util::default(),
+            pids: vec![],
+            idle_allocation: idle.contains(&uuid),
+        };
         for g in &c.gpus {
             rows.push(ContainerRow {
-                key: RowKey {
-                    container_id: c.container_id.clone(),
-                    pod_uid: c.pod_uid.clone(),
-                    uuid: g.uuid.clone(),
-                },
-                pod: pod.clone(),
-                namespace: namespace.clone(),
-                container: container.clone(),
-                gpu: gpu_label(&snap.devices, &g.uuid, &g.gpu_uuid),
                 memory_bytes: g.memory_used_bytes,
                 util: Util {
                     sm: g.sm_util,
@@ -210,7 +220,14 @@ pub fn container_rows(snap: &Snapshot) -> Vec<ContainerRow> {
                     dec: g.dec_util,
                 },
                 pids: g.pids.clone(),
+                ..row(&g.uuid)
             });
+        }
+        // Held and unused: what a platform team most wants to see, so it gets a row.
+        for &u in &idle {
+            if !c.gpus.iter().any(|g| g.uuid == u) {
+                rows.push(row(u));
+            }
         }
     }
     rows
@@ -330,8 +347,24 @@ pub fn notices(snap: &Snapshot, sources: &Sources) -> Vec<Notice> {
             .unwrap_or(&snap.nvml);
         out.push(Notice {
             level: Level::Error,
+            text: format!("NVML unavailable: {reason} (no GPU data; retrying with backoff)"),
+        });
+    }
+    // The runtimes that name containers; a source not reported yet says nothing.
+    let name_sources: Vec<(&str, &String)> = ["cri", "docker"]
+        .into_iter()
+        .filter_map(|k| Some((k, sources.metadata.get(k)?)))
+        .collect();
+    if !name_sources.is_empty() && name_sources.iter().all(|(_, v)| *v != "ok") {
+        let why: Vec<String> = name_sources
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", v.strip_prefix("unavailable: ").unwrap_or(v)))
+            .collect();
+        out.push(Notice {
+            level: Level::Info,
             text: format!(
-                "NVML unavailable: {reason} - no GPU data (no driver or library?); retrying"
+                "container names unknown ({}): pods by UID, containers by short id",
+                why.join("; ")
             ),
         });
     }
@@ -620,6 +653,7 @@ pub(crate) mod tests {
             mode: "ebpf".into(),
             degraded_reason: None,
             cached_processes: 42,
+            metadata: Default::default(),
         }
     }
 
@@ -686,6 +720,36 @@ pub(crate) mod tests {
             ("trainer-0", "ml", "pytorch")
         );
         assert_eq!(rows[1].container, "(pod)");
+    }
+
+    #[test]
+    fn an_allocated_idle_gpu_gets_a_row() {
+        let mut s = snapshot();
+        s.devices.push(DeviceSample {
+            index: 1,
+            uuid: "GPU-1".into(),
+            ..Default::default()
+        });
+        s.containers[0].allocated_gpus = vec!["GPU-0".into(), "GPU-1".into()];
+        let mut notebook = owner(Some(ID_B), None, vec![]);
+        notebook.allocated_gpus = vec!["GPU-1".into()];
+        s.containers[1] = notebook;
+        let rows = container_rows(&s);
+        let idle: Vec<(&str, &str, bool)> = rows
+            .iter()
+            .map(|r| (r.container.as_str(), r.gpu.as_str(), r.idle_allocation))
+            .collect();
+        assert_eq!(
+            idle,
+            [
+                ("aaaaaaaaaaaa", "0", false),
+                ("aaaaaaaaaaaa", "1", true),
+                ("bbbbbbbbbbbb", "1", true),
+                ("host", "0", false),
+            ]
+        );
+        assert_eq!(rows[1].memory_bytes, 0);
+        assert!(rows[1].pids.is_empty());
     }
 
     #[test]
@@ -835,6 +899,20 @@ pub(crate) mod tests {
         assert!(notices(&waiting, &disabled)[0]
             .text
             .contains("NVML disabled"));
+        let mut no_names = sources();
+        no_names.metadata = [
+            ("cri", "unavailable: no runtime socket found"),
+            ("docker", "unavailable: /var/run/docker.sock: not found"),
+            ("pod_resources", "ok"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let n = notices(&snap, &no_names);
+        assert_eq!(n[0].level, Level::Info);
+        assert!(n[0].text.starts_with("container names unknown (cri: no runtime socket found; docker: /var/run/docker.sock"), "{n:?}");
+        no_names.metadata.insert("cri".into(), "ok".into());
+        assert!(notices(&snap, &no_names).is_empty());
     }
 
     #[test]
