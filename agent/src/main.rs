@@ -116,6 +116,12 @@ fn load_config(args: &RunArgs) -> Result<Config, String> {
 /// Before any thread exists: unshare(CLONE_NEWNS) refuses multi-threaded callers.
 /// Returns why tracefs could not be prepared, if so.
 fn prepare_tracefs(config: &Config) -> Option<String> {
+    // Any mode reads cgroup paths: they must be the host's, not the pod's relative ones.
+    match gpu_agent::ebpf::tracefs::join_host_cgroup_namespace() {
+        Ok(Some(done)) => tracing::info!("{done}"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("{e}"),
+    }
     if !config.ebpf.enabled {
         return None;
     }

@@ -63,7 +63,7 @@ pub fn run(which: Which) -> Result<()> {
             processes,
             rounds,
             no_write,
-        } => storm(processes, rounds.max(1), no_write),
+        } => storm(processes, rounds.max(1), no_write).map(|_| ()),
         Which::Gpu {
             processes,
             pods,
@@ -78,7 +78,7 @@ pub fn run(which: Which) -> Result<()> {
     }
 }
 
-fn require_root() -> Result<()> {
+pub(crate) fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("benchmarks load eBPF programs and create cgroups: run them as root");
@@ -86,14 +86,14 @@ fn require_root() -> Result<()> {
     Ok(())
 }
 
-fn release_agent() -> Result<std::path::PathBuf> {
+pub(crate) fn release_agent() -> Result<std::path::PathBuf> {
     ebpf::build()?;
     cargo(&["build", "--release", "-p", "agent"])?;
     Ok(workspace_root().join("target/release/gpu-agent"))
 }
 
 /// Runs `n` fork+exec of /bin/true from a shell placed in `cg`; returns the wall time.
-fn run_storm(cg: &TestCgroup, n: u32) -> Result<Duration> {
+pub(crate) fn run_storm(cg: &TestCgroup, n: u32) -> Result<Duration> {
     let script = format!("i=0; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done");
     let mut cmd = Command::new("/bin/sh");
     cmd.args(["-c", &script]).stdout(Stdio::null());
@@ -107,7 +107,7 @@ fn run_storm(cg: &TestCgroup, n: u32) -> Result<Duration> {
 }
 
 /// CPU time of a process in nanoseconds (schedstat: ns resolution, all threads).
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let s = std::fs::read_to_string(task?.path().join("schedstat"))?;
@@ -120,7 +120,7 @@ fn cpu_ns(pid: u32) -> Result<u64> {
     Ok(total)
 }
 
-fn rss_kib(pid: u32) -> Result<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     s.lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -128,12 +128,12 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .context("no VmRSS")
 }
 
-fn counter(stats: &Value, name: &str) -> u64 {
+pub(crate) fn counter(stats: &Value, name: &str) -> u64 {
     stats[name].as_u64().unwrap_or(0)
 }
 
 /// Waits until the agent has drained what the storm queued (the count stops moving).
-fn settle(agent: &Agent) -> Value {
+pub(crate) fn settle(agent: &Agent) -> Value {
     let mut last = agent.stats();
     loop {
         std::thread::sleep(Duration::from_millis(300));
@@ -145,7 +145,7 @@ fn settle(agent: &Agent) -> Value {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
@@ -156,7 +156,15 @@ struct ProgramRow {
     ns_per_run: f64,
 }
 
-fn storm(n: u32, rounds: u32, no_write: bool) -> Result<()> {
+/// The storm's headline figures, for the combined benchmark.
+pub(crate) struct StormFigures {
+    pub lost: u64,
+    pub slowdown: f64,
+    pub cpu_us_per_event: f64,
+    pub bpf_ns_per_event: f64,
+}
+
+pub(crate) fn storm(n: u32, rounds: u32, no_write: bool) -> Result<StormFigures> {
     require_root()?;
     let bin = release_agent()?;
     let uid = random_uid();
@@ -266,10 +274,15 @@ fn storm(n: u32, rounds: u32, no_write: bool) -> Result<()> {
     if !no_write {
         write_section("storm", &md)?;
     }
-    Ok(())
+    Ok(StormFigures {
+        lost,
+        slowdown,
+        cpu_us_per_event: cpu_us,
+        bpf_ns_per_event: mean_ns,
+    })
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -287,7 +300,7 @@ fn machine() -> String {
 }
 
 /// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->`.
-fn write_section(name: &str, body: &str) -> Result<()> {
+pub(crate) fn write_section(name: &str, body: &str) -> Result<()> {
     let path = workspace_root().join("docs/benchmarks.md");
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     let (begin, end) = (

@@ -1,6 +1,8 @@
 //! `cargo xtask <command>`: the project's chores.
 mod bench;
+mod deploy;
 mod ebpf;
+mod overhead;
 
 use std::{path::PathBuf, process::Command};
 
@@ -27,11 +29,21 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Benchmarks (see docs/benchmarks.md).
+    /// Benchmarks (see docs/benchmarks.md). Without a subcommand: gpu-agent against the
+    /// /proc-based approaches on one synthetic node, side by side.
     Bench {
         #[command(subcommand)]
-        which: bench::Which,
+        which: Option<bench::Which>,
+        /// The reduced set (under 5 minutes on 2 cores), ending with one RESULT line.
+        #[arg(long)]
+        quick: bool,
+        /// Print only; do not rewrite docs/benchmarks.md.
+        #[arg(long)]
+        no_write: bool,
     },
+    /// Render and validate deploy/ (kustomize, Kubernetes schemas, Collector config, Grafana
+    /// dashboards): see docs/deploy.md.
+    CheckDeploy,
 }
 
 fn main() -> Result<()> {
@@ -50,7 +62,15 @@ fn main() -> Result<()> {
             a.extend(args.iter().map(String::as_str));
             cargo(&a)
         }
-        Cmd::Bench { which } => bench::run(which),
+        Cmd::Bench {
+            which: Some(which), ..
+        } => bench::run(which),
+        Cmd::Bench {
+            which: None,
+            quick,
+            no_write,
+        } => overhead::run(quick, no_write),
+        Cmd::CheckDeploy => deploy::run(),
     }
 }
 

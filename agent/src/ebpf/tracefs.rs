@@ -72,6 +72,33 @@ pub fn prepare_mount_namespace() -> Result<Option<String>, String> {
     )))
 }
 
+/// In a pod with its own cgroup namespace (containerd's default on cgroup v2),
+/// /proc/PID/cgroup shows paths relative to the pod ("/../.."), while the tracepoints report
+/// them from the hierarchy's root. With hostPID, PID 1 is the host's init: joining its cgroup
+/// namespace makes both agree. Called while single-threaded (setns requires it).
+pub fn join_host_cgroup_namespace() -> Result<Option<String>, String> {
+    let mine = std::fs::read_link("/proc/self/ns/cgroup").map_err(|e| e.to_string())?;
+    let init = match std::fs::read_link("/proc/1/ns/cgroup") {
+        Ok(l) => l,
+        // Not allowed to look (no privilege): nothing to do, and nothing we could do.
+        Err(_) => return Ok(None),
+    };
+    if mine == init {
+        return Ok(None);
+    }
+    let f = std::fs::File::open("/proc/1/ns/cgroup")
+        .map_err(|e| format!("opening /proc/1/ns/cgroup: {e}"))?;
+    // SAFETY: a valid namespace fd; single-threaded caller.
+    let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWCGROUP) };
+    if rc != 0 {
+        return Err(format!(
+            "joining the host's cgroup namespace failed: {} (cgroup paths may read relative)",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(Some("joined the host's cgroup namespace".into()))
+}
+
 /// Field name -> (offset, size) of one tracepoint record.
 pub type Fields = HashMap<String, (u32, u32)>;
 
