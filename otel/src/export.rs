@@ -357,6 +357,14 @@ impl OtlpExporter {
             Transport::Grpc(_) => self.send_grpc(make()).await,
             Transport::Http(_) => self.send(&make().encode_to_vec()).await,
         };
+        if !self.settle(result) {
+            self.enqueue(make());
+        }
+    }
+
+    /// Counts and logs one send's outcome, and arms the backoff on a retryable failure.
+    /// Returns false when the batch should be kept for a retry.
+    fn settle(&mut self, result: Result<(), SendError>) -> bool {
         match result {
             Ok(()) => {
                 self.counters.sent.fetch_add(1, Relaxed);
@@ -364,18 +372,25 @@ impl OtlpExporter {
                     tracing::info!(url = %self.settings.url, "OTLP export recovered");
                 }
                 self.backoff = BACKOFF_MIN;
+                true
             }
             Err(SendError::Permanent(e)) => {
                 tracing::warn!(url = %self.settings.url, "OTLP export rejected, batch dropped: {e}");
                 self.counters.failures.fetch_add(1, Relaxed);
                 self.counters.dropped_batches.fetch_add(1, Relaxed);
+                true
             }
             Err(SendError::Retryable(e)) => {
                 self.counters.failures.fetch_add(1, Relaxed);
-                tracing::warn!(url = %self.settings.url, "OTLP export failed, retrying with backoff: {e}");
+                if self.backoff == BACKOFF_MIN {
+                    tracing::warn!(url = %self.settings.url, queued = self.queue.len(),
+                        "OTLP export failed, retrying with backoff: {e}");
+                } else {
+                    tracing::debug!("OTLP export failed again: {e}");
+                }
                 self.next_attempt = Instant::now() + self.backoff;
                 self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-                self.enqueue(make());
+                false
             }
         }
     }
@@ -392,32 +407,10 @@ impl OtlpExporter {
         }
         while let Some(body) = self.queue.pop_front() {
             let len = body.len();
-            match self.send(&body).await {
-                Ok(()) => {
-                    self.counters.sent.fetch_add(1, Relaxed);
-                    if self.backoff > BACKOFF_MIN {
-                        tracing::info!(url = %self.settings.url, "OTLP export recovered");
-                    }
-                    self.backoff = BACKOFF_MIN;
-                }
-                Err(SendError::Permanent(e)) => {
-                    tracing::warn!(url = %self.settings.url, "OTLP export rejected, batch dropped: {e}");
-                    self.counters.failures.fetch_add(1, Relaxed);
-                    self.counters.dropped_batches.fetch_add(1, Relaxed);
-                }
-                Err(SendError::Retryable(e)) => {
-                    self.counters.failures.fetch_add(1, Relaxed);
-                    if self.backoff == BACKOFF_MIN {
-                        tracing::warn!(url = %self.settings.url, queued = self.queue.len() + 1,
-                            "OTLP export failed, retrying with backoff: {e}");
-                    } else {
-                        tracing::debug!("OTLP export failed again: {e}");
-                    }
-                    self.queue.push_front(body);
-                    self.next_attempt = Instant::now() + self.backoff;
-                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-                    return false;
-                }
+            let result = self.send(&body).await;
+            if !self.settle(result) {
+                self.queue.push_front(body);
+                return false;
             }
             self.queued_bytes -= len;
             self.counters

@@ -14,6 +14,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use gpu_agent::stats::thread_cpu_ns;
 use serde_json::{json, Value};
 use tests::{
     cgroups::TestCgroup,
@@ -30,16 +31,6 @@ use crate::{
 };
 
 const GPUS: usize = 8;
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 struct Pod {
     cg: TestCgroup,
