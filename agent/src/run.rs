@@ -202,55 +202,54 @@ async fn run_with(
     // Names and allocations: their own task, asked when an unknown container id shows up.
     let (meta_tx, meta_rx) = tokio::sync::mpsc::channel::<Vec<String>>(4);
     let (meta_stop_tx, meta_stop_rx) = tokio::sync::watch::channel(false);
-    let metadata_src = crate::metadata::MetadataSource::new(crate::metadata::MetadataConfig {
-        cri_socket: config.metadata.cri_socket.clone(),
-        pod_resources_socket: config.metadata.pod_resources_socket.clone(),
-        docker_socket: config.metadata.docker_socket.clone(),
-        allocation_interval: Duration::from_secs(config.metadata.allocation_interval_secs),
-    });
+    let metadata_src = crate::metadata::MetadataSource::new(
+        crate::metadata::MetadataConfig {
+            cri_socket: config.metadata.cri_socket.clone(),
+            pod_resources_socket: config.metadata.pod_resources_socket.clone(),
+            docker_socket: config.metadata.docker_socket.clone(),
+            allocation_interval: Duration::from_secs(config.metadata.allocation_interval_secs),
+        },
+        stats.metadata.clone(),
+    );
     let metadata = metadata_src.published();
-    let metadata_status = metadata_src.status.clone();
-    if config.metadata.enabled {
+    let mut name_requests = config.metadata.enabled.then(|| {
         tokio::spawn(crate::metadata::run(metadata_src, meta_rx, meta_stop_rx));
-    }
-    // Container ids already asked about, so a container the runtime does not know is
-    // not asked about every cycle.
-    let mut asked: std::collections::HashMap<String, Instant> = Default::default();
+        crate::metadata::NameRequests::new(meta_tx)
+    });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let otlp = if stop.is_some() {
-        Ok(None) // embedded (top): looking, not exporting
+    // Embedded (top) looks, it does not export.
+    let exporter = if stop.is_some() {
+        None
     } else {
-        config.otlp.resolve(|k| std::env::var(k).ok())
-    };
-    let exporter = match otlp {
-        Ok(Some(settings)) => {
-            *stats.otlp.write().unwrap() = settings.url.clone();
-            let ctx = otel::otlp::ExportContext {
-                node: node.clone(),
-                service_name: settings.service_name.clone(),
-                resource_attributes: settings.resource_attributes.clone(),
-                groups: config.metrics.clone(),
-            };
-            tracing::info!(url = %settings.url, protocol = ?settings.protocol,
-                interval = ?settings.interval, "pushing OTLP metrics");
-            let ex = otel::export::OtlpExporter::new(settings, stats.export.clone())
-                .map_err(|e| anyhow::anyhow!("OTLP exporter: {e}"))?;
-            Some(tokio::spawn(run_exporter(
-                ex,
-                ctx,
-                snapshot.clone(),
-                stats.clone(),
-                started_ms,
-                stop_rx,
-            )))
+        match config.otlp.resolve(|k| std::env::var(k).ok()) {
+            Ok(Some(settings)) => {
+                *stats.otlp.write().unwrap() = settings.url.clone();
+                let ctx = otel::otlp::ExportContext {
+                    node: node.clone(),
+                    service_name: settings.service_name.clone(),
+                    resource_attributes: settings.resource_attributes.clone(),
+                    groups: config.metrics.clone(),
+                };
+                tracing::info!(url = %settings.url, protocol = ?settings.protocol,
+                    interval = ?settings.interval, "pushing OTLP metrics");
+                let ex = otel::export::OtlpExporter::new(settings, stats.export.clone())
+                    .map_err(|e| anyhow::anyhow!("OTLP exporter: {e}"))?;
+                Some(tokio::spawn(run_exporter(
+                    ex,
+                    ctx,
+                    snapshot.clone(),
+                    stats.clone(),
+                    started_ms,
+                    stop_rx,
+                )))
+            }
+            Ok(None) => {
+                *stats.otlp.write().unwrap() = "disabled".into();
+                tracing::info!("no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT or [otlp] endpoint): not pushing");
+                None
+            }
+            Err(e) => anyhow::bail!("invalid OTLP configuration: {e}"),
         }
-        Ok(None) if stop.is_some() => None,
-        Ok(None) => {
-            *stats.otlp.write().unwrap() = "disabled".into();
-            tracing::info!("no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT or [otlp] endpoint): not pushing");
-            None
-        }
-        Err(e) => anyhow::bail!("invalid OTLP configuration: {e}"),
     };
     let ring = match tracker.source() {
         Some(s) => {
@@ -287,27 +286,9 @@ async fn run_with(
                         tracker.drain();
                         let md = metadata.read().unwrap().clone();
                         let snap = tracker.join_gpu(&md, &s, &status, max_gap, config.nvml.process_detail);
-                        let now = Instant::now();
-                        asked.retain(|_, t| now.duration_since(*t) < Duration::from_secs(60));
-                        let unknown: Vec<String> = snap
-                            .containers
-                            .iter()
-                            .filter(|c| c.pod_name.is_none() && c.container_name.is_none())
-                            .filter_map(|c| c.container_id.clone())
-                            .filter(|id| !asked.contains_key(id))
-                            .collect();
-                        if !unknown.is_empty() && config.metadata.enabled {
-                            for id in &unknown {
-                                asked.insert(id.clone(), now);
-                            }
-                            let _ = meta_tx.try_send(unknown);
+                        if let Some(r) = name_requests.as_mut() {
+                            r.ask(&snap);
                         }
-                        *stats.metadata.write().unwrap() = metadata_status
-                            .read()
-                            .unwrap()
-                            .iter()
-                            .map(|(k, v)| (k.to_string(), v.clone()))
-                            .collect();
                         snap
                     }
                     None => Snapshot { taken_at_ms: now_ms(), nvml: status, ..Default::default() },

@@ -36,7 +36,7 @@ pub struct Stats {
     /// "disabled" or the OTLP URL pushed to.
     pub otlp: RwLock<String>,
     /// Metadata sources' health: "cri", "pod_resources", "docker" -> "ok" | "unavailable: ...".
-    pub metadata: RwLock<std::collections::BTreeMap<String, String>>,
+    pub metadata: std::sync::Arc<RwLock<std::collections::BTreeMap<String, String>>>,
     pub mode: RwLock<Mode>,
     pub programs: RwLock<Vec<ProgramStats>>,
 }

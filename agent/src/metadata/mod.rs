@@ -7,7 +7,7 @@ pub mod docker;
 pub mod podresources;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::PathBuf,
     sync::{Arc, RwLock},
     time::{Duration, Instant},
@@ -161,11 +161,15 @@ pub struct MetadataSource {
     /// Ids asked about that no source could name yet, with how many answered listings
     /// did not know them: retried on the timer, given up after a few.
     pending: Vec<(String, u32)>,
-    pub status: Arc<RwLock<HashMap<&'static str, String>>>,
+    /// Each source's health ("cri", "pod_resources", "docker"), shown in /debug/stats.
+    status: Arc<RwLock<BTreeMap<String, String>>>,
 }
 
 impl MetadataSource {
-    pub fn new(cfg: MetadataConfig) -> MetadataSource {
+    pub fn new(
+        cfg: MetadataConfig,
+        status: Arc<RwLock<BTreeMap<String, String>>>,
+    ) -> MetadataSource {
         MetadataSource {
             cfg,
             published: Arc::new(RwLock::new(Arc::new(Metadata::default()))),
@@ -174,7 +178,7 @@ impl MetadataSource {
             docker: Health::default(),
             last_cri_list: None,
             pending: vec![],
-            status: Arc::new(RwLock::new(HashMap::new())),
+            status,
         }
     }
 
@@ -298,18 +302,57 @@ impl MetadataSource {
             Err(e) => {
                 self.podres
                     .fail(&format!("kubelet pod-resources at {}", sock.display()), e);
-                let mut st = self.status.write().unwrap();
-                st.insert("pod_resources", self.podres.status());
+                self.report_health();
             }
         }
     }
 
     fn publish(&self, md: Metadata) {
         *self.published.write().unwrap() = Arc::new(md);
+        self.report_health();
+    }
+
+    fn report_health(&self) {
         let mut st = self.status.write().unwrap();
-        st.insert("cri", self.cri.status());
-        st.insert("pod_resources", self.podres.status());
-        st.insert("docker", self.docker.status());
+        st.insert("cri".into(), self.cri.status());
+        st.insert("pod_resources".into(), self.podres.status());
+        st.insert("docker".into(), self.docker.status());
+    }
+}
+
+/// The sending side: asks the source about container ids the join could not name, each at
+/// most once a minute, so a container no runtime knows is not asked about every cycle.
+pub struct NameRequests {
+    tx: tokio::sync::mpsc::Sender<Vec<String>>,
+    asked: HashMap<String, Instant>,
+}
+
+impl NameRequests {
+    pub fn new(tx: tokio::sync::mpsc::Sender<Vec<String>>) -> NameRequests {
+        NameRequests {
+            tx,
+            asked: HashMap::new(),
+        }
+    }
+
+    pub fn ask(&mut self, snap: &gpu_model::Snapshot) {
+        let now = Instant::now();
+        self.asked
+            .retain(|_, t| now.duration_since(*t) < Duration::from_secs(60));
+        let unknown: Vec<String> = snap
+            .containers
+            .iter()
+            .filter(|c| c.pod_name.is_none() && c.container_name.is_none())
+            .filter_map(|c| c.container_id.clone())
+            .filter(|id| !self.asked.contains_key(id))
+            .collect();
+        if unknown.is_empty() {
+            return;
+        }
+        for id in &unknown {
+            self.asked.insert(id.clone(), now);
+        }
+        let _ = self.tx.try_send(unknown);
     }
 }
 
