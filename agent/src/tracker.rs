@@ -330,6 +330,18 @@ impl Tracker {
         if let Some(e) = self.state.read().unwrap().cache.get(pid) {
             return Some(e.clone());
         }
+        // The kernel map may know it before its notification was applied: no /proc read.
+        let v1_tracked = self.state.read().unwrap().hierarchies.v1.is_some();
+        if let Some(info) = self.source.as_ref().and_then(|s| s.get(pid)) {
+            let complete = info.flags & (F_START_KNOWN | F_V2_KNOWN) == F_START_KNOWN | F_V2_KNOWN
+                && info.flags & F_CGROUP_SUSPECT == 0
+                && (!v1_tracked || info.flags & F_V1_KNOWN != 0);
+            if complete {
+                let mut st = self.state.write().unwrap();
+                st.cache.upsert_kernel(pid, &info);
+                return st.cache.get(pid).cloned();
+            }
+        }
         self.stats.procfs_fallback_lookups.fetch_add(1, Relaxed);
         self.lookup_from_procfs(pid)?;
         self.state.read().unwrap().cache.get(pid).cloned()
