@@ -188,14 +188,20 @@ impl FakeNode {
                 let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
                 let a = tonic::transport::Server::builder()
                     .add_service(RuntimeServiceServer::new(Cri(w.clone())))
-                    .serve_with_incoming_shutdown(UnixIncoming(cl), async {
-                        let _ = rx1.await;
-                    });
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::UnixListenerStream::new(cl),
+                        async {
+                            let _ = rx1.await;
+                        },
+                    );
                 let b = tonic::transport::Server::builder()
                     .add_service(PodResourcesListerServer::new(PodRes(w)))
-                    .serve_with_incoming_shutdown(UnixIncoming(pl), async {
-                        let _ = rx2.await;
-                    });
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::UnixListenerStream::new(pl),
+                        async {
+                            let _ = rx2.await;
+                        },
+                    );
                 let stop = async {
                     let _ = stop_rx.await;
                     let _ = tx1.send(());
@@ -231,21 +237,5 @@ impl FakeNode {
 impl Drop for FakeNode {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-struct UnixIncoming(tokio::net::UnixListener);
-
-impl futures_core::Stream for UnixIncoming {
-    type Item = std::io::Result<tokio::net::UnixStream>;
-    fn poll_next(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        match self.0.poll_accept(cx) {
-            std::task::Poll::Ready(Ok((s, _))) => std::task::Poll::Ready(Some(Ok(s))),
-            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Some(Err(e))),
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
     }
 }

@@ -123,7 +123,7 @@ impl Receiver {
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
                 match kind {
                     Kind::Grpc | Kind::GrpcTls { .. } => {
-                        let incoming = tokio_stream_from(listener);
+                        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                         let mut builder = tonic::transport::Server::builder();
                         if let Kind::GrpcTls { cert, key } = &kind {
                             let id = tonic::transport::Identity::from_pem(cert, key);
@@ -214,34 +214,6 @@ impl Drop for Receiver {
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-        }
-    }
-}
-
-/// tonic's serve_with_incoming wants a Stream of connections.
-fn tokio_stream_from(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream_compat::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    tokio_stream_compat::TcpListenerStream(listener)
-}
-
-mod tokio_stream_compat {
-    pub use futures_core::Stream;
-    use std::{
-        pin::Pin,
-        task::{Context, Poll},
-    };
-
-    pub struct TcpListenerStream(pub tokio::net::TcpListener);
-
-    impl Stream for TcpListenerStream {
-        type Item = std::io::Result<tokio::net::TcpStream>;
-        fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-            match self.0.poll_accept(cx) {
-                Poll::Ready(Ok((s, _))) => Poll::Ready(Some(Ok(s))),
-                Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-                Poll::Pending => Poll::Pending,
-            }
         }
     }
 }
