@@ -219,11 +219,8 @@ pub fn join(
             qos: m.qos,
             runtime: m.runtime,
             cgroup_path: m.cgroup_path,
-            pod_name: None,
-            namespace: None,
-            container_name: None,
             gpus,
-            allocated_gpus: vec![],
+            ..Default::default()
         };
         name_and_allocate(&mut c, metadata, &sample.devices);
         containers.push(c);
@@ -251,14 +248,10 @@ pub fn join(
         let mut c = ContainerUsage {
             container_id: id,
             pod_uid,
-            qos: None,
-            runtime: None,
-            cgroup_path: None,
             pod_name: Some(a.pod_name.clone()),
             namespace: Some(a.namespace.clone()),
             container_name: Some(a.container_name.clone()),
-            gpus: vec![],
-            allocated_gpus: vec![],
+            ..Default::default()
         };
         name_and_allocate(&mut c, metadata, &sample.devices);
         containers.push(c);

@@ -87,7 +87,7 @@ pub struct Snapshot {
     pub processes: Vec<ProcessUsage>,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ContainerUsage {
     /// Full 64-hex id; null for the host entry and for pod-level cgroups.
     pub container_id: Option<String>,

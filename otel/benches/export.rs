@@ -32,11 +32,9 @@ fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
             pod_uid: Some(format!("{:08x}-0000-4000-8000-{:012x}", c, c)),
             qos: Some("burstable"),
             runtime: Some("containerd"),
-            cgroup_path: None,
             pod_name: Some(format!("trainer-{c}")),
             namespace: Some("ml".into()),
             container_name: Some("main".into()),
-            allocated_gpus: vec![],
             gpus: devices
                 .iter()
                 .map(|d| ContainerGpu {
@@ -53,6 +51,7 @@ fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
                     counters_since_ms: 1,
                 })
                 .collect(),
+            ..Default::default()
         })
         .collect();
     Snapshot {

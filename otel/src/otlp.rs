@@ -663,13 +663,7 @@ mod tests {
                 ContainerUsage {
                     container_id: Some("c1".into()),
                     pod_uid: Some("p1".into()),
-                    qos: None,
                     runtime: Some("cri-o"),
-                    cgroup_path: None,
-                    pod_name: None,
-                    namespace: None,
-                    container_name: None,
-                    allocated_gpus: vec![],
                     gpus: vec![ContainerGpu {
                         uuid: "MIG-1".into(),
                         gpu_uuid: "GPU-a".into(),
@@ -683,18 +677,10 @@ mod tests {
                         memory_byte_seconds: 9.0,
                         counters_since_ms: 1_000,
                     }],
+                    ..Default::default()
                 },
                 ContainerUsage {
-                    container_id: None,
-                    pod_uid: None,
-                    qos: None,
-                    runtime: None,
-                    cgroup_path: None,
-                    pod_name: None,
-                    namespace: None,
-                    container_name: None,
-                    gpus: vec![],
-                    allocated_gpus: vec![],
+                    ..Default::default()
                 },
             ],
             ..Default::default()

@@ -609,7 +609,6 @@ mod tests {
                     pod_uid: Some("uid-1".into()),
                     qos: Some("burstable"),
                     runtime: Some("containerd"),
-                    cgroup_path: None,
                     pod_name: Some("trainer".into()),
                     namespace: Some("ml".into()),
                     container_name: Some("main".into()),
@@ -618,30 +617,17 @@ mod tests {
                         cgpu("GPU-a", "GPU-a", 3 * GIB / 2, Some(50), &[10, 11]),
                         cgpu("MIG-c", "GPU-b", 5 * GIB, None, &[12]),
                     ],
+                    ..Default::default()
                 },
                 ContainerUsage {
-                    container_id: None,
                     pod_uid: Some("uid-2".into()),
                     qos: Some("besteffort"),
-                    runtime: None,
-                    cgroup_path: None,
-                    pod_name: None,
-                    namespace: None,
-                    container_name: None,
-                    allocated_gpus: vec![],
                     gpus: vec![cgpu("GPU-a", "GPU-a", GIB, Some(5), &[20])],
+                    ..Default::default()
                 },
                 ContainerUsage {
-                    container_id: None,
-                    pod_uid: None,
-                    qos: None,
-                    runtime: None,
-                    cgroup_path: None,
-                    pod_name: None,
-                    namespace: None,
-                    container_name: None,
-                    allocated_gpus: vec![],
                     gpus: vec![cgpu("GPU-a", "GPU-a", GIB / 2, Some(0), &[30])],
+                    ..Default::default()
                 },
             ],
             processes: vec![ProcessUsage {
@@ -1043,14 +1029,11 @@ mod allocation_tests {
             containers: vec![ContainerUsage {
                 container_id: Some("c1".into()),
                 pod_uid: Some("u1".into()),
-                qos: None,
-                runtime: None,
-                cgroup_path: None,
                 pod_name: Some("p".into()),
                 namespace: Some("ns".into()),
                 container_name: Some("c".into()),
-                gpus: vec![],
                 allocated_gpus: vec!["GPU-z".into()],
+                ..Default::default()
             }],
             ..Default::default()
         };

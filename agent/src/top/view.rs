@@ -580,14 +580,8 @@ pub(crate) mod tests {
         ContainerUsage {
             container_id: id.map(Into::into),
             pod_uid: pod.map(Into::into),
-            qos: None,
-            runtime: None,
-            cgroup_path: None,
-            pod_name: None,
-            namespace: None,
-            container_name: None,
             gpus,
-            allocated_gpus: vec![],
+            ..Default::default()
         }
     }
 
