@@ -9,7 +9,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use serde_json::Value;
-use tests::{cgroups::TestCgroup, random_hex, random_uid, Agent};
+use tests::{
+    cgroups::{systemd_container, TestCgroup},
+    random_hex, random_uid, Agent,
+};
 
 use crate::{cargo, ebpf, workspace_root};
 
@@ -76,6 +79,24 @@ pub fn run(which: Which) -> Result<()> {
             no_write,
         } => export(containers.max(1), minutes.max(1), no_write),
     }
+}
+
+/// A pod cgroup in kubelet's systemd shape, with the container id the agent should find.
+pub(crate) struct Pod {
+    pub cg: TestCgroup,
+    pub id: String,
+}
+
+pub(crate) fn make_pods(n: usize) -> Vec<Pod> {
+    (0..n)
+        .map(|_| {
+            let id = random_hex(64);
+            Pod {
+                cg: TestCgroup::v2(&systemd_container(&random_uid(), &id)),
+                id,
+            }
+        })
+        .collect()
 }
 
 pub(crate) fn require_root() -> Result<()> {
@@ -167,12 +188,7 @@ pub(crate) struct StormFigures {
 pub(crate) fn storm(n: u32, rounds: u32, no_write: bool) -> Result<StormFigures> {
     require_root()?;
     let bin = release_agent()?;
-    let uid = random_uid();
-    let path = format!(
-        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
-        uid.replace('-', "_"),
-        random_hex(64)
-    );
+    let path = systemd_container(&random_uid(), &random_hex(64));
     let cg = TestCgroup::v2(&path);
     eprintln!("bench storm: {n} fork+exec in {path}, {rounds} rounds");
     run_storm(&cg, n / 10)?; // warm the page cache
@@ -328,20 +344,14 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
     )?)?;
 
     // Real processes in real pod cgroups, so every GPU PID joins through the cache.
-    let cgs: Vec<TestCgroup> = (0..pods)
-        .map(|_| {
-            TestCgroup::v2(&format!(
-                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
-                random_uid().replace('-', "_"),
-                random_hex(64)
-            ))
-        })
-        .collect();
+    let pod_cgroups = make_pods(pods as usize);
     let mut procs = vec![];
     for i in 0..n {
         let mut c = Command::new("sleep");
         c.arg("3600");
-        procs.push(tests::cgroups::Proc(cgs[(i % pods) as usize].spawn(&mut c)));
+        procs.push(tests::cgroups::Proc(
+            pod_cgroups[(i % pods) as usize].cg.spawn(&mut c),
+        ));
     }
     let mut scenario = template.clone();
     let devices = scenario["devices"].as_array_mut().context("devices")?;
@@ -448,7 +458,7 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
         write_section("gpu", &md)?;
     }
     drop(procs);
-    drop(cgs);
+    drop(pod_cgroups);
     Ok(())
 }
 
@@ -492,18 +502,10 @@ fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
     let bin = release_agent()?;
     cargo(&["build", "--release", "-p", "fake-nvml"])?;
     let lib = workspace_root().join("target/release/libnvidia_ml.so");
-    let cgs: Vec<TestCgroup> = (0..n)
-        .map(|_| {
-            TestCgroup::v2(&format!(
-                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
-                random_uid().replace('-', "_"),
-                random_hex(64)
-            ))
-        })
-        .collect();
-    let procs: Vec<tests::cgroups::Proc> = cgs
+    let pods = make_pods(n as usize);
+    let procs: Vec<tests::cgroups::Proc> = pods
         .iter()
-        .map(|cg| {
+        .map(|Pod { cg, .. }| {
             let mut c = Command::new("sleep");
             c.arg("7200");
             tests::cgroups::Proc(cg.spawn(&mut c))
@@ -590,6 +592,6 @@ fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
         write_section("export", &md)?;
     }
     drop(procs);
-    drop(cgs);
+    drop(pods);
     Ok(())
 }

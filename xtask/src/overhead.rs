@@ -17,41 +17,19 @@ use anyhow::{bail, Context, Result};
 use gpu_agent::stats::thread_cpu_ns;
 use serde_json::{json, Value};
 use tests::{
-    cgroups::TestCgroup,
     otlp_receiver::{Kind, Receiver},
-    random_hex, random_uid, Agent,
+    random_hex, Agent,
 };
 
 use crate::{
     bench::{
-        counter, cpu_ns, machine, release_agent, require_root, rss_kib, settle, storm,
-        write_section,
+        counter, cpu_ns, machine, make_pods, release_agent, require_root, rss_kib, settle, storm,
+        write_section, Pod,
     },
     cargo, workspace_root,
 };
 
 const GPUS: usize = 8;
-
-struct Pod {
-    cg: TestCgroup,
-    id: String,
-}
-
-fn make_pods(n: usize) -> Vec<Pod> {
-    (0..n)
-        .map(|_| {
-            let (uid, id) = (random_uid(), random_hex(64));
-            let path = format!(
-                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{id}.scope",
-                uid.replace('-', "_")
-            );
-            Pod {
-                cg: TestCgroup::v2(&path),
-                id,
-            }
-        })
-        .collect()
-}
 
 /// `per_pod` sleeping processes in each pod, started by one shell per pod.
 fn fill(pods: &[Pod], per_pod: usize) -> Result<()> {
