@@ -23,7 +23,6 @@ pub struct AppState {
     pub snapshot: Arc<RwLock<Arc<Snapshot>>>,
     /// Set when /metrics is served.
     pub prometheus: Option<Arc<otel::prometheus::PromOptions>>,
-    pub started_ms: u64,
 }
 
 pub fn router(app: AppState) -> Router {
@@ -61,7 +60,8 @@ async fn processes(
 }
 
 async fn stats(AxState(app): AxState<AppState>) -> impl IntoResponse {
-    Json(app.stats.view())
+    let nvml = app.snapshot.read().unwrap().nvml.clone();
+    Json(app.stats.report(&nvml))
 }
 
 async fn snapshot(AxState(app): AxState<AppState>) -> impl IntoResponse {
@@ -82,7 +82,7 @@ async fn metrics(AxState(app): AxState<AppState>) -> axum::response::Response {
             .into_response();
     };
     let snap = app.snapshot.read().unwrap().clone();
-    let stats = app.stats.agent_stats(app.started_ms);
+    let stats = app.stats.report(&snap.nvml);
     let body = otel::prometheus::render(&snap, &stats, &opts);
     (
         [(

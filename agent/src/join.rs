@@ -12,6 +12,7 @@ use crate::{
     state::State,
 };
 
+use gpu_model::SourceStatus;
 pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
 
 /// Who a GPU process is charged to.
@@ -106,7 +107,7 @@ pub fn join(
     state: &State,
     metadata: &Metadata,
     sample: &GpuSample,
-    nvml_status: &str,
+    nvml_status: &SourceStatus,
     prev: &Counters,
     max_gap: Duration,
     process_detail: bool,
@@ -275,7 +276,7 @@ pub fn join(
     (
         Snapshot {
             taken_at_ms: sample.taken_at_ms,
-            nvml: nvml_status.to_string(),
+            nvml: nvml_status.clone(),
             driver_version: sample.driver_version.clone(),
             devices,
             containers,
@@ -296,6 +297,7 @@ mod tests {
         cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
         gpu::ProcessSample,
     };
+    use gpu_model::DeviceStatus;
 
     const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -352,7 +354,7 @@ mod tests {
             driver_version: Some("580".into()),
             devices: vec![DeviceSample {
                 uuid: "GPU-1".into(),
-                status: "ok".into(),
+                status: DeviceStatus::Ok,
                 processes: procs,
                 ..Default::default()
             }],
@@ -383,7 +385,7 @@ mod tests {
             &st,
             &Metadata::default(),
             &s,
-            "ok",
+            &SourceStatus::Ok,
             &Counters::default(),
             Duration::from_secs(3),
             true,
@@ -411,7 +413,7 @@ mod tests {
             &st,
             &Metadata::default(),
             &sample(1000, vec![proc(100, 1000, 50)]),
-            "ok",
+            &SourceStatus::Ok,
             &Counters::default(),
             Duration::from_secs(3),
             false,
@@ -420,7 +422,7 @@ mod tests {
             &st,
             &Metadata::default(),
             &sample(3000, vec![proc(100, 1000, 50)]),
-            "ok",
+            &SourceStatus::Ok,
             &c1,
             Duration::from_secs(3),
             false,
@@ -437,7 +439,7 @@ mod tests {
             &st,
             &Metadata::default(),
             &sample(4000, vec![]),
-            "ok",
+            &SourceStatus::Ok,
             &c2,
             Duration::from_secs(3),
             false,
@@ -448,7 +450,7 @@ mod tests {
             &st,
             &Metadata::default(),
             &sample(100_000, vec![proc(100, 1000, 100)]),
-            "ok",
+            &SourceStatus::Ok,
             &c3,
             Duration::from_secs(3),
             false,
@@ -469,7 +471,7 @@ mod tests {
             &st,
             &Metadata::default(),
             &sample(1000, vec![proc(100, 42, 0)]),
-            "ok",
+            &SourceStatus::Ok,
             &Counters::default(),
             Duration::from_secs(3),
             true,
@@ -488,7 +490,7 @@ mod tests {
             &st,
             &Metadata::default(),
             &sample(1000, vec![p, proc(101, 20, 0)]),
-            "ok",
+            &SourceStatus::Ok,
             &Counters::default(),
             Duration::from_secs(3),
             false,
@@ -541,14 +543,14 @@ mod tests {
         sample.devices.push(DeviceSample {
             index: 1,
             uuid: "GPU-2".into(),
-            status: "ok".into(),
+            status: DeviceStatus::Ok,
             ..Default::default()
         });
         let (snap, _) = join(
             &st,
             &md,
             &sample,
-            "ok",
+            &SourceStatus::Ok,
             &Counters::default(),
             Duration::from_secs(3),
             false,

@@ -6,6 +6,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use gpu_model::{ExportTarget, SourceStatus, TrackingMode};
 use tokio::{io::unix::AsyncFd, net::TcpListener, signal::unix::SignalKind};
 
 use crate::{
@@ -79,7 +80,8 @@ async fn run_with(
     prep_error: Option<String>,
     embedded: Option<Embedded>,
 ) -> Result<()> {
-    let stats = Arc::new(Stats::default());
+    let started_ms = now_ms();
+    let stats = Arc::new(Stats::new(started_ms));
     let ready = Arc::new(AtomicBool::new(false));
     let procfs = Procfs::new(&config.cgroup.proc_root);
     let hierarchies = Hierarchies::detect(procfs.root(), &config.cgroup.v1_hierarchy);
@@ -108,12 +110,12 @@ async fn run_with(
             stats
                 .ebpf_load_ms
                 .store(s.load_time.as_millis() as u64, Ordering::Relaxed);
-            stats.set_mode("ebpf", None);
+            stats.set_mode(TrackingMode::Ebpf, None);
             Some(s)
         }
         Err(reason) => {
             tracing::warn!(%reason, "eBPF unavailable: running in /proc mode (degraded: rescans /proc)");
-            stats.set_mode("procfs", Some(reason));
+            stats.set_mode(TrackingMode::Procfs, Some(reason));
             None
         }
     };
@@ -126,11 +128,14 @@ async fn run_with(
     );
 
     let snapshot = Arc::new(RwLock::new(Arc::new(Snapshot {
-        nvml: "unavailable: not sampled yet".into(),
+        nvml: if config.nvml.enabled {
+            SourceStatus::default()
+        } else {
+            SourceStatus::Disabled
+        },
         ..Default::default()
     })));
     let node = node_identity(&config);
-    let started_ms = now_ms();
     let prometheus = config.prometheus.enabled.then(|| {
         Arc::new(otel::prometheus::PromOptions {
             node: node.clone(),
@@ -144,7 +149,6 @@ async fn run_with(
         ready: ready.clone(),
         snapshot: snapshot.clone(),
         prometheus,
-        started_ms,
     });
     let server = if embedded.is_none() {
         let listener = TcpListener::bind(config.http.addr)
@@ -171,9 +175,9 @@ async fn run_with(
         }
         None => None,
     };
-    let st = stats.view();
+    let st = stats.report(&snapshot.read().unwrap().nvml);
     tracing::info!(
-        mode = st.mode,
+        mode = %st.mode,
         processes = st.cached_processes,
         cgroups = st.cgroups_known,
         walk_ms = st.startup_walk_ms,
@@ -195,7 +199,6 @@ async fn run_with(
     if config.nvml.enabled {
         spawn_nvml_thread(config.nvml.clone(), gpu_tx, stats.clone())?;
     } else {
-        *stats.nvml.write().unwrap() = "disabled".into();
         drop(gpu_tx);
     }
     let max_gap = Duration::from_millis(config.nvml.interval_ms * 3);
@@ -223,7 +226,7 @@ async fn run_with(
     } else {
         match config.otlp.resolve(|k| std::env::var(k).ok()) {
             Ok(Some(settings)) => {
-                *stats.otlp.write().unwrap() = settings.url.clone();
+                *stats.otlp.write().unwrap() = ExportTarget::Url(settings.url.clone());
                 let ctx = otel::otlp::ExportContext {
                     node: node.clone(),
                     service_name: settings.service_name.clone(),
@@ -239,12 +242,11 @@ async fn run_with(
                     ctx,
                     snapshot.clone(),
                     stats.clone(),
-                    started_ms,
                     stop_rx,
                 )))
             }
             Ok(None) => {
-                *stats.otlp.write().unwrap() = "disabled".into();
+                *stats.otlp.write().unwrap() = ExportTarget::Disabled;
                 tracing::info!("no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT or [otlp] endpoint): not pushing");
                 None
             }
@@ -276,7 +278,6 @@ async fn run_with(
             _ = gc.tick() => tracker.gc(),
             Some((sample, status)) = gpu_rx.recv() => {
                 let sample: Option<GpuSample> = sample;
-                *stats.nvml.write().unwrap() = status.clone();
                 let cpu0 = thread_cpu_ns();
                 let snap = match sample {
                     Some(s) => {
@@ -318,7 +319,7 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-type GpuMessage = (Option<GpuSample>, String);
+type GpuMessage = (Option<GpuSample>, SourceStatus);
 
 fn spawn_nvml_thread(
     cfg: NvmlConfig,
@@ -338,7 +339,7 @@ fn spawn_nvml_thread(
                     .nvml_sample_cpu_ns
                     .fetch_add(thread_cpu_ns() - cpu0, Ordering::Relaxed);
                 if tx
-                    .blocking_send((sample, sampler.status().to_string()))
+                    .blocking_send((sample, sampler.status().clone()))
                     .is_err()
                 {
                     return; // the agent is shutting down
@@ -377,7 +378,6 @@ async fn run_exporter(
     ctx: otel::otlp::ExportContext,
     snapshot: Arc<RwLock<Arc<Snapshot>>>,
     stats: Arc<Stats>,
-    started_ms: u64,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let interval = ex.settings().interval;
@@ -388,13 +388,13 @@ async fn run_exporter(
         tokio::select! {
             _ = tick.tick() => {
                 let snap = snapshot.read().unwrap().clone();
-                let st = stats.agent_stats(started_ms);
+                let st = stats.report(&snap.nvml);
                 let now = now_ms();
                 ex.export(|| otel::otlp::build_request(&snap, &st, &ctx, now)).await;
             }
             _ = stop.changed() => {
                 let snap = snapshot.read().unwrap().clone();
-                let st = stats.agent_stats(started_ms);
+                let st = stats.report(&snap.nvml);
                 ex.enqueue(otel::otlp::build_request(&snap, &st, &ctx, now_ms()));
                 match tokio::time::timeout(timeout, ex.flush(true)).await {
                     Ok(true) => tracing::info!("final OTLP export sent"),

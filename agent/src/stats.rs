@@ -1,12 +1,15 @@
-//! The agent's own counters, served at /debug/stats.
-use std::sync::{
-    atomic::{AtomicU64, Ordering::Relaxed},
-    RwLock,
+//! The agent's own counters. Each is written by the part of the agent that owns what it
+//! counts; `report` reads them all into the one stats type (`gpu_model::AgentStats`) that
+//! `/debug/stats` serves, `gpu-agent top` shows and the sinks export.
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc, RwLock,
+    },
 };
 
-use serde::Serialize;
-
-use crate::ebpf::ProgramStats;
+use gpu_model::{AgentStats, ExportTarget, ProgramStats, SourceStatus, TrackingMode};
 
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -31,114 +34,61 @@ pub struct Stats {
     pub join_cpu_ns: AtomicU64,
     pub gpu_processes: AtomicU64,
     pub gpu_processes_unresolved: AtomicU64,
-    pub nvml: RwLock<String>,
-    pub export: std::sync::Arc<otel::export::ExportCounters>,
-    /// "disabled" or the OTLP URL pushed to.
-    pub otlp: RwLock<String>,
-    /// Metadata sources' health: "cri", "pod_resources", "docker" -> "ok" | "unavailable: ...".
-    pub metadata: std::sync::Arc<RwLock<std::collections::BTreeMap<String, String>>>,
-    pub mode: RwLock<Mode>,
+    pub export: Arc<otel::export::ExportCounters>,
+    pub otlp: RwLock<ExportTarget>,
+    /// Written by the metadata source, the one owner of its sockets' health.
+    pub metadata: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
+    mode: RwLock<(TrackingMode, Option<String>)>,
     pub programs: RwLock<Vec<ProgramStats>>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct Mode {
-    /// "ebpf" or "procfs" ("starting" before either).
-    pub mode: &'static str,
-    /// Why the agent is in /proc mode.
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct StatsView {
-    pub mode: &'static str,
-    pub degraded_reason: Option<String>,
-    pub events_received: u64,
-    pub events_lost: u64,
-    pub resyncs: u64,
-    pub procfs_fallback_lookups: u64,
-    pub procfs_rescans: u64,
-    pub cgroup_walks: u64,
-    pub kernel_map_full: u64,
-    pub kernel_read_errors: u64,
-    pub cached_processes: u64,
-    pub tombstones: u64,
-    pub cgroups_known: u64,
-    pub startup_walk_ms: u64,
-    pub ebpf_load_ms: u64,
-    /// "ok", "disabled" or "unavailable: <reason>".
-    pub nvml: String,
-    pub nvml_samples: u64,
-    pub nvml_sample_cpu_ns: u64,
-    pub join_cpu_ns: u64,
-    pub gpu_processes: u64,
-    /// GPU processes neither the cache nor /proc could place (charged to the host entry).
-    pub gpu_processes_unresolved: u64,
-    pub otlp: String,
-    pub metadata: std::collections::BTreeMap<String, String>,
-    pub export_sent: u64,
-    pub export_failures: u64,
-    pub export_dropped_batches: u64,
-    pub export_queued_bytes: u64,
-    pub programs: Vec<ProgramStats>,
+    /// Unix ms when the agent started.
+    pub started_ms: AtomicU64,
 }
 
 impl Stats {
-    pub fn set_mode(&self, mode: &'static str, reason: Option<String>) {
-        *self.mode.write().unwrap() = Mode { mode, reason };
+    pub fn new(started_ms: u64) -> Stats {
+        let s = Stats::default();
+        s.started_ms.store(started_ms, Relaxed);
+        s
     }
 
-    /// The self-metrics the sinks export.
-    pub fn agent_stats(&self, started_ms: u64) -> gpu_model::AgentStats {
-        let v = self.view();
-        gpu_model::AgentStats {
-            started_ms,
-            mode: v.mode.to_string(),
-            events_received: v.events_received,
-            events_lost: v.events_lost,
-            resyncs: v.resyncs,
-            procfs_fallback_lookups: v.procfs_fallback_lookups,
-            cached_processes: v.cached_processes,
-            nvml: v.nvml,
-            export_failures: self.export.failures.load(Relaxed),
-            export_dropped_batches: self.export.dropped_batches.load(Relaxed),
-        }
+    /// The tracking mode, and why the agent is degraded (in /proc mode) if it is.
+    pub fn set_mode(&self, mode: TrackingMode, reason: Option<String>) {
+        *self.mode.write().unwrap() = (mode, reason);
     }
 
-    pub fn view(&self) -> StatsView {
-        let mode = self.mode.read().unwrap().clone();
-        StatsView {
-            mode: if mode.mode.is_empty() {
-                "starting"
-            } else {
-                mode.mode
-            },
-            degraded_reason: mode.reason,
-            events_received: self.events_received.load(Relaxed),
-            events_lost: self.events_lost.load(Relaxed),
-            resyncs: self.resyncs.load(Relaxed),
-            procfs_fallback_lookups: self.procfs_fallback_lookups.load(Relaxed),
-            procfs_rescans: self.procfs_rescans.load(Relaxed),
-            cgroup_walks: self.cgroup_walks.load(Relaxed),
-            kernel_map_full: self.kernel_map_full.load(Relaxed),
-            kernel_read_errors: self.kernel_read_errors.load(Relaxed),
-            cached_processes: self.cached_processes.load(Relaxed),
-            tombstones: self.tombstones.load(Relaxed),
-            cgroups_known: self.cgroups_known.load(Relaxed),
-            startup_walk_ms: self.startup_walk_ms.load(Relaxed),
-            ebpf_load_ms: self.ebpf_load_ms.load(Relaxed),
-            nvml: self.nvml.read().unwrap().clone(),
-            nvml_samples: self.nvml_samples.load(Relaxed),
-            nvml_sample_cpu_ns: self.nvml_sample_cpu_ns.load(Relaxed),
-            join_cpu_ns: self.join_cpu_ns.load(Relaxed),
-            gpu_processes: self.gpu_processes.load(Relaxed),
-            gpu_processes_unresolved: self.gpu_processes_unresolved.load(Relaxed),
+    /// Everything, with NVML's health as the latest snapshot carries it (its one owner).
+    pub fn report(&self, nvml: &SourceStatus) -> AgentStats {
+        let (mode, degraded_reason) = self.mode.read().unwrap().clone();
+        let n = |c: &AtomicU64| c.load(Relaxed);
+        AgentStats {
+            started_ms: n(&self.started_ms),
+            mode,
+            degraded_reason,
+            events_received: n(&self.events_received),
+            events_lost: n(&self.events_lost),
+            resyncs: n(&self.resyncs),
+            procfs_fallback_lookups: n(&self.procfs_fallback_lookups),
+            procfs_rescans: n(&self.procfs_rescans),
+            cgroup_walks: n(&self.cgroup_walks),
+            kernel_map_full: n(&self.kernel_map_full),
+            kernel_read_errors: n(&self.kernel_read_errors),
+            cached_processes: n(&self.cached_processes),
+            tombstones: n(&self.tombstones),
+            cgroups_known: n(&self.cgroups_known),
+            startup_walk_ms: n(&self.startup_walk_ms),
+            ebpf_load_ms: n(&self.ebpf_load_ms),
+            nvml: nvml.clone(),
+            nvml_samples: n(&self.nvml_samples),
+            nvml_sample_cpu_ns: n(&self.nvml_sample_cpu_ns),
+            join_cpu_ns: n(&self.join_cpu_ns),
+            gpu_processes: n(&self.gpu_processes),
+            gpu_processes_unresolved: n(&self.gpu_processes_unresolved),
             otlp: self.otlp.read().unwrap().clone(),
             metadata: self.metadata.read().unwrap().clone(),
-            export_sent: self.export.sent.load(Relaxed),
-            export_failures: self.export.failures.load(Relaxed),
-            export_dropped_batches: self.export.dropped_batches.load(Relaxed),
-            export_queued_bytes: self.export.queued_bytes.load(Relaxed),
+            export_sent: n(&self.export.sent),
+            export_failures: n(&self.export.failures),
+            export_dropped_batches: n(&self.export.dropped_batches),
+            export_queued_bytes: n(&self.export.queued_bytes),
             programs: self.programs.read().unwrap().clone(),
         }
     }

@@ -26,9 +26,9 @@ use ratatui::{backend::CrosstermBackend, widgets::TableState, Terminal};
 use crate::{
     config::Config,
     run::{self, Handles},
-    stats::Stats,
 };
-use view::{Action, App, Sources};
+use gpu_model::SourceStatus;
+use view::{Action, App};
 
 /// How long `--once` waits for the first GPU sample (or NVML saying it is unavailable).
 const FIRST_SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -127,26 +127,11 @@ pub fn main(config: Config, prep_error: Option<String>, opts: Options) -> ExitCo
     code
 }
 
-fn sources(stats: &Stats) -> Sources {
-    let mode = stats.mode.read().unwrap().clone();
-    Sources {
-        nvml: stats.nvml.read().unwrap().clone(),
-        mode: if mode.mode.is_empty() {
-            "starting".into()
-        } else {
-            mode.mode.into()
-        },
-        degraded_reason: mode.reason,
-        cached_processes: stats.cached_processes.load(Ordering::Relaxed),
-        metadata: stats.metadata.read().unwrap().clone(),
-    }
-}
-
 fn once(handles: &Handles, thread: &JoinHandle<()>, host: &str) -> ExitCode {
     let deadline = Instant::now() + FIRST_SAMPLE_TIMEOUT;
     loop {
         let sampled = handles.snapshot.read().unwrap().taken_at_ms != 0;
-        let disabled = *handles.stats.nvml.read().unwrap() == "disabled";
+        let disabled = handles.snapshot.read().unwrap().nvml == SourceStatus::Disabled;
         if sampled || disabled || thread.is_finished() || Instant::now() >= deadline {
             break;
         }
@@ -154,7 +139,7 @@ fn once(handles: &Handles, thread: &JoinHandle<()>, host: &str) -> ExitCode {
     }
     let snap = handles.snapshot.read().unwrap().clone();
     let mut app = App::expanding_all();
-    let model = app.model(&snap, &sources(&handles.stats), host, false);
+    let model = app.model(&snap, &handles.stats.report(&snap.nvml), host, false);
     let width = if io::stdout().is_terminal() {
         terminal::size().map_or(PLAIN_WIDTH, |(w, _)| w)
     } else {
@@ -182,7 +167,7 @@ fn live(
             return Ok(false);
         }
         let snap = handles.snapshot.read().unwrap().clone();
-        let model = app.model(&snap, &sources(&handles.stats), host, true);
+        let model = app.model(&snap, &handles.stats.report(&snap.nvml), host, true);
         tui.terminal
             .draw(|f| ui::render(&model, f.area(), f.buffer_mut(), &mut table))?;
         // One event per frame, so that each key acts on the order it was pressed over.

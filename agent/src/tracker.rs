@@ -354,7 +354,7 @@ impl Tracker {
         &mut self,
         metadata: &crate::metadata::Metadata,
         sample: &GpuSample,
-        nvml_status: &str,
+        nvml_status: &gpu_model::SourceStatus,
         max_gap: Duration,
         process_detail: bool,
     ) -> Snapshot {

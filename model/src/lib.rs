@@ -1,6 +1,8 @@
 //! The data the agent produces and every sink reads: GPU samples and the joined snapshot.
 //! Plain values, no behaviour that reaches back into sources.
-use serde::Serialize;
+use std::{collections::BTreeMap, fmt};
+
+use serde::{Serialize, Serializer};
 
 /// One collection cycle over every device.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -17,8 +19,7 @@ pub struct DeviceSample {
     pub uuid: String,
     pub name: String,
     pub pci_bus_id: Option<String>,
-    /// "ok", "lost" (fell off the bus: skipped until it answers again) or "error: ...".
-    pub status: String,
+    pub status: DeviceStatus,
     pub memory_total_bytes: Option<u64>,
     pub memory_used_bytes: Option<u64>,
     /// Percent of time a kernel ran over the last sample period.
@@ -76,8 +77,8 @@ impl ProcessSample {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Snapshot {
     pub taken_at_ms: u64,
-    /// "ok" or "unavailable: <reason>".
-    pub nvml: String,
+    /// NVML's health when the snapshot was taken: its one owner is the NVML sampler.
+    pub nvml: SourceStatus,
     pub driver_version: Option<String>,
     /// Devices without their process lists (those are joined into `containers`).
     pub devices: Vec<DeviceSample>,
@@ -159,20 +160,197 @@ pub struct ProcessUsage {
     pub exited: bool,
 }
 
-/// The agent's own health, for self-metrics. Counters are cumulative since start.
+/// The agent's own health: served as JSON at `/debug/stats`, read by `gpu-agent top` and
+/// turned into self-metrics by every sink. Counters are cumulative since start.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct AgentStats {
     /// Unix ms when the agent started: start time of its cumulative series.
     pub started_ms: u64,
-    /// "ebpf" or "procfs".
-    pub mode: String,
+    pub mode: TrackingMode,
+    /// Why the agent is in /proc mode.
+    pub degraded_reason: Option<String>,
     pub events_received: u64,
+    /// Notifications the kernel could not put in the ring buffer (its own count).
     pub events_lost: u64,
     pub resyncs: u64,
     pub procfs_fallback_lookups: u64,
+    pub procfs_rescans: u64,
+    pub cgroup_walks: u64,
+    pub kernel_map_full: u64,
+    pub kernel_read_errors: u64,
     pub cached_processes: u64,
-    /// "ok", "disabled" or "unavailable: <reason>".
-    pub nvml: String,
+    pub tombstones: u64,
+    pub cgroups_known: u64,
+    pub startup_walk_ms: u64,
+    pub ebpf_load_ms: u64,
+    pub nvml: SourceStatus,
+    pub nvml_samples: u64,
+    /// CPU time (thread clock) of the NVML sampling thread, NVML's own calls included.
+    pub nvml_sample_cpu_ns: u64,
+    /// CPU time of joining samples and publishing snapshots.
+    pub join_cpu_ns: u64,
+    pub gpu_processes: u64,
+    /// GPU processes neither the cache nor /proc could place (charged to the host entry).
+    pub gpu_processes_unresolved: u64,
+    /// Where OTLP is pushed.
+    pub otlp: ExportTarget,
+    /// Each metadata source's health: "cri", "pod_resources", "docker".
+    pub metadata: BTreeMap<String, SourceStatus>,
+    pub export_sent: u64,
     pub export_failures: u64,
     pub export_dropped_batches: u64,
+    pub export_queued_bytes: u64,
+    /// Per-program kernel statistics, when `ebpf.program_stats` is on.
+    pub programs: Vec<ProgramStats>,
+}
+
+/// One eBPF program's run count and run time, from the kernel.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+/// A source's health. Serialized as today's strings: `ok`, `disabled`,
+/// `unavailable: <reason>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceStatus {
+    Ok,
+    /// Switched off by configuration.
+    Disabled,
+    Unavailable(String),
+}
+
+impl SourceStatus {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, SourceStatus::Ok)
+    }
+
+    /// Why it is unavailable, if it is.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            SourceStatus::Unavailable(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl Default for SourceStatus {
+    fn default() -> Self {
+        SourceStatus::Unavailable("not sampled yet".into())
+    }
+}
+
+impl fmt::Display for SourceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SourceStatus::Ok => f.write_str("ok"),
+            SourceStatus::Disabled => f.write_str("disabled"),
+            SourceStatus::Unavailable(r) => write!(f, "unavailable: {r}"),
+        }
+    }
+}
+
+/// A GPU's state: serialized as `ok`, `lost` (fell off the bus: skipped until it answers
+/// again) or `error: <reason>` (no handle).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum DeviceStatus {
+    #[default]
+    Ok,
+    Lost,
+    Error(String),
+}
+
+impl DeviceStatus {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, DeviceStatus::Ok)
+    }
+}
+
+impl fmt::Display for DeviceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceStatus::Ok => f.write_str("ok"),
+            DeviceStatus::Lost => f.write_str("lost"),
+            DeviceStatus::Error(e) => write!(f, "error: {e}"),
+        }
+    }
+}
+
+/// How processes are tracked: serialized as `starting`, `ebpf` or `procfs`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TrackingMode {
+    #[default]
+    Starting,
+    Ebpf,
+    Procfs,
+}
+
+impl TrackingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrackingMode::Starting => "starting",
+            TrackingMode::Ebpf => "ebpf",
+            TrackingMode::Procfs => "procfs",
+        }
+    }
+}
+
+impl fmt::Display for TrackingMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where OTLP goes: serialized as `disabled` or the URL (without credentials).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ExportTarget {
+    #[default]
+    Disabled,
+    Url(String),
+}
+
+impl fmt::Display for ExportTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExportTarget::Disabled => f.write_str("disabled"),
+            ExportTarget::Url(u) => f.write_str(u),
+        }
+    }
+}
+
+/// The statuses travel as the strings the endpoints have always shown.
+macro_rules! serialize_as_display {
+    ($($t:ty),*) => {$(
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    )*};
+}
+serialize_as_display!(SourceStatus, DeviceStatus, TrackingMode, ExportTarget);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json<T: Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap()
+    }
+
+    #[test]
+    fn statuses_serialize_to_the_strings_the_endpoints_show() {
+        assert_eq!(json(&SourceStatus::Ok), "\"ok\"");
+        assert_eq!(json(&SourceStatus::Disabled), "\"disabled\"");
+        assert_eq!(
+            json(&SourceStatus::Unavailable("Driver Not Loaded".into())),
+            "\"unavailable: Driver Not Loaded\""
+        );
+        assert_eq!(json(&DeviceStatus::Lost), "\"lost\"");
+        assert_eq!(json(&DeviceStatus::Error("x".into())), "\"error: x\"");
+        assert_eq!(json(&TrackingMode::Procfs), "\"procfs\"");
+        assert_eq!(json(&ExportTarget::Disabled), "\"disabled\"");
+    }
 }

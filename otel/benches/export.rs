@@ -5,13 +5,15 @@ use prost::Message;
 
 /// A synthetic snapshot: `n` containers, each using all `gpus` GPUs.
 fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
-    use gpu_model::{ContainerGpu, ContainerUsage, DeviceSample, Snapshot};
+    use gpu_model::{
+        ContainerGpu, ContainerUsage, DeviceSample, DeviceStatus, Snapshot, SourceStatus,
+    };
     let devices = (0..gpus)
         .map(|i| DeviceSample {
             index: i,
             uuid: format!("GPU-{:08x}-0000-0000-0000-000000000000", i),
             name: "NVIDIA H100 80GB HBM3".into(),
-            status: "ok".into(),
+            status: DeviceStatus::Ok,
             memory_total_bytes: Some(85520809984),
             memory_used_bytes: Some(1 << 34),
             utilization_gpu: Some(50),
@@ -56,7 +58,7 @@ fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
         .collect();
     Snapshot {
         taken_at_ms: 1_700_000_000_000,
-        nvml: "ok".into(),
+        nvml: SourceStatus::Ok,
         devices,
         containers,
         ..Default::default()

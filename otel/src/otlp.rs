@@ -203,7 +203,7 @@ fn with(mut base: Vec<KeyValue>, extra: KeyValue) -> Vec<KeyValue> {
 fn device_metrics(m: &mut Metrics, snap: &Snapshot, start_ns: u64, t: u64) {
     for d in &snap.devices {
         let a = device_attributes(d);
-        let failed = d.status != "ok";
+        let failed = !d.status.is_ok();
         for (state, v) in [("ok", !failed), ("failed", failed)] {
             m.point(
                 "hw.status",
@@ -562,7 +562,7 @@ fn self_metrics(m: &mut Metrics, s: &AgentStats, start_ns: u64, t: u64) {
         "1",
         "1 when NVML answers",
         Kind::Gauge,
-        (s.nvml == "ok") as u8 as f64,
+        s.nvml.is_ok() as u8 as f64,
         vec![],
         start_ns,
         t,
@@ -573,7 +573,7 @@ fn self_metrics(m: &mut Metrics, s: &AgentStats, start_ns: u64, t: u64) {
         "Process tracking mode (1 for the current one)",
         Kind::Gauge,
         1.0,
-        vec![kv("mode", s.mode.clone())],
+        vec![kv("mode", s.mode.as_str())],
         start_ns,
         t,
     );
@@ -645,7 +645,7 @@ pub fn build_request(
 
 #[cfg(test)]
 mod tests {
-    use gpu_model::{ContainerGpu, ContainerUsage, DeviceSample};
+    use gpu_model::{ContainerGpu, ContainerUsage, DeviceSample, DeviceStatus};
 
     use super::*;
 
@@ -655,7 +655,7 @@ mod tests {
             devices: vec![DeviceSample {
                 uuid: "GPU-a".into(),
                 name: "H100".into(),
-                status: "ok".into(),
+                status: DeviceStatus::Ok,
                 memory_used_bytes: Some(7),
                 ..Default::default()
             }],

@@ -261,7 +261,7 @@ fn devices(out: &mut Out, snap: &Snapshot, node: &str) {
             d.ecc_uncorrected.map(|v| v as f64),
         );
         // "lost" and "error: ..." (no handle) both mean the device cannot be used.
-        let ok = d.status == "ok";
+        let ok = d.status.is_ok();
         out.add(
             "hw_status",
             with(&l, &[("hw_state", "ok")]),
@@ -420,8 +420,8 @@ fn self_metrics(out: &mut Out, st: &AgentStats) {
     for (name, v) in counters {
         out.add(name, vec![], v as f64);
     }
-    out.add("gpu_agent_mode", vec![("mode", st.mode.clone())], 1.0);
-    out.add("gpu_agent_nvml_up", vec![], (st.nvml == "ok") as u8 as f64);
+    out.add("gpu_agent_mode", vec![("mode", st.mode.to_string())], 1.0);
+    out.add("gpu_agent_nvml_up", vec![], st.nvml.is_ok() as u8 as f64);
     out.add(
         "gpu_agent_info",
         vec![("version", env!("CARGO_PKG_VERSION").to_string())],
@@ -535,7 +535,9 @@ fn dcgm(out: &mut Out, snap: &Snapshot, node: &str, groups: &Groups) {
 
 #[cfg(test)]
 mod tests {
-    use gpu_model::{ContainerGpu, MigSample, ProcessUsage};
+    use gpu_model::{
+        ContainerGpu, DeviceStatus, MigSample, ProcessUsage, SourceStatus, TrackingMode,
+    };
 
     use super::*;
 
@@ -549,7 +551,7 @@ mod tests {
             uuid: uuid.into(),
             name: name.into(),
             pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + index)),
-            status: "ok".into(),
+            status: DeviceStatus::Ok,
             ..Default::default()
         }
     }
@@ -597,10 +599,10 @@ mod tests {
             memory_used_bytes: Some(5 * GIB),
         }];
         let mut lost = gpu(2, "GPU-d", "NVIDIA H100 80GB HBM3");
-        lost.status = "lost".into();
+        lost.status = DeviceStatus::Lost;
         Snapshot {
             taken_at_ms: 1,
-            nvml: "ok".into(),
+            nvml: SourceStatus::Ok,
             driver_version: Some("580.159.04".into()),
             devices: vec![a, b, lost],
             containers: vec![
@@ -649,15 +651,14 @@ mod tests {
     fn stats() -> AgentStats {
         AgentStats {
             started_ms: 1,
-            mode: "ebpf".into(),
+            mode: TrackingMode::Ebpf,
             events_received: 1234,
             events_lost: 0,
             resyncs: 1,
             procfs_fallback_lookups: 3,
             cached_processes: 250,
-            nvml: "ok".into(),
-            export_failures: 0,
-            export_dropped_batches: 0,
+            nvml: SourceStatus::Ok,
+            ..Default::default()
         }
     }
 
@@ -848,7 +849,7 @@ mod tests {
             ),
         );
         let down = AgentStats {
-            nvml: "unavailable: the NVIDIA driver is not loaded".into(),
+            nvml: SourceStatus::Unavailable("the NVIDIA driver is not loaded".into()),
             ..stats()
         };
         has(
@@ -1054,7 +1055,7 @@ mod drop_tests {
                 uuid: "GPU-a".into(),
                 name: "H100".into(),
                 pci_bus_id: Some("0000:01:00.0".into()),
-                status: "ok".into(),
+                status: gpu_model::DeviceStatus::Ok,
                 memory_used_bytes: Some(5),
                 ..Default::default()
             }],

@@ -49,12 +49,7 @@ pub struct KernelCounters {
     pub read_errors: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct ProgramStats {
-    pub name: String,
-    pub run_count: u64,
-    pub run_time_ns: u64,
-}
+pub use gpu_model::ProgramStats;
 
 impl EbpfSource {
     /// Loads and attaches everything; any failure is a reason to run in /proc mode.

@@ -15,6 +15,8 @@ use nvml_wrapper::{
     Device, Nvml,
 };
 
+use gpu_model::{DeviceStatus, SourceStatus};
+
 use super::{DeviceSample, GpuSample, MigSample, ProcessSample};
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -23,7 +25,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 pub struct NvmlSampler {
     lib_path: Option<PathBuf>,
     nvml: Option<Nvml>,
-    status: String,
+    status: SourceStatus,
     next_init: Instant,
     backoff: Duration,
     /// Per device uuid: the newest process-utilization timestamp seen (NVML's µs clock).
@@ -57,7 +59,7 @@ impl NvmlSampler {
         NvmlSampler {
             lib_path,
             nvml: None,
-            status: "unavailable: not initialised yet".into(),
+            status: SourceStatus::Unavailable("not initialised yet".into()),
             next_init: Instant::now(),
             backoff: BACKOFF_MIN,
             last_seen: HashMap::new(),
@@ -65,8 +67,7 @@ impl NvmlSampler {
         }
     }
 
-    /// "ok" or "unavailable: <reason>".
-    pub fn status(&self) -> &str {
+    pub fn status(&self) -> &SourceStatus {
         &self.status
     }
 
@@ -85,16 +86,16 @@ impl NvmlSampler {
             Ok(nvml) => {
                 tracing::info!(lib = ?self.lib_path, "NVML initialised");
                 self.nvml = Some(nvml);
-                self.status = "ok".into();
+                self.status = SourceStatus::Ok;
                 self.backoff = BACKOFF_MIN;
                 true
             }
             Err(e) => {
                 let reason = describe_init_error(&e, self.lib_path.as_ref());
-                if self.status != format!("unavailable: {reason}") {
+                if self.status.reason() != Some(reason.as_str()) {
                     tracing::warn!(%reason, retry_in = ?self.backoff, "NVML unavailable; GPU metrics paused");
                 }
-                self.status = format!("unavailable: {reason}");
+                self.status = SourceStatus::Unavailable(reason);
                 self.next_init = Instant::now() + self.backoff;
                 self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
                 false
@@ -112,7 +113,7 @@ impl NvmlSampler {
             Ok(c) => c,
             Err(e) => {
                 // The driver went away under us: start over, with backoff.
-                self.status = format!("unavailable: {e}");
+                self.status = SourceStatus::Unavailable(e.to_string());
                 tracing::warn!("NVML device count failed: {e}; reinitialising");
                 self.nvml = None;
                 self.next_init = Instant::now() + self.backoff;
@@ -127,9 +128,9 @@ impl NvmlSampler {
                 Err(e) => DeviceSample {
                     index,
                     status: if matches!(e, NvmlError::GpuLost) {
-                        "lost".into()
+                        DeviceStatus::Lost
                     } else {
-                        format!("error: {e}")
+                        DeviceStatus::Error(e.to_string())
                     },
                     ..Default::default()
                 },
@@ -177,7 +178,7 @@ fn sample_device(
 ) -> DeviceSample {
     let mut d = DeviceSample {
         index,
-        status: "ok".into(),
+        status: DeviceStatus::Ok,
         ..Default::default()
     };
     let mut lost = false;
@@ -296,7 +297,7 @@ fn sample_device(
     d.processes = procs;
     d.unsupported.dedup();
     if lost {
-        d.status = "lost".into();
+        d.status = DeviceStatus::Lost;
         d.processes.clear();
     }
     d

@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gpu_model::SourceStatus;
 use serde::Serialize;
 
 /// What the runtime says about one container.
@@ -141,10 +142,10 @@ impl Health {
         self.next_try.is_none_or(|t| Instant::now() >= t)
     }
 
-    fn status(&self) -> String {
+    fn status(&self) -> SourceStatus {
         match &self.failing {
-            None => "ok".into(),
-            Some(e) => format!("unavailable: {e}"),
+            None => SourceStatus::Ok,
+            Some(e) => SourceStatus::Unavailable(e.clone()),
         }
     }
 }
@@ -162,13 +163,13 @@ pub struct MetadataSource {
     /// did not know them: retried on the timer, given up after a few.
     pending: Vec<(String, u32)>,
     /// Each source's health ("cri", "pod_resources", "docker"), shown in /debug/stats.
-    status: Arc<RwLock<BTreeMap<String, String>>>,
+    status: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
 }
 
 impl MetadataSource {
     pub fn new(
         cfg: MetadataConfig,
-        status: Arc<RwLock<BTreeMap<String, String>>>,
+        status: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
     ) -> MetadataSource {
         MetadataSource {
             cfg,

@@ -344,22 +344,22 @@ pub fn plain(model: &Model, width: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::view::{tests::snapshot, App, Sources};
+    use crate::top::view::{tests::snapshot, App};
+    use gpu_model::{AgentStats, SourceStatus, TrackingMode};
 
-    fn sources(nvml: &str) -> Sources {
-        Sources {
-            nvml: nvml.into(),
-            mode: "ebpf".into(),
-            degraded_reason: None,
+    fn sources(nvml: SourceStatus) -> AgentStats {
+        AgentStats {
+            nvml,
+            mode: TrackingMode::Ebpf,
             cached_processes: 42,
-            metadata: Default::default(),
+            ..Default::default()
         }
     }
 
     #[test]
     fn the_plain_frame_shows_gpus_containers_and_processes_without_escapes() {
         let mut app = App::expanding_all();
-        let model = app.model(&snapshot(), &sources("ok"), "node-1", false);
+        let model = app.model(&snapshot(), &sources(SourceStatus::Ok), "node-1", false);
         let text = plain(&model, 120);
         assert!(!text.contains('\x1b'), "{text}");
         assert!(
@@ -385,7 +385,7 @@ mod tests {
     #[test]
     fn the_live_frame_marks_the_selection_and_lists_the_keys() {
         let mut app = App::default();
-        let model = app.model(&snapshot(), &sources("ok"), "node-1", true);
+        let model = app.model(&snapshot(), &sources(SourceStatus::Ok), "node-1", true);
         let area = Rect::new(0, 0, 120, 30);
         let mut buf = Buffer::empty(area);
         render(&model, area, &mut buf, &mut TableState::default());
@@ -402,13 +402,13 @@ mod tests {
     fn a_missing_driver_is_said_above_the_tables() {
         let snap = gpu_model::Snapshot {
             taken_at_ms: 1,
-            nvml: "unavailable: Driver Not Loaded".into(),
+            nvml: SourceStatus::Unavailable("Driver Not Loaded".into()),
             ..Default::default()
         };
         let mut app = App::default();
         let model = app.model(
             &snap,
-            &sources("unavailable: Driver Not Loaded"),
+            &sources(SourceStatus::Unavailable("Driver Not Loaded".into())),
             "n",
             false,
         );
@@ -424,7 +424,7 @@ mod tests {
     #[test]
     fn a_narrow_terminal_still_draws() {
         let mut app = App::default();
-        let model = app.model(&snapshot(), &sources("ok"), "n", true);
+        let model = app.model(&snapshot(), &sources(SourceStatus::Ok), "n", true);
         for (w, h) in [(40, 10), (1, 1), (200, 60)] {
             let area = Rect::new(0, 0, w, h);
             let mut buf = Buffer::empty(area);

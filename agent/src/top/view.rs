@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use gpu_model::{DeviceSample, Snapshot};
+use gpu_model::{AgentStats, DeviceSample, Snapshot, SourceStatus, TrackingMode};
 
 /// Hex digits of a container id shown when its name is unknown (as `docker ps` does).
 pub const SHORT_ID_LEN: usize = 12;
@@ -99,19 +99,6 @@ pub struct DeviceRow {
     pub power: String,
     pub temperature: String,
     pub ok: bool,
-}
-
-/// What the sources say about themselves (from /debug/stats' counters).
-#[derive(Debug, Clone, Default)]
-pub struct Sources {
-    /// Stats' `nvml`: "ok", "disabled", "unavailable: <reason>" ("" before any sample).
-    pub nvml: String,
-    /// "ebpf", "procfs" or "starting".
-    pub mode: String,
-    pub degraded_reason: Option<String>,
-    pub cached_processes: u64,
-    /// Name sources ("cri", "docker", "pod_resources") -> "ok" or "unavailable: ...".
-    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// Everything one frame shows.
@@ -292,9 +279,9 @@ pub fn device_rows(snap: &Snapshot) -> Vec<DeviceRow> {
     snap.devices
         .iter()
         .map(|d| {
-            let ok = d.status == "ok";
+            let ok = d.status.is_ok();
             let util = if !ok {
-                d.status.clone()
+                d.status.to_string()
             } else if let Some(u) = d.utilization_gpu {
                 format!("{u}%")
             } else if d.mig_enabled {
@@ -328,9 +315,9 @@ pub fn device_rows(snap: &Snapshot) -> Vec<DeviceRow> {
 
 /// Clear lines for whatever is missing or degraded: an SRE must not mistake "no driver"
 /// for "no GPU use".
-pub fn notices(snap: &Snapshot, sources: &Sources) -> Vec<Notice> {
+pub fn notices(snap: &Snapshot, stats: &AgentStats) -> Vec<Notice> {
     let mut out = vec![];
-    if sources.nvml == "disabled" {
+    if snap.nvml == SourceStatus::Disabled {
         out.push(Notice {
             level: Level::Warn,
             text: "NVML disabled by configuration (nvml.enabled = false): no GPU data".into(),
@@ -340,25 +327,24 @@ pub fn notices(snap: &Snapshot, sources: &Sources) -> Vec<Notice> {
             level: Level::Info,
             text: "waiting for the first GPU sample...".into(),
         });
-    } else if snap.nvml != "ok" {
-        let reason = snap
-            .nvml
-            .strip_prefix("unavailable: ")
-            .unwrap_or(&snap.nvml);
+    } else if let Some(reason) = snap.nvml.reason() {
         out.push(Notice {
             level: Level::Error,
             text: format!("NVML unavailable: {reason} (no GPU data; retrying with backoff)"),
         });
     }
     // The runtimes that name containers; a source not reported yet says nothing.
-    let name_sources: Vec<(&str, &String)> = ["cri", "docker"]
+    let name_sources: Vec<(&str, &SourceStatus)> = ["cri", "docker"]
         .into_iter()
-        .filter_map(|k| Some((k, sources.metadata.get(k)?)))
+        .filter_map(|k| Some((k, stats.metadata.get(k)?)))
         .collect();
-    if !name_sources.is_empty() && name_sources.iter().all(|(_, v)| *v != "ok") {
+    if !name_sources.is_empty() && name_sources.iter().all(|(_, v)| !v.is_ok()) {
         let why: Vec<String> = name_sources
             .iter()
-            .map(|(k, v)| format!("{k}: {}", v.strip_prefix("unavailable: ").unwrap_or(v)))
+            .map(|(k, v)| match v.reason() {
+                Some(r) => format!("{k}: {r}"),
+                None => format!("{k}: {v}"),
+            })
             .collect();
         out.push(Notice {
             level: Level::Info,
@@ -368,11 +354,8 @@ pub fn notices(snap: &Snapshot, sources: &Sources) -> Vec<Notice> {
             ),
         });
     }
-    if sources.mode == "procfs" {
-        let reason = sources
-            .degraded_reason
-            .as_deref()
-            .unwrap_or("unknown reason");
+    if stats.mode == TrackingMode::Procfs {
+        let reason = stats.degraded_reason.as_deref().unwrap_or("unknown reason");
         out.push(Notice {
             level: Level::Warn,
             text: format!(
@@ -416,7 +399,7 @@ impl App {
     pub fn model(
         &mut self,
         snap: &Snapshot,
-        sources: &Sources,
+        stats: &AgentStats,
         host: &str,
         interactive: bool,
     ) -> Model {
@@ -442,8 +425,8 @@ impl App {
             lines.extend(procs.into_iter().map(Line::Process));
         }
         Model {
-            title: title(snap, sources, host),
-            notices: notices(snap, sources),
+            title: title(snap, stats, host),
+            notices: notices(snap, stats),
             devices: device_rows(snap),
             lines,
             selected_line,
@@ -522,18 +505,18 @@ impl App {
 }
 
 /// The top line: where, which driver, how the cache runs, when the sample was taken.
-fn title(snap: &Snapshot, sources: &Sources, host: &str) -> String {
+fn title(snap: &Snapshot, stats: &AgentStats, host: &str) -> String {
     let mut parts = vec![format!("gpu-agent top | {host}")];
     if let Some(v) = &snap.driver_version {
         parts.push(format!("driver {v}"));
     }
     parts.push(format!("{} GPUs", snap.devices.len()));
-    let mode = match sources.mode.as_str() {
-        "ebpf" => "eBPF cache",
-        "procfs" => "/proc cache",
-        m => m,
+    let mode = match stats.mode {
+        TrackingMode::Ebpf => "eBPF cache",
+        TrackingMode::Procfs => "/proc cache",
+        TrackingMode::Starting => "starting",
     };
-    parts.push(format!("{mode}: {} processes", sources.cached_processes));
+    parts.push(format!("{mode}: {} processes", stats.cached_processes));
     if snap.taken_at_ms != 0 {
         parts.push(format!("sampled {}", clock(snap.taken_at_ms)));
     }
@@ -605,13 +588,13 @@ pub(crate) mod tests {
     pub fn snapshot() -> Snapshot {
         Snapshot {
             taken_at_ms: 1_700_000_000_000,
-            nvml: "ok".into(),
+            nvml: SourceStatus::Ok,
             driver_version: Some("580.159.04".into()),
             devices: vec![DeviceSample {
                 index: 0,
                 uuid: "GPU-0".into(),
                 name: "NVIDIA H100 80GB HBM3".into(),
-                status: "ok".into(),
+                status: gpu_model::DeviceStatus::Ok,
                 memory_total_bytes: Some(80 * GIB),
                 memory_used_bytes: Some(6 * GIB),
                 utilization_gpu: Some(97),
@@ -641,13 +624,12 @@ pub(crate) mod tests {
         }
     }
 
-    fn sources() -> Sources {
-        Sources {
-            nvml: "ok".into(),
-            mode: "ebpf".into(),
-            degraded_reason: None,
+    fn sources() -> AgentStats {
+        AgentStats {
+            nvml: SourceStatus::Ok,
+            mode: TrackingMode::Ebpf,
             cached_processes: 42,
-            metadata: Default::default(),
+            ..Default::default()
         }
     }
 
@@ -869,7 +851,7 @@ pub(crate) mod tests {
         assert!(notices(&waiting, &sources())[0].text.contains("waiting"));
         let no_driver = Snapshot {
             taken_at_ms: 1,
-            nvml: "unavailable: Driver Not Loaded".into(),
+            nvml: SourceStatus::Unavailable("Driver Not Loaded".into()),
             ..Default::default()
         };
         let n = notices(&no_driver, &sources());
@@ -878,19 +860,20 @@ pub(crate) mod tests {
             n[0].text.starts_with("NVML unavailable: Driver Not Loaded"),
             "{n:?}"
         );
-        let procfs = Sources {
-            mode: "procfs".into(),
+        let procfs = AgentStats {
+            mode: TrackingMode::Procfs,
             degraded_reason: Some("disabled by configuration (ebpf.enabled = false)".into()),
             ..sources()
         };
         let n = notices(&snap, &procfs);
         assert!(n[0].text.starts_with("/proc mode"), "{n:?}");
         assert!(n[0].text.contains("ebpf.enabled = false"));
-        let disabled = Sources {
-            nvml: "disabled".into(),
-            ..sources()
+        // NVML's status travels in the snapshot, its one owner.
+        let disabled = Snapshot {
+            nvml: SourceStatus::Disabled,
+            ..Default::default()
         };
-        assert!(notices(&waiting, &disabled)[0]
+        assert!(notices(&disabled, &sources())[0]
             .text
             .contains("NVML disabled"));
         let mut no_names = sources();
@@ -900,12 +883,18 @@ pub(crate) mod tests {
             ("pod_resources", "ok"),
         ]
         .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| {
+            let v = match v.strip_prefix("unavailable: ") {
+                Some(r) => SourceStatus::Unavailable(r.into()),
+                None => SourceStatus::Ok,
+            };
+            (k.to_string(), v)
+        })
         .collect();
         let n = notices(&snap, &no_names);
         assert_eq!(n[0].level, Level::Info);
         assert!(n[0].text.starts_with("container names unknown (cri: no runtime socket found; docker: /var/run/docker.sock"), "{n:?}");
-        no_names.metadata.insert("cri".into(), "ok".into());
+        no_names.metadata.insert("cri".into(), SourceStatus::Ok);
         assert!(notices(&snap, &no_names).is_empty());
     }
 
@@ -917,7 +906,7 @@ pub(crate) mod tests {
         assert_eq!(d.memory, "6.0 GiB / 80.0 GiB");
         assert_eq!(d.power, "688 W");
         assert_eq!(d.temperature, "67°C");
-        s.devices[0].status = "lost".into();
+        s.devices[0].status = gpu_model::DeviceStatus::Lost;
         assert_eq!(device_rows(&s)[0].util, "lost");
     }
 }
