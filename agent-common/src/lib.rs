@@ -48,6 +48,122 @@ pub struct ProcInfo {
     pub flags: u32,
 }
 
+/// The flag rules, in one place for both sides. Always inlined: the eBPF programs call them
+/// on map values.
+impl ProcInfo {
+    /// An entry whose cgroup ids are known only as far as `cgroup_v2` / `cgroup_v1` say,
+    /// with a start time when `start_ns` is Some.
+    #[inline(always)]
+    pub const fn new(
+        cgroup_v2: Option<u64>,
+        cgroup_v1: Option<u64>,
+        start_ns: Option<u64>,
+        ppid: u32,
+    ) -> ProcInfo {
+        let mut info = ProcInfo {
+            cgroup_id: 0,
+            cgroup_v1_id: 0,
+            start_ns: 0,
+            ppid,
+            flags: 0,
+        };
+        if let Some(id) = cgroup_v2 {
+            info.cgroup_id = id;
+            info.flags |= F_V2_KNOWN;
+        }
+        if let Some(id) = cgroup_v1 {
+            info.cgroup_v1_id = id;
+            info.flags |= F_V1_KNOWN;
+        }
+        if let Some(t) = start_ns {
+            info.start_ns = t;
+            info.flags |= F_START_KNOWN;
+        }
+        info
+    }
+
+    #[inline(always)]
+    pub const fn v2_known(&self) -> bool {
+        self.flags & F_V2_KNOWN != 0
+    }
+
+    #[inline(always)]
+    pub const fn v1_known(&self) -> bool {
+        self.flags & F_V1_KNOWN != 0
+    }
+
+    #[inline(always)]
+    pub const fn start_known(&self) -> bool {
+        self.flags & F_START_KNOWN != 0
+    }
+
+    /// The cgroup2 id may be the parent's (CLONE_INTO_CGROUP) until an exec, an attach or
+    /// userspace confirms it.
+    #[inline(always)]
+    pub const fn cgroup_suspect(&self) -> bool {
+        self.flags & F_CGROUP_SUSPECT != 0
+    }
+
+    /// The cgroup2 id is exact: seen in the process's own context, or moved there.
+    #[inline(always)]
+    pub fn set_v2(&mut self, id: u64) {
+        self.cgroup_id = id;
+        self.flags = (self.flags | F_V2_KNOWN) & !F_CGROUP_SUSPECT;
+    }
+
+    #[inline(always)]
+    pub fn set_v1(&mut self, id: u64) {
+        self.cgroup_v1_id = id;
+        self.flags |= F_V1_KNOWN;
+    }
+
+    /// A fork with CLONE_INTO_CGROUP: the inherited cgroup2 id is not to be trusted yet.
+    #[inline(always)]
+    pub fn mark_suspect(&mut self) {
+        self.flags |= F_CGROUP_SUSPECT;
+    }
+
+    /// The same entry with a suspect cgroup2 id treated as unknown.
+    #[inline(always)]
+    pub const fn trusted(mut self) -> ProcInfo {
+        if self.cgroup_suspect() {
+            self.flags &= !F_V2_KNOWN;
+        }
+        self
+    }
+
+    /// Everything needed to attribute the process without reading /proc: its start time,
+    /// a trusted cgroup2 id where cgroup2 is tracked, the v1 id where a v1 hierarchy is.
+    #[inline(always)]
+    pub const fn is_complete(&self, v2_tracked: bool, v1_tracked: bool) -> bool {
+        self.start_known()
+            && !self.cgroup_suspect()
+            && (!v2_tracked || self.v2_known())
+            && (!v1_tracked || self.v1_known())
+    }
+
+    /// Whether the entry already knows the process is in cgroup `id` (of cgroup2 when
+    /// `v2`, else of the tracked v1 hierarchy).
+    #[inline(always)]
+    pub const fn knows_cgroup(&self, v2: bool, id: u64) -> bool {
+        if v2 {
+            self.v2_known() && self.cgroup_id == id
+        } else {
+            self.v1_known() && self.cgroup_v1_id == id
+        }
+    }
+
+    /// Records cgroup `id` (of cgroup2 when `v2`, else of the tracked v1 hierarchy).
+    #[inline(always)]
+    pub fn set_cgroup(&mut self, v2: bool, id: u64) {
+        if v2 {
+            self.set_v2(id)
+        } else {
+            self.set_v1(id)
+        }
+    }
+}
+
 /// Ring-buffer notification for exec, fork and exit.
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -143,3 +259,27 @@ const _: () = assert!(core::mem::size_of::<ProcInfo>() == 32);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 56);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
 const _: () = assert!(core::mem::size_of::<Config>() == 18 * 4);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_rules() {
+        let mut p = ProcInfo::new(Some(7), None, Some(5), 1);
+        assert!(p.v2_known() && !p.v1_known() && p.start_known());
+        assert!(p.is_complete(true, false));
+        assert!(!p.is_complete(true, true), "v1 tracked but unknown");
+        p.mark_suspect();
+        assert!(!p.is_complete(true, false));
+        assert!(!p.trusted().v2_known(), "a suspect id is not trusted");
+        assert!(p.v2_known(), "but kept in the entry");
+        assert!(p.knows_cgroup(true, 7));
+        p.set_cgroup(true, 9);
+        assert!(!p.cgroup_suspect() && p.knows_cgroup(true, 9));
+        p.set_cgroup(false, 3);
+        assert!(p.knows_cgroup(false, 3) && p.is_complete(true, true));
+        let partial = ProcInfo::new(Some(7), None, None, 0);
+        assert!(!partial.is_complete(false, false), "no start time");
+    }
+}

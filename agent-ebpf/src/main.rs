@@ -7,8 +7,7 @@
 use agent_common::{
     CgroupEvent, Config, ProcEvent, ProcInfo, ABSENT, CGROUP_PATH_MAX, COUNTERS_LEN,
     COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
-    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, F_CGROUP_SUSPECT,
-    F_START_KNOWN, F_V1_KNOWN, F_V2_KNOWN,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
 };
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -102,17 +101,12 @@ fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let info = match PROCS.get_ptr_mut(tgid) {
         Some(p) => unsafe {
-            (*p).cgroup_id = cgroup_id;
-            (*p).flags = ((*p).flags | F_V2_KNOWN) & !F_CGROUP_SUSPECT;
+            (*p).set_v2(cgroup_id);
             *p
         },
         None => {
             // Predates the start-up walk or the map was full: userspace fills in the rest.
-            let info = ProcInfo {
-                cgroup_id,
-                flags: F_V2_KNOWN,
-                ..ProcInfo::default()
-            };
+            let info = ProcInfo::new(Some(cgroup_id), None, None, 0);
             if PROCS.insert(tgid, info, BPF_NOEXIST as u64).is_err() {
                 count(COUNTER_MAP_FULL);
             }
@@ -144,25 +138,23 @@ fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
     }
     let child: i32 = unsafe { ctx.read_at(cfg.newtask_pid as usize)? };
     let parent = current_tgid();
-    let mut info = ProcInfo {
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        cgroup_v1_id: 0,
+    let mut info = ProcInfo::new(
+        Some(unsafe { bpf_get_current_cgroup_id() }),
+        None,
         // The child's start_boottime was taken microseconds ago in copy_process.
-        start_ns: unsafe { bpf_ktime_get_boot_ns() },
-        ppid: parent,
-        flags: F_V2_KNOWN | F_START_KNOWN,
-    };
+        Some(unsafe { bpf_ktime_get_boot_ns() }),
+        parent,
+    );
     if cfg.v1_hierarchy != ABSENT {
         if let Some(p) = PROCS.get_ptr(parent) {
             let p = unsafe { *p };
-            if p.flags & F_V1_KNOWN != 0 {
-                info.cgroup_v1_id = p.cgroup_v1_id;
-                info.flags |= F_V1_KNOWN;
+            if p.v1_known() {
+                info.set_v1(p.cgroup_v1_id);
             }
         }
     }
     if clone_flags & CLONE_INTO_CGROUP != 0 {
-        info.flags |= F_CGROUP_SUSPECT;
+        info.mark_suspect();
     }
     // BPF_ANY: a stale entry under a reused tgid is replaced by the new process.
     if PROCS.insert(child as u32, info, BPF_ANY as u64).is_err() {
@@ -288,15 +280,7 @@ fn try_cgroup_event(
         pid = p as u32;
         // A missing entry is left to userspace: `pid` may be a lone thread (v1 `tasks`).
         if let Some(e) = PROCS.get_ptr_mut(pid) {
-            unsafe {
-                if v2 {
-                    (*e).cgroup_id = id;
-                    (*e).flags = ((*e).flags | F_V2_KNOWN) & !F_CGROUP_SUSPECT;
-                } else {
-                    (*e).cgroup_v1_id = id;
-                    (*e).flags |= F_V1_KNOWN;
-                }
-            }
+            unsafe { (*e).set_cgroup(v2, id) };
         }
     }
     let loc: u32 = unsafe { ctx.read_at(f.path as usize)? };

@@ -19,13 +19,13 @@ pub struct Config {
     pub metrics: otel::Groups,
     /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
     pub node_name: Option<String>,
-    pub metadata: MetadataSettings,
+    pub metadata: MetadataConfig,
 }
 
 /// The node's sockets for names and GPU allocations.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct MetadataSettings {
+pub struct MetadataConfig {
     pub enabled: bool,
     /// CRI runtime socket; autodetected at the usual containerd/CRI-O paths when unset.
     pub cri_socket: Option<PathBuf>,
@@ -36,9 +36,15 @@ pub struct MetadataSettings {
     pub allocation_interval_secs: u64,
 }
 
-impl Default for MetadataSettings {
+impl MetadataConfig {
+    pub fn allocation_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.allocation_interval_secs)
+    }
+}
+
+impl Default for MetadataConfig {
     fn default() -> Self {
-        MetadataSettings {
+        MetadataConfig {
             enabled: true,
             cri_socket: None,
             pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
@@ -181,7 +187,30 @@ pub enum ConfigError {
     },
 }
 
+/// A validated configuration, with the OTEL_* environment resolved once: what `run`,
+/// `top` and `check-config` all start from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// Where and how to push OTLP; None when no endpoint is configured anywhere.
+    pub otlp: Option<otel::export::OtlpSettings>,
+}
+
 impl Config {
+    /// Validates, and resolves the OTLP settings against the environment (`env` looks a
+    /// variable up): the OTEL_* variables are configuration too, and a bad one is named.
+    pub fn resolve(self, env: impl Fn(&str) -> Option<String>) -> Result<Loaded, ConfigError> {
+        self.validate()?;
+        let otlp = self
+            .otlp
+            .resolve(env)
+            .map_err(|message| ConfigError::Invalid {
+                field: "otlp",
+                message,
+            })?;
+        Ok(Loaded { config: self, otlp })
+    }
+
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.into(),

@@ -1,15 +1,28 @@
 //! gpu-agent: which container holds this GPU memory, who burns this GPU.
-pub mod cache;
-pub mod cgroup;
+//!
+//! The data flows down this list, and no module imports one above it (tests/layers.rs
+//! checks that):
+//! 1. `ebpf`: kernel events (programs, the PROCS map, decoded notifications);
+//! 2. `process`: process state (cache, cgroups, /proc), and `metadata`: names and GPU
+//!    allocations from the node's sockets;
+//! 3. `gpu`: NVML samples and the join;
+//! 4. `pipeline`: owns the state and the join, publishes each snapshot;
+//! 5. `sinks`: the HTTP endpoints, the OTLP push, `gpu-agent top`;
+//! 6. `run`: the wiring.
+//!
+//! `config` and `stats` sit under all of them.
 pub mod config;
-pub mod ebpf;
-pub mod gpu;
-pub mod http;
-pub mod join;
-pub mod metadata;
-pub mod procfs;
-pub mod run;
-pub mod state;
 pub mod stats;
-pub mod top;
-pub mod tracker;
+
+pub mod ebpf;
+
+pub mod metadata;
+pub mod process;
+
+pub mod gpu;
+
+pub mod pipeline;
+
+pub mod sinks;
+
+pub mod run;

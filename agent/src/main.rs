@@ -1,7 +1,14 @@
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
 
 use clap::{Parser, Subcommand};
-use gpu_agent::config::Config;
+use gpu_agent::{
+    config::{Config, ConfigError, Loaded},
+    sinks::top,
+};
 
 #[derive(Parser)]
 #[command(
@@ -75,42 +82,40 @@ struct TopArgs {
     log_file: PathBuf,
 }
 
-fn load_config(args: &RunArgs) -> Result<Config, String> {
-    let mut config = match &args.sources.config {
-        Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
+/// The config file, the flags over it, and the OTEL_* environment: validated once, the
+/// same way for `run`, `top` and `check-config`.
+fn load_config(sources: &SourceArgs, run: Option<&RunArgs>) -> Result<Loaded, ConfigError> {
+    let mut config = match &sources.config {
+        Some(path) => Config::from_file(path)?,
         None => Config::default(),
     };
-    if let Some(addr) = args.http_addr {
-        config.http.addr = addr;
-    }
-    if args.sources.no_ebpf {
+    if sources.no_ebpf {
         config.ebpf.enabled = false;
     }
-    if let Some(p) = &args.sources.cri_socket {
+    if let Some(p) = &sources.cri_socket {
         config.metadata.cri_socket = Some(p.clone());
     }
-    if let Some(p) = &args.sources.pod_resources_socket {
+    if let Some(p) = &sources.pod_resources_socket {
         config.metadata.pod_resources_socket = p.clone();
     }
-    if let Some(p) = &args.sources.docker_socket {
+    if let Some(p) = &sources.docker_socket {
         config.metadata.docker_socket = p.clone();
     }
-    if let Some(p) = &args.sources.nvml_lib {
+    if let Some(p) = &sources.nvml_lib {
         config.nvml.lib_path = Some(p.clone());
     }
-    if args.prometheus || args.prometheus_compat.is_some() {
-        config.prometheus.enabled = true;
+    if let Some(args) = run {
+        if let Some(addr) = args.http_addr {
+            config.http.addr = addr;
+        }
+        if args.prometheus || args.prometheus_compat.is_some() {
+            config.prometheus.enabled = true;
+        }
+        if let Some(c) = &args.prometheus_compat {
+            config.prometheus.compat = Some(c.clone());
+        }
     }
-    if let Some(c) = &args.prometheus_compat {
-        config.prometheus.compat = Some(c.clone());
-    }
-    config.validate().map_err(|e| e.to_string())?;
-    // The OTEL_* variables are configuration too: a bad one stops start-up, named.
-    config
-        .otlp
-        .resolve(|k| std::env::var(k).ok())
-        .map_err(|e| format!("invalid OTLP configuration: {e}"))?;
-    Ok(config)
+    config.resolve(|k| std::env::var(k).ok())
 }
 
 /// Before any thread exists: unshare(CLONE_NEWNS) refuses multi-threaded callers.
@@ -138,82 +143,105 @@ fn prepare_tracefs(config: &Config) -> Option<String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::CheckConfig { file } => match Config::from_file(&file).and_then(|c| {
-            c.otlp.resolve(|k| std::env::var(k).ok()).map_err(|e| {
-                gpu_agent::config::ConfigError::Invalid {
-                    field: "otlp",
-                    message: e,
+        Cmd::CheckConfig { file } => {
+            let sources = SourceArgs {
+                config: Some(file.clone()),
+                ..Default::default()
+            };
+            match load_config(&sources, None) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    ExitCode::SUCCESS
                 }
-            })
-        }) {
-            Ok(_) => {
-                println!("{}: ok", file.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("gpu-agent: {e}");
-                ExitCode::from(2)
-            }
-        },
-        Cmd::Run(args) => {
-            let config = match load_config(&args) {
-                Ok(c) => c,
                 Err(e) => {
                     eprintln!("gpu-agent: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "info".into()),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
-            let prep_error = prepare_tracefs(&config);
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("gpu-agent: starting the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match rt.block_on(gpu_agent::run::run(config, prep_error)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    ExitCode::FAILURE
+                    ExitCode::from(2)
                 }
             }
         }
-        Cmd::Top(args) => {
-            // The same configuration as `run`, from the same flags and file.
-            let run_args = RunArgs {
-                sources: args.sources.clone(),
-                http_addr: None,
-                prometheus: false,
-                prometheus_compat: None,
-            };
-            let mut config = match load_config(&run_args) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("gpu-agent: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            // Per-process rows are what a container row expands into.
-            config.nvml.process_detail = true;
-            let opts = gpu_agent::top::Options {
-                once: args.once,
-                log_file: args.log_file,
-            };
-            gpu_agent::top::init_logging(&opts);
-            let prep_error = prepare_tracefs(&config);
-            gpu_agent::top::main(config, prep_error, opts)
+        Cmd::Run(args) => run(args),
+        Cmd::Top(args) => top(args),
+    }
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let loaded = match load_config(&args.sources, Some(&args)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gpu-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let prep_error = prepare_tracefs(&loaded.config);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpu-agent: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(gpu_agent::run::run(loaded, prep_error)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
         }
     }
+}
+
+/// `gpu-agent top`: the same sources as `run`, in-process, shown until the user quits.
+fn top(args: TopArgs) -> ExitCode {
+    let mut config = match load_config(&args.sources, None) {
+        Ok(c) => c.config,
+        Err(e) => {
+            eprintln!("gpu-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Per-process rows are what a container row expands into.
+    config.nvml.process_detail = true;
+    let opts = top::Options {
+        once: args.once,
+        log_file: args.log_file,
+    };
+    if let Err(e) = top::check_terminal(&opts) {
+        eprintln!("gpu-agent top: {e}");
+        return ExitCode::from(2);
+    }
+    top::init_logging(&opts);
+    let prep_error = prepare_tracefs(&config);
+    let node = gpu_agent::run::node_identity(&config);
+    let (handles, stop, thread) = match gpu_agent::run::spawn_embedded(config, prep_error) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("gpu-agent top: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let feed = top::Feed {
+        snapshot: handles.snapshot,
+        stats: handles.stats,
+        host: node.node_name.unwrap_or(node.host_name),
+    };
+    let code = top::main(feed, &opts);
+    stop.cancel();
+    // They stop within a poll interval; a stuck NVML call must not keep us from exiting.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !thread.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if thread.is_finished() {
+        let _ = thread.join();
+    }
+    code
 }

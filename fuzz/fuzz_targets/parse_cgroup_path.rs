@@ -2,7 +2,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../agent/src/cgroup/parse.rs"]
+#[path = "../../agent/src/process/cgroup/parse.rs"]
 #[allow(dead_code)]
 mod parse;
 

@@ -212,10 +212,12 @@ pub struct ProgramStats {
     pub run_time_ns: u64,
 }
 
-/// A source's health. Serialized as today's strings: `ok`, `disabled`,
-/// `unavailable: <reason>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A source's health. Serialized as the strings the endpoints show: `starting` (it has not
+/// reported yet), `ok`, `disabled`, `unavailable: <reason>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum SourceStatus {
+    #[default]
+    Starting,
     Ok,
     /// Switched off by configuration.
     Disabled,
@@ -236,15 +238,10 @@ impl SourceStatus {
     }
 }
 
-impl Default for SourceStatus {
-    fn default() -> Self {
-        SourceStatus::Unavailable("not sampled yet".into())
-    }
-}
-
 impl fmt::Display for SourceStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            SourceStatus::Starting => f.write_str("starting"),
             SourceStatus::Ok => f.write_str("ok"),
             SourceStatus::Disabled => f.write_str("disabled"),
             SourceStatus::Unavailable(r) => write!(f, "unavailable: {r}"),
@@ -343,6 +340,7 @@ mod tests {
     #[test]
     fn statuses_serialize_to_the_strings_the_endpoints_show() {
         assert_eq!(json(&SourceStatus::Ok), "\"ok\"");
+        assert_eq!(json(&SourceStatus::Starting), "\"starting\"");
         assert_eq!(json(&SourceStatus::Disabled), "\"disabled\"");
         assert_eq!(
             json(&SourceStatus::Unavailable("Driver Not Loaded".into())),

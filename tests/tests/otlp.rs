@@ -161,7 +161,12 @@ fn exact_assertions(kind: Kind, protocol: &str) {
             .any(|(k, v)| k == "x-api-key" && v == "s3cret"),
         "{headers:?}"
     );
-    assert!(agent.stats()["export_sent"].as_u64().unwrap() >= 1);
+    // The receiver has the request before the agent has read the response: wait for it.
+    agent.wait_until(
+        "the export counted as sent",
+        Duration::from_secs(10),
+        || agent.stats()["export_sent"].as_u64().unwrap() >= 1,
+    );
 }
 
 #[test]

@@ -78,7 +78,7 @@ fn pod_uid_of(cgroup_file: &str) -> Option<String> {
     cgroup_file
         .lines()
         .filter_map(|l| l.splitn(3, ':').nth(2))
-        .filter_map(gpu_agent::cgroup::parse_cgroup_path)
+        .filter_map(gpu_agent::process::cgroup::parse_cgroup_path)
         .find_map(|c| c.pod_uid)
 }
 

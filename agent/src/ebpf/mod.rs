@@ -1,10 +1,14 @@
-//! The eBPF source: loads the programs, attaches them to the lifecycle tracepoints and
-//! exposes the kernel's PROCS map (the truth), the notification ring buffer and the
-//! in-kernel drop counters.
+//! Kernel events: loads the programs, attaches them to the lifecycle tracepoints and
+//! exposes the kernel's PROCS map (the truth), the decoded notifications of the ring buffer
+//! (`events`), when they are ready to read, and the in-kernel drop counters.
 pub mod caps;
+pub mod events;
 pub mod tracefs;
 
-use std::{os::fd::OwnedFd, time::Duration};
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    time::Duration,
+};
 
 use agent_common::{
     Config as KernelConfig, ProcInfo, ABSENT, CONFIG_GLOBAL, COUNTERS_MAP, COUNTER_MAP_FULL,
@@ -16,7 +20,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use serde::Serialize;
+use tokio::io::unix::AsyncFd;
 
+use self::events::KernelEvent;
 use crate::config::EbpfConfig;
 
 /// The object built by `cargo xtask build-ebpf`, or empty when the agent was built without it.
@@ -35,7 +41,7 @@ pub const PROGRAMS: [(&str, &str, &str); 6] = [
 pub struct EbpfSource {
     ebpf: Ebpf,
     procs: HashMap<MapData, u32, ProcInfo>,
-    pub ring: RingBuf<MapData>,
+    ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     _stats: Option<OwnedFd>,
@@ -124,6 +130,28 @@ impl EbpfSource {
         })
     }
 
+    /// Appends the queued notifications to `out`, decoded. Returns how many records were
+    /// read (records this build cannot decode are counted and skipped).
+    pub fn read_events(&mut self, out: &mut Vec<KernelEvent>) -> usize {
+        let mut n = 0;
+        while let Some(record) = self.ring.next() {
+            n += 1;
+            match events::decode(&record) {
+                Some(ev) => out.push(ev),
+                None => tracing::debug!(len = record.len(), "unknown notification"),
+            }
+        }
+        n
+    }
+
+    /// Wakes when the kernel signals queued notifications (see `ebpf.wakeup_bytes`).
+    pub fn readiness(&self) -> std::io::Result<RingReady> {
+        let fd: OwnedFd = self.ring.as_fd().try_clone_to_owned()?;
+        // SAFETY: `fd` is our own duplicate, open until the AsyncFd drops it.
+        let afd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+        Ok(RingReady(afd.map_err(|e| e.into_parts().1)?))
+    }
+
     /// Whether kernel per-program statistics were enabled (ebpf.program_stats).
     pub fn stats_enabled(&self) -> bool {
         self._stats.is_some()
@@ -194,5 +222,18 @@ impl EbpfSource {
                 })
             })
             .collect()
+    }
+}
+
+/// The ring buffer's readiness, on a duplicate of its fd.
+pub struct RingReady(AsyncFd<OwnedFd>);
+
+impl RingReady {
+    /// Returns once the kernel has signalled notifications. Readiness is cleared before the
+    /// caller drains, so a notification that arrives during the drain wakes it again.
+    pub async fn wait(&self) -> std::io::Result<()> {
+        let mut guard = self.0.readable().await?;
+        guard.clear_ready();
+        Ok(())
     }
 }

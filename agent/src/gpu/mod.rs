@@ -1,5 +1,8 @@
-//! GPU samples: what NVML says each cycle, as small value types the join consumes. The
-//! NVIDIA binding (nvml.rs) is a thin layer under these; nothing else sees NVML.
+//! GPU sample + join: what NVML says each cycle, as small value types (nvml.rs is the thin
+//! NVIDIA binding under them; nothing else sees NVML), sampled on a thread of its own
+//! (sampler.rs), and joined with the process state into a snapshot (join.rs).
+pub mod join;
 pub mod nvml;
+pub mod sampler;
 
 pub use gpu_model::{DeviceSample, GpuSample, MigSample, ProcessSample};

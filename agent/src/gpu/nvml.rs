@@ -170,6 +170,37 @@ fn describe_init_error(e: &NvmlError, path: Option<&PathBuf>) -> String {
     }
 }
 
+/// Reads metrics off one device: records the unsupported ones, and stops asking once the
+/// device is lost.
+struct Reader {
+    unsupported: Vec<&'static str>,
+    lost: bool,
+}
+
+impl Reader {
+    fn read<T>(
+        &mut self,
+        name: &'static str,
+        call: impl FnOnce() -> Result<T, NvmlError>,
+    ) -> Option<T> {
+        if self.lost {
+            return None;
+        }
+        match metric(call()) {
+            Metric::Value(v) => Some(v),
+            Metric::Unsupported => {
+                self.unsupported.push(name);
+                None
+            }
+            Metric::Lost => {
+                self.lost = true;
+                None
+            }
+            Metric::Failed => None,
+        }
+    }
+}
+
 fn sample_device(
     nvml: &Nvml,
     dev: &Device,
@@ -181,126 +212,128 @@ fn sample_device(
         status: DeviceStatus::Ok,
         ..Default::default()
     };
-    let mut lost = false;
-    // Reads one metric: records "unsupported" and "lost", and stops asking a lost device.
-    macro_rules! read {
-        ($name:literal, $e:expr) => {
-            if lost {
-                None
-            } else {
-                match metric($e) {
-                    Metric::Value(v) => Some(v),
-                    Metric::Unsupported => {
-                        d.unsupported.push($name);
-                        None
-                    }
-                    Metric::Lost => {
-                        lost = true;
-                        None
-                    }
-                    Metric::Failed => None,
-                }
-            }
-        };
+    let mut r = Reader {
+        unsupported: vec![],
+        lost: false,
+    };
+    read_device_metrics(&mut r, dev, &mut d);
+    if d.mig_enabled && !r.lost {
+        read_mig_devices(&mut r, nvml, dev, &mut d);
     }
-    d.uuid = read!("uuid", dev.uuid()).unwrap_or_default();
-    d.name = read!("name", dev.name()).unwrap_or_default();
-    d.pci_bus_id = read!("pci_info", dev.pci_info()).map(|p| p.bus_id);
-    if let Some(m) = read!("memory", dev.memory_info()) {
-        d.memory_total_bytes = Some(m.total);
-        d.memory_used_bytes = Some(m.used);
-    }
-    if let Some(u) = read!("utilization", dev.utilization_rates()) {
-        d.utilization_gpu = Some(u.gpu);
-        d.utilization_memory = Some(u.memory);
-    }
-    d.power_mw = read!("power", dev.power_usage());
-    d.energy_mj = read!("energy", dev.total_energy_consumption());
-    d.temperature_c = read!("temperature", dev.temperature(TemperatureSensor::Gpu));
-    d.sm_clock_mhz = read!("clocks", dev.clock_info(Clock::SM));
-    d.mem_clock_mhz = read!("clocks", dev.clock_info(Clock::Memory));
-    d.ecc_corrected = read!(
-        "ecc",
-        dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-    );
-    d.ecc_uncorrected = read!(
-        "ecc",
-        dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-    );
-    d.throttle_reasons = read!("throttle", dev.current_throttle_reasons()).map(|r| r.bits());
-    d.mig_enabled = read!("mig", dev.mig_mode()).is_some_and(|m| m.current == 1);
-
-    if d.mig_enabled && !lost {
-        let n = read!("mig", dev.mig_device_count()).unwrap_or(0);
-        for i in 0..n {
-            // Empty slots answer NotFound: skip them.
-            let Ok(mig) = dev.mig_device_by_index(i) else {
-                continue;
-            };
-            let mem = mig.memory_info().ok();
-            let (gi, ci) = instance_ids(nvml, &mig);
-            d.mig_devices.push(MigSample {
-                uuid: mig.uuid().unwrap_or_default(),
-                gpu_instance_id: gi.unwrap_or(u32::MAX),
-                compute_instance_id: ci.unwrap_or(u32::MAX),
-                memory_total_bytes: mem.as_ref().map(|m| m.total),
-                memory_used_bytes: mem.as_ref().map(|m| m.used),
-            });
-        }
-    }
-
     // Compute and graphics contexts; a process with both is one process.
     let mut procs: Vec<ProcessSample> = vec![];
     let lists = [
-        read!("processes", dev.running_compute_processes()),
-        read!("graphics_processes", dev.running_graphics_processes()),
+        r.read("processes", || dev.running_compute_processes()),
+        r.read("graphics_processes", || dev.running_graphics_processes()),
     ];
     for p in lists.into_iter().flatten().flatten() {
         merge_process(&mut procs, &p, &d.mig_devices);
     }
-
-    // Utilization since our last look. NotFound means "no samples": every process idle.
-    let util_supported = !lost && !d.mig_enabled;
-    let mut util: HashMap<u32, (u64, [u32; 4])> = HashMap::new();
-    if util_supported {
-        let since = last_seen.get(&d.uuid).copied();
-        match dev.process_utilization_stats(since) {
-            Ok(samples) => {
-                for s in samples {
-                    let e = util.entry(s.pid).or_insert((0, [0; 4]));
-                    if s.timestamp >= e.0 {
-                        *e = (s.timestamp, [s.sm_util, s.mem_util, s.enc_util, s.dec_util]);
-                    }
-                    let seen = last_seen.entry(d.uuid.clone()).or_insert(0);
-                    *seen = (*seen).max(s.timestamp);
-                }
-            }
-            Err(NvmlError::NotFound) => {}
-            Err(NvmlError::GpuLost) => lost = true,
-            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
-                d.unsupported.push("process_utilization")
-            }
-            Err(e) => tracing::debug!(uuid = %d.uuid, "process utilization: {e}"),
-        }
-    }
-    let util_known = util_supported && !d.unsupported.contains(&"process_utilization");
-    for p in &mut procs {
-        if util_known {
-            let u = util.get(&p.pid).map(|(_, u)| *u).unwrap_or([0; 4]);
-            p.sm_util = Some(u[0]);
-            p.mem_util = Some(u[1]);
-            p.enc_util = Some(u[2]);
-            p.dec_util = Some(u[3]);
-        }
+    // MIG devices cannot say per-process utilization.
+    if !r.lost && !d.mig_enabled {
+        read_process_utilization(&mut r, dev, &d.uuid, last_seen, &mut procs);
     }
     procs.sort_by_key(|p| p.pid);
     d.processes = procs;
+    d.unsupported = r.unsupported;
     d.unsupported.dedup();
-    if lost {
+    if r.lost {
         d.status = DeviceStatus::Lost;
         d.processes.clear();
     }
     d
+}
+
+fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
+    d.uuid = r.read("uuid", || dev.uuid()).unwrap_or_default();
+    d.name = r.read("name", || dev.name()).unwrap_or_default();
+    d.pci_bus_id = r.read("pci_info", || dev.pci_info()).map(|p| p.bus_id);
+    if let Some(m) = r.read("memory", || dev.memory_info()) {
+        d.memory_total_bytes = Some(m.total);
+        d.memory_used_bytes = Some(m.used);
+    }
+    if let Some(u) = r.read("utilization", || dev.utilization_rates()) {
+        d.utilization_gpu = Some(u.gpu);
+        d.utilization_memory = Some(u.memory);
+    }
+    d.power_mw = r.read("power", || dev.power_usage());
+    d.energy_mj = r.read("energy", || dev.total_energy_consumption());
+    d.temperature_c = r.read("temperature", || dev.temperature(TemperatureSensor::Gpu));
+    d.sm_clock_mhz = r.read("clocks", || dev.clock_info(Clock::SM));
+    d.mem_clock_mhz = r.read("clocks", || dev.clock_info(Clock::Memory));
+    d.ecc_corrected = r.read("ecc", || {
+        dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+    });
+    d.ecc_uncorrected = r.read("ecc", || {
+        dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+    });
+    d.throttle_reasons = r
+        .read("throttle", || dev.current_throttle_reasons())
+        .map(|t| t.bits());
+    d.mig_enabled = r
+        .read("mig", || dev.mig_mode())
+        .is_some_and(|m| m.current == 1);
+}
+
+fn read_mig_devices(r: &mut Reader, nvml: &Nvml, dev: &Device, d: &mut DeviceSample) {
+    let n = r.read("mig", || dev.mig_device_count()).unwrap_or(0);
+    for i in 0..n {
+        // Empty slots answer NotFound: skip them.
+        let Ok(mig) = dev.mig_device_by_index(i) else {
+            continue;
+        };
+        let mem = mig.memory_info().ok();
+        let (gi, ci) = instance_ids(nvml, &mig);
+        d.mig_devices.push(MigSample {
+            uuid: mig.uuid().unwrap_or_default(),
+            gpu_instance_id: gi.unwrap_or(u32::MAX),
+            compute_instance_id: ci.unwrap_or(u32::MAX),
+            memory_total_bytes: mem.as_ref().map(|m| m.total),
+            memory_used_bytes: mem.as_ref().map(|m| m.used),
+        });
+    }
+}
+
+/// Utilization since our last look (`last_seen`, per device uuid). NotFound means "no
+/// samples": every process idle. Unsupported: the processes' utilization stays unknown.
+fn read_process_utilization(
+    r: &mut Reader,
+    dev: &Device,
+    uuid: &str,
+    last_seen: &mut HashMap<String, u64>,
+    procs: &mut [ProcessSample],
+) {
+    let mut util: HashMap<u32, (u64, [u32; 4])> = HashMap::new();
+    let since = last_seen.get(uuid).copied();
+    match dev.process_utilization_stats(since) {
+        Ok(samples) => {
+            for s in samples {
+                let e = util.entry(s.pid).or_insert((0, [0; 4]));
+                if s.timestamp >= e.0 {
+                    *e = (s.timestamp, [s.sm_util, s.mem_util, s.enc_util, s.dec_util]);
+                }
+                let seen = last_seen.entry(uuid.to_string()).or_insert(0);
+                *seen = (*seen).max(s.timestamp);
+            }
+        }
+        Err(NvmlError::NotFound) => {}
+        Err(NvmlError::GpuLost) => r.lost = true,
+        Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
+            r.unsupported.push("process_utilization");
+            return;
+        }
+        Err(e) => tracing::debug!(uuid, "process utilization: {e}"),
+    }
+    if r.lost {
+        return;
+    }
+    for p in procs {
+        let u = util.get(&p.pid).map(|(_, u)| *u).unwrap_or([0; 4]);
+        p.sm_util = Some(u[0]);
+        p.mem_util = Some(u[1]);
+        p.enc_util = Some(u[2]);
+        p.dec_util = Some(u[3]);
+    }
 }
 
 fn merge_process(procs: &mut Vec<ProcessSample>, p: &ProcessInfo, migs: &[MigSample]) {

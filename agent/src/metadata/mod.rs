@@ -15,6 +15,9 @@ use std::{
 
 use gpu_model::SourceStatus;
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::MetadataConfig;
 
 /// What the runtime says about one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -87,17 +90,6 @@ pub fn parse_device_id(id: &str) -> Option<DeviceRef> {
     let gke = id.strip_prefix("nvidia")?;
     let idx = gke.split('/').next()?;
     idx.parse().ok().map(DeviceRef::Index)
-}
-
-/// Where to find the sockets.
-#[derive(Debug, Clone, Default)]
-pub struct MetadataConfig {
-    /// None: autodetect among the usual paths.
-    pub cri_socket: Option<PathBuf>,
-    pub pod_resources_socket: PathBuf,
-    pub docker_socket: PathBuf,
-    /// How often allocations are re-read (they change without any GPU process appearing).
-    pub allocation_interval: Duration,
 }
 
 pub const CRI_CANDIDATES: [&str; 6] = [
@@ -361,15 +353,15 @@ impl NameRequests {
 pub async fn run(
     mut src: MetadataSource,
     mut requests: tokio::sync::mpsc::Receiver<Vec<String>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(src.cfg.allocation_interval);
+    let mut tick = tokio::time::interval(src.cfg.allocation_interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Names of the containers that exist at start-up, once.
     src.refresh_names(&[]).await;
     loop {
         tokio::select! {
-            _ = stop.changed() => return,
+            _ = stop.cancelled() => return,
             _ = tick.tick() => src.tick().await,
             Some(ids) = requests.recv() => src.refresh_names(&ids).await,
         }

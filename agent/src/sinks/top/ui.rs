@@ -10,7 +10,7 @@ use ratatui::{
     },
 };
 
-use super::view::{bar, human_bytes, percent, Level, Line, Model, SortBy, BAR_WIDTH};
+use super::view::{bar, human_bytes, percent, ContainerRow, Level, Line, Model, SortBy, BAR_WIDTH};
 
 /// Longest pod column: a pod UID (36) after the expand marker.
 const POD_MAX: usize = 40;
@@ -152,7 +152,27 @@ fn render_containers(model: &Model, area: Rect, buf: &mut Buffer, state: &mut Ta
         Paragraph::new("no process is using a GPU").render(inner, buf);
         return;
     }
-    let first_cells: Vec<String> = model
+    let first = first_cells(model);
+    let widths = column_widths(model, &first);
+    let rows = model.lines.iter().zip(first).map(|(l, f)| table_row(l, f));
+    let table = Table::new(rows, widths)
+        .header(header(model))
+        .block(block)
+        .column_spacing(2)
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
+        .highlight_symbol(">")
+        .highlight_spacing(if model.interactive {
+            HighlightSpacing::Always
+        } else {
+            HighlightSpacing::Never
+        });
+    state.select(model.selected_line);
+    StatefulWidget::render(table, area, buf, state);
+}
+
+/// The first column: the pod of a container row, the pid and command of a process row.
+fn first_cells(model: &Model) -> Vec<String> {
+    model
         .lines
         .iter()
         .map(|l| match l {
@@ -166,49 +186,46 @@ fn render_containers(model: &Model, area: Rect, buf: &mut Buffer, state: &mut Ta
                 if p.exited { " (exited)" } else { "" }
             ),
         })
-        .collect();
-    let col = |f: &dyn Fn(&Line) -> Option<String>, title: &str, max: usize| {
+        .collect()
+}
+
+/// Text columns as wide as their widest cell (capped), the numbers fixed.
+fn column_widths(model: &Model, first: &[String]) -> [Constraint; 10] {
+    let width = |f: &dyn Fn(&ContainerRow) -> &str, title: &str, max: usize| {
         model
             .lines
             .iter()
-            .filter_map(f)
-            .map(|s| s.chars().count())
+            .filter_map(|l| match l {
+                Line::Container { row, .. } => Some(f(row).chars().count()),
+                _ => None,
+            })
             .chain([title.len()])
             .max()
             .unwrap_or(0)
             .min(max) as u16
     };
-    let pod_w = first_cells
+    let pod_w = first
         .iter()
         .map(|s| s.chars().count())
         .chain([5])
         .max()
         .unwrap_or(5)
         .min(POD_MAX) as u16;
-    let ns_w = col(
-        &|l| match l {
-            Line::Container { row, .. } => Some(row.namespace.clone()),
-            _ => None,
-        },
-        "NAMESPACE",
-        24,
-    );
-    let ctr_w = col(
-        &|l| match l {
-            Line::Container { row, .. } => Some(row.container.clone()),
-            _ => None,
-        },
-        "CONTAINER",
-        32,
-    );
-    let gpu_w = col(
-        &|l| match l {
-            Line::Container { row, .. } => Some(row.gpu.clone()),
-            _ => None,
-        },
-        "GPU",
-        12,
-    );
+    [
+        Constraint::Length(pod_w),
+        Constraint::Length(width(&|r| &r.namespace, "NAMESPACE", 24)),
+        Constraint::Length(width(&|r| &r.container, "CONTAINER", 32)),
+        Constraint::Length(width(&|r| &r.gpu, "GPU", 12)),
+        Constraint::Length(10),
+        Constraint::Length(4),
+        Constraint::Length(4),
+        Constraint::Length(4),
+        Constraint::Length(4),
+        Constraint::Length(6),
+    ]
+}
+
+fn header(model: &Model) -> Row<'static> {
     let sorted = |by: SortBy, name: &str| {
         if model.sort == by {
             Cell::from(format!("{name}▼")).style(header_style().fg(Color::Yellow))
@@ -216,7 +233,7 @@ fn render_containers(model: &Model, area: Rect, buf: &mut Buffer, state: &mut Ta
             Cell::from(name.to_string())
         }
     };
-    let header = Row::new(vec![
+    Row::new(vec![
         Cell::from("POD"),
         Cell::from("NAMESPACE"),
         Cell::from("CONTAINER"),
@@ -228,72 +245,46 @@ fn render_containers(model: &Model, area: Rect, buf: &mut Buffer, state: &mut Ta
         Cell::from("DEC%"),
         Cell::from("PROCS"),
     ])
-    .style(header_style());
-    let rows = model
-        .lines
-        .iter()
-        .zip(first_cells)
-        .map(|(l, first)| match l {
-            Line::Container { row, .. } => Row::new(vec![
-                Cell::from(first),
-                Cell::from(row.namespace.clone()),
-                Cell::from(row.container.clone()),
-                Cell::from(row.gpu.clone()),
-                Cell::from(human_bytes(row.memory_bytes)),
-                Cell::from(percent(row.util.sm)),
-                Cell::from(percent(row.util.mem)),
-                Cell::from(percent(row.util.enc)),
-                Cell::from(percent(row.util.dec)),
-                Cell::from(if row.idle_allocation {
-                    format!("{} idle", row.pids.len())
-                } else {
-                    row.pids.len().to_string()
-                }),
-            ])
-            .style(if row.idle_allocation {
-                Style::new().fg(Color::Yellow)
+    .style(header_style())
+}
+
+fn table_row(line: &Line, first: String) -> Row<'static> {
+    match line {
+        Line::Container { row, .. } => Row::new(vec![
+            Cell::from(first),
+            Cell::from(row.namespace.clone()),
+            Cell::from(row.container.clone()),
+            Cell::from(row.gpu.clone()),
+            Cell::from(human_bytes(row.memory_bytes)),
+            Cell::from(percent(row.util.sm)),
+            Cell::from(percent(row.util.mem)),
+            Cell::from(percent(row.util.enc)),
+            Cell::from(percent(row.util.dec)),
+            Cell::from(if row.idle_allocation {
+                format!("{} idle", row.pids.len())
             } else {
-                Style::new()
+                row.pids.len().to_string()
             }),
-            Line::Process(p) => Row::new(vec![
-                Cell::from(first),
-                Cell::from(""),
-                Cell::from(""),
-                Cell::from(""),
-                Cell::from(human_bytes(p.memory_bytes)),
-                Cell::from(percent(p.util.sm)),
-                Cell::from(percent(p.util.mem)),
-                Cell::from(percent(p.util.enc)),
-                Cell::from(percent(p.util.dec)),
-                Cell::from(""),
-            ])
-            .style(Style::new().add_modifier(Modifier::DIM)),
-        });
-    let widths = [
-        Constraint::Length(pod_w),
-        Constraint::Length(ns_w),
-        Constraint::Length(ctr_w),
-        Constraint::Length(gpu_w),
-        Constraint::Length(10),
-        Constraint::Length(4),
-        Constraint::Length(4),
-        Constraint::Length(4),
-        Constraint::Length(4),
-        Constraint::Length(6),
-    ];
-    let table = Table::new(rows, widths)
-        .header(header)
-        .block(block)
-        .column_spacing(2)
-        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
-        .highlight_symbol(">")
-        .highlight_spacing(if model.interactive {
-            HighlightSpacing::Always
+        ])
+        .style(if row.idle_allocation {
+            Style::new().fg(Color::Yellow)
         } else {
-            HighlightSpacing::Never
-        });
-    state.select(model.selected_line);
-    StatefulWidget::render(table, area, buf, state);
+            Style::new()
+        }),
+        Line::Process(p) => Row::new(vec![
+            Cell::from(first),
+            Cell::from(""),
+            Cell::from(""),
+            Cell::from(""),
+            Cell::from(human_bytes(p.memory_bytes)),
+            Cell::from(percent(p.util.sm)),
+            Cell::from(percent(p.util.mem)),
+            Cell::from(percent(p.util.enc)),
+            Cell::from(percent(p.util.dec)),
+            Cell::from(""),
+        ])
+        .style(Style::new().add_modifier(Modifier::DIM)),
+    }
 }
 
 fn render_footer(model: &Model, area: Rect, buf: &mut Buffer) {
@@ -344,7 +335,7 @@ pub fn plain(model: &Model, width: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::view::{tests::snapshot, App};
+    use crate::sinks::top::view::{tests::snapshot, App};
     use gpu_model::{AgentStats, SourceStatus, TrackingMode};
 
     fn sources(nvml: SourceStatus) -> AgentStats {

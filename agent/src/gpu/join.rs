@@ -1,19 +1,20 @@
-//! The join: GPU samples (by host PID) x the process cache and cgroup registry -> an
-//! immutable snapshot per container and GPU. Pure: the same inputs give the same snapshot;
-//! the cumulative counters go in and come out as values.
+//! The join: GPU samples (by host PID) x the process state -> an immutable snapshot per
+//! container and GPU. `join` is pure: the same inputs give the same snapshot, and the
+//! cumulative counters go in and come out as values. `Joiner` owns what carries over from
+//! one cycle to the next: those counters, and the GPU PIDs nobody could place.
 use std::{
     collections::{BTreeMap, HashMap},
-    time::Duration,
-};
-
-use crate::{
-    gpu::{DeviceSample, GpuSample},
-    metadata::{parse_device_id, DeviceRef, Metadata},
-    state::State,
+    time::{Duration, Instant},
 };
 
 use gpu_model::SourceStatus;
 pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
+
+use super::{DeviceSample, GpuSample, ProcessSample};
+use crate::{
+    metadata::{parse_device_id, DeviceRef, Metadata},
+    process::{Lookup, Placement, Resolver},
+};
 
 /// Who a GPU process is charged to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -101,73 +102,36 @@ fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
     }
 }
 
-/// Joins one GPU sample with the process state. `max_gap` caps the time credited to the
-/// counters when samples were missed (NVML unavailable, the agent paused).
-pub fn join(
-    state: &State,
-    metadata: &Metadata,
-    sample: &GpuSample,
-    nvml_status: &SourceStatus,
-    prev: &Counters,
-    max_gap: Duration,
-    process_detail: bool,
-) -> (Snapshot, Counters) {
-    let dt = if prev.last_sample_ms == 0 || sample.taken_at_ms <= prev.last_sample_ms {
-        0.0
-    } else {
-        ((sample.taken_at_ms - prev.last_sample_ms) as f64 / 1000.0).min(max_gap.as_secs_f64())
+/// Who a placed process is charged to, and what its cgroup says about that owner.
+fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMeta>) {
+    let Some(pl) = placed else {
+        return (Owner::Host, None);
     };
-    let mut groups: BTreeMap<Owner, Group> = BTreeMap::new();
-    let mut processes = vec![];
-    for dev in &sample.devices {
-        for p in &dev.processes {
-            let entry = state.cache.get(p.pid);
-            let (owner, meta) = match entry {
-                Some(e) => {
-                    let a = state.attribute(e);
-                    let c = a.container();
-                    let owner = match c {
-                        Some(c) if c.container_id.is_some() => {
-                            Owner::Container(c.container_id.clone().unwrap())
-                        }
-                        Some(c) if c.pod_uid.is_some() => Owner::Pod(c.pod_uid.clone().unwrap()),
-                        _ => Owner::Host,
-                    };
-                    let meta = c.map(|c| OwnerMeta {
-                        container_id: c.container_id.clone(),
-                        pod_uid: c.pod_uid.clone(),
-                        qos: c.qos.map(|q| q.as_str()),
-                        runtime: c.runtime.map(|r| r.as_str()),
-                        cgroup_path: a.node.map(|n| n.path.clone()),
-                    });
-                    (owner, meta)
-                }
-                None => (Owner::Host, None),
-            };
-            let uuid = p.device_uuid(dev).to_string();
-            if process_detail {
-                let m = meta.as_ref();
-                processes.push(ProcessUsage {
-                    pid: p.pid,
-                    comm: entry.map(|e| e.comm.clone()),
-                    container_id: m.and_then(|m| m.container_id.clone()),
-                    pod_uid: m.and_then(|m| m.pod_uid.clone()),
-                    uuid: uuid.clone(),
-                    used_memory_bytes: p.used_memory_bytes,
-                    sm_util: p.sm_util,
-                    mem_util: p.mem_util,
-                    enc_util: p.enc_util,
-                    dec_util: p.dec_util,
-                    exited: entry.is_some_and(|e| !e.is_live()),
-                });
-            }
-            let g = groups.entry(owner).or_default();
-            if g.meta.is_none() {
-                g.meta = meta;
-            }
-            let cg = g.gpus.entry(uuid.clone()).or_insert_with(|| ContainerGpu {
-                uuid: uuid.clone(),
-                gpu_uuid: dev.uuid.clone(),
+    let c = pl.container;
+    let owner = match c {
+        Some(c) if c.container_id.is_some() => Owner::Container(c.container_id.clone().unwrap()),
+        Some(c) if c.pod_uid.is_some() => Owner::Pod(c.pod_uid.clone().unwrap()),
+        _ => Owner::Host,
+    };
+    let meta = c.map(|c| OwnerMeta {
+        container_id: c.container_id.clone(),
+        pod_uid: c.pod_uid.clone(),
+        qos: c.qos.map(|q| q.as_str()),
+        runtime: c.runtime.map(|r| r.as_str()),
+        cgroup_path: pl.cgroup_path.map(str::to_string),
+    });
+    (owner, meta)
+}
+
+impl Group {
+    /// Adds one process's use of device `uuid` (of GPU `gpu_uuid`).
+    fn add(&mut self, uuid: &str, gpu_uuid: &str, p: &ProcessSample) {
+        let cg = self
+            .gpus
+            .entry(uuid.to_string())
+            .or_insert_with(|| ContainerGpu {
+                uuid: uuid.to_string(),
+                gpu_uuid: gpu_uuid.to_string(),
                 memory_used_bytes: 0,
                 sm_util: None,
                 mem_util: None,
@@ -178,18 +142,64 @@ pub fn join(
                 memory_byte_seconds: 0.0,
                 counters_since_ms: 0,
             });
-            cg.memory_used_bytes += p.used_memory_bytes;
-            cg.sm_util = add_util(cg.sm_util, p.sm_util);
-            cg.mem_util = add_util(cg.mem_util, p.mem_util);
-            cg.enc_util = add_util(cg.enc_util, p.enc_util);
-            cg.dec_util = add_util(cg.dec_util, p.dec_util);
-            cg.pids.push(p.pid);
+        cg.memory_used_bytes += p.used_memory_bytes;
+        cg.sm_util = add_util(cg.sm_util, p.sm_util);
+        cg.mem_util = add_util(cg.mem_util, p.mem_util);
+        cg.enc_util = add_util(cg.enc_util, p.enc_util);
+        cg.dec_util = add_util(cg.dec_util, p.dec_util);
+        cg.pids.push(p.pid);
+    }
+}
+
+/// Every GPU process grouped by owner, and the per-process rows when asked for.
+fn group_processes(
+    procs: &impl Resolver,
+    sample: &GpuSample,
+    process_detail: bool,
+) -> (BTreeMap<Owner, Group>, Vec<ProcessUsage>) {
+    let mut groups: BTreeMap<Owner, Group> = BTreeMap::new();
+    let mut processes = vec![];
+    for dev in &sample.devices {
+        for p in &dev.processes {
+            let placed = procs.place(p.pid);
+            let (owner, meta) = owner_of(placed);
+            let uuid = p.device_uuid(dev);
+            if process_detail {
+                let m = meta.as_ref();
+                processes.push(ProcessUsage {
+                    pid: p.pid,
+                    comm: placed.map(|pl| pl.comm.to_string()),
+                    container_id: m.and_then(|m| m.container_id.clone()),
+                    pod_uid: m.and_then(|m| m.pod_uid.clone()),
+                    uuid: uuid.to_string(),
+                    used_memory_bytes: p.used_memory_bytes,
+                    sm_util: p.sm_util,
+                    mem_util: p.mem_util,
+                    enc_util: p.enc_util,
+                    dec_util: p.dec_util,
+                    exited: placed.is_some_and(|pl| !pl.live),
+                });
+            }
+            let g = groups.entry(owner).or_default();
+            if g.meta.is_none() {
+                g.meta = meta;
+            }
+            g.add(uuid, &dev.uuid, p);
         }
     }
+    (groups, processes)
+}
 
+/// One entry per owner, its cumulative counters advanced by `dt` seconds.
+fn accumulate(
+    groups: BTreeMap<Owner, Group>,
+    prev: &Counters,
+    dt: f64,
+    taken_at_ms: u64,
+) -> (Vec<ContainerUsage>, Counters) {
     let mut counters = Counters {
         map: HashMap::with_capacity(prev.map.len()),
-        last_sample_ms: sample.taken_at_ms,
+        last_sample_ms: taken_at_ms,
     };
     let mut containers = Vec::with_capacity(groups.len());
     for (owner, g) in groups {
@@ -199,9 +209,9 @@ pub fn join(
             let mut acc = prev.map.get(&key).copied().unwrap_or_default();
             acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
-            acc.last_seen_ms = sample.taken_at_ms;
+            acc.last_seen_ms = taken_at_ms;
             if acc.since_ms == 0 {
-                acc.since_ms = sample.taken_at_ms;
+                acc.since_ms = taken_at_ms;
             }
             cg.counters_since_ms = acc.since_ms;
             cg.gpu_time_seconds = acc.gpu_seconds;
@@ -214,7 +224,7 @@ pub fn join(
             Owner::Host => OwnerMeta::default(),
             _ => g.meta.unwrap_or_default(),
         };
-        let mut c = ContainerUsage {
+        containers.push(ContainerUsage {
             container_id: m.container_id,
             pod_uid: m.pod_uid,
             qos: m.qos,
@@ -222,18 +232,29 @@ pub fn join(
             cgroup_path: m.cgroup_path,
             gpus,
             ..Default::default()
-        };
-        name_and_allocate(&mut c, metadata, &sample.devices);
-        containers.push(c);
+        });
     }
-    // Containers the kubelet gave a GPU that run no GPU process at all: allocated, idle.
+    // Owners idle this cycle keep their totals (counters must not reset) until forgotten.
+    for (k, acc) in &prev.map {
+        if !counters.map.contains_key(k)
+            && taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS
+        {
+            counters.map.insert(k.clone(), *acc);
+        }
+    }
+    (containers, counters)
+}
+
+/// Containers the kubelet gave a GPU that run no GPU process at all: allocated, idle.
+fn allocated_but_idle(metadata: &Metadata, containers: &[ContainerUsage]) -> Vec<ContainerUsage> {
+    let mut out = vec![];
     for a in &metadata.allocations {
         let named = |c: &ContainerUsage| {
             c.namespace.as_deref() == Some(a.namespace.as_str())
                 && c.pod_name.as_deref() == Some(a.pod_name.as_str())
                 && c.container_name.as_deref() == Some(a.container_name.as_str())
         };
-        if containers.iter().any(named) {
+        if containers.iter().chain(&out).any(named) {
             continue;
         }
         let key = (
@@ -246,25 +267,44 @@ pub fn join(
             .as_ref()
             .and_then(|id| metadata.names_of(id))
             .and_then(|n| n.pod_uid.clone());
-        let mut c = ContainerUsage {
+        out.push(ContainerUsage {
             container_id: id,
             pod_uid,
             pod_name: Some(a.pod_name.clone()),
             namespace: Some(a.namespace.clone()),
             container_name: Some(a.container_name.clone()),
             ..Default::default()
-        };
-        name_and_allocate(&mut c, metadata, &sample.devices);
-        containers.push(c);
+        });
     }
-    // Owners idle this cycle keep their totals (counters must not reset) until forgotten.
-    for (k, acc) in &prev.map {
-        if !counters.map.contains_key(k)
-            && sample.taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS
-        {
-            counters.map.insert(k.clone(), *acc);
-        }
+    out
+}
+
+/// Joins one GPU sample with the process state. `max_gap` caps the time credited to the
+/// counters when samples were missed (NVML unavailable, the agent paused).
+pub fn join(
+    procs: &impl Resolver,
+    metadata: &Metadata,
+    sample: &GpuSample,
+    nvml_status: &SourceStatus,
+    prev: &Counters,
+    max_gap: Duration,
+    process_detail: bool,
+) -> (Snapshot, Counters) {
+    let dt = if prev.last_sample_ms == 0 || sample.taken_at_ms <= prev.last_sample_ms {
+        0.0
+    } else {
+        ((sample.taken_at_ms - prev.last_sample_ms) as f64 / 1000.0).min(max_gap.as_secs_f64())
+    };
+    let (groups, processes) = group_processes(procs, sample, process_detail);
+    let (mut containers, counters) = accumulate(groups, prev, dt, sample.taken_at_ms);
+    for c in &mut containers {
+        name_and_allocate(c, metadata, &sample.devices);
     }
+    let mut idle = allocated_but_idle(metadata, &containers);
+    for c in &mut idle {
+        name_and_allocate(c, metadata, &sample.devices);
+    }
+    containers.extend(idle);
     let devices = sample
         .devices
         .iter()
@@ -273,17 +313,86 @@ pub fn join(
             ..d.clone()
         })
         .collect();
-    (
-        Snapshot {
-            taken_at_ms: sample.taken_at_ms,
-            nvml: nvml_status.clone(),
-            driver_version: sample.driver_version.clone(),
-            devices,
-            containers,
-            processes,
-        },
-        counters,
-    )
+    let snap = Snapshot {
+        taken_at_ms: sample.taken_at_ms,
+        nvml: nvml_status.clone(),
+        driver_version: sample.driver_version.clone(),
+        devices,
+        containers,
+        processes,
+    };
+    (snap, counters)
+}
+
+/// How long a GPU PID that nobody could place is left alone before /proc is asked again.
+const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
+
+/// The join's owner across cycles: the cumulative counters, and the GPU PIDs that neither
+/// the cache nor /proc could place (not asked about again for a while).
+#[derive(Debug, Default)]
+pub struct Joiner {
+    counters: Counters,
+    unresolved: HashMap<u32, Instant>,
+}
+
+/// What one cycle found out about the sample's PIDs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Coverage {
+    pub gpu_processes: u64,
+    /// Charged to the host entry: nobody could say where they belong.
+    pub unresolved: u64,
+}
+
+impl Joiner {
+    /// Gives every GPU PID the state lacks one chance to be placed (from the kernel map,
+    /// else /proc for that PID alone). A PID nobody could place is not looked up again for
+    /// `UNRESOLVED_RETRY`: it stays charged to the host entry meanwhile.
+    pub fn look_up_missing(&mut self, sample: &GpuSample, procs: &mut impl Lookup) -> Coverage {
+        let now = Instant::now();
+        let mut cov = Coverage::default();
+        for p in sample.devices.iter().flat_map(|d| &d.processes) {
+            cov.gpu_processes += 1;
+            if procs.knows(p.pid) {
+                continue;
+            }
+            let recent = self
+                .unresolved
+                .get(&p.pid)
+                .is_some_and(|t| now.duration_since(*t) < UNRESOLVED_RETRY);
+            if recent {
+                cov.unresolved += 1;
+            } else if !procs.look_up(p.pid) {
+                self.unresolved.insert(p.pid, now);
+                cov.unresolved += 1;
+            }
+        }
+        self.unresolved
+            .retain(|_, t| now.duration_since(*t) < UNRESOLVED_RETRY);
+        cov
+    }
+
+    /// The pure join, with this owner's counters carried over.
+    pub fn join(
+        &mut self,
+        procs: &impl Resolver,
+        metadata: &Metadata,
+        sample: &GpuSample,
+        nvml_status: &SourceStatus,
+        max_gap: Duration,
+        process_detail: bool,
+    ) -> Snapshot {
+        let (snap, counters) = join(
+            procs,
+            metadata,
+            sample,
+            nvml_status,
+            &self.counters,
+            max_gap,
+            process_detail,
+        );
+        self.counters = counters;
+        snap
+    }
 }
 
 #[cfg(test)]
@@ -293,9 +402,13 @@ mod tests {
     use super::*;
     use crate::metadata::{Allocation, ContainerNames};
     use crate::{
-        cache::{ProcessCache, ProcessEntry},
-        cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
         gpu::ProcessSample,
+        process::{
+            cache::{ProcessCache, ProcessEntry},
+            cgroup::ContainerRef,
+            cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
+            State,
+        },
     };
     use gpu_model::DeviceStatus;
 
@@ -576,5 +689,80 @@ mod tests {
         assert_eq!(idle.container_id.as_deref(), Some("c".repeat(64).as_str()));
         assert!(idle.gpus.is_empty());
         assert_eq!(idle.idle_allocations(), vec!["GPU-9"]);
+    }
+
+    /// A resolver of the join's own: no kernel, no cgroup filesystem.
+    #[derive(Default)]
+    struct Fake {
+        procs: HashMap<u32, (String, Option<ContainerRef>)>,
+        looked_up: Vec<u32>,
+    }
+
+    impl Resolver for Fake {
+        fn place(&self, pid: u32) -> Option<Placement<'_>> {
+            let (comm, c) = self.procs.get(&pid)?;
+            Some(Placement {
+                comm,
+                live: true,
+                container: c.as_ref(),
+                cgroup_path: None,
+            })
+        }
+    }
+
+    impl Lookup for Fake {
+        fn knows(&self, pid: u32) -> bool {
+            self.procs.contains_key(&pid)
+        }
+
+        /// Only even PIDs can be found "in /proc".
+        fn look_up(&mut self, pid: u32) -> bool {
+            self.looked_up.push(pid);
+            let found = pid.is_multiple_of(2);
+            if found {
+                self.procs.insert(pid, ("late".into(), None));
+            }
+            found
+        }
+    }
+
+    #[test]
+    fn joins_against_any_resolver() {
+        let c = ContainerRef {
+            container_id: Some(A.into()),
+            pod_uid: Some(UID.into()),
+            qos: None,
+            runtime: None,
+        };
+        let mut fake = Fake::default();
+        fake.procs.insert(7, ("python".into(), Some(c)));
+        let mut j = Joiner::default();
+        let s = sample(1000, vec![proc(7, 10, 5), proc(9, 1, 0)]);
+        let snap = j.join(
+            &fake,
+            &Metadata::default(),
+            &s,
+            &SourceStatus::Ok,
+            Duration::from_secs(3),
+            true,
+        );
+        assert_eq!(find(&snap, Some(A)).gpus[0].memory_used_bytes, 10);
+        assert_eq!(find(&snap, None).gpus[0].pids, vec![9]);
+        assert_eq!(snap.processes[0].comm.as_deref(), Some("python"));
+        assert_eq!(snap.processes[1].comm, None);
+    }
+
+    #[test]
+    fn a_pid_nobody_can_place_is_not_looked_up_again_at_once() {
+        let mut fake = Fake::default();
+        let mut j = Joiner::default();
+        let s = sample(1000, vec![proc(2, 1, 0), proc(3, 1, 0)]);
+        let cov = j.look_up_missing(&s, &mut fake);
+        assert_eq!((cov.gpu_processes, cov.unresolved), (2, 1));
+        assert_eq!(fake.looked_up, vec![2, 3]);
+        // Next cycle: 2 is known now, 3 is remembered as unplaceable and not asked about.
+        let cov = j.look_up_missing(&s, &mut fake);
+        assert_eq!((cov.gpu_processes, cov.unresolved), (2, 1));
+        assert_eq!(fake.looked_up, vec![2, 3]);
     }
 }

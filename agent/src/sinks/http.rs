@@ -13,14 +13,14 @@ use axum::{
 };
 use serde::Deserialize;
 
-use crate::{join::Snapshot, state::State, stats::Stats};
+use crate::{pipeline::Published, process::State, stats::Stats};
 
 #[derive(Clone)]
 pub struct AppState {
     pub state: Arc<RwLock<State>>,
     pub stats: Arc<Stats>,
     pub ready: Arc<AtomicBool>,
-    pub snapshot: Arc<RwLock<Arc<Snapshot>>>,
+    pub snapshot: Published,
     /// Set when /metrics is served.
     pub prometheus: Option<Arc<otel::prometheus::PromOptions>>,
 }
@@ -60,12 +60,12 @@ async fn processes(
 }
 
 async fn stats(AxState(app): AxState<AppState>) -> impl IntoResponse {
-    let nvml = app.snapshot.read().unwrap().nvml.clone();
+    let nvml = app.snapshot.borrow().nvml.clone();
     Json(app.stats.report(&nvml))
 }
 
 async fn snapshot(AxState(app): AxState<AppState>) -> impl IntoResponse {
-    let snap = app.snapshot.read().unwrap().clone();
+    let snap = app.snapshot.borrow().clone();
     // Serialised outside the lock; the snapshot itself is immutable.
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
@@ -81,7 +81,7 @@ async fn metrics(AxState(app): AxState<AppState>) -> axum::response::Response {
         )
             .into_response();
     };
-    let snap = app.snapshot.read().unwrap().clone();
+    let snap = app.snapshot.borrow().clone();
     let stats = app.stats.report(&snap.nvml);
     let body = otel::prometheus::render(&snap, &stats, &opts);
     (

@@ -10,9 +10,11 @@ use std::{
     os::fd::AsRawFd,
     path::PathBuf,
     process::ExitCode,
-    sync::atomic::{AtomicBool, AtomicI32, Ordering},
-    thread::JoinHandle,
-    time::{Duration, Instant},
+    sync::{
+        atomic::{AtomicBool, AtomicI32, Ordering},
+        mpsc, Arc,
+    },
+    time::Duration,
 };
 
 use crossterm::{
@@ -23,17 +25,13 @@ use crossterm::{
 };
 use ratatui::{backend::CrosstermBackend, widgets::TableState, Terminal};
 
-use crate::{
-    config::Config,
-    run::{self, Handles},
-};
-use gpu_model::SourceStatus;
+use gpu_model::{Snapshot, SourceStatus};
+
+use crate::{pipeline::Published, stats::Stats};
 use view::{Action, App};
 
 /// How long `--once` waits for the first GPU sample (or NVML saying it is unavailable).
 const FIRST_SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The live view redraws at least this often (a key redraws at once).
-const REFRESH: Duration = Duration::from_millis(250);
 /// Width of the `--once` frame when stdout is not a terminal.
 const PLAIN_WIDTH: u16 = 120;
 
@@ -82,64 +80,57 @@ fn open_log(path: &std::path::Path) -> io::Result<std::fs::File> {
     .open(path)
 }
 
-/// Starts the sources, shows them (live, or one plain frame with `--once`), stops them.
-pub fn main(config: Config, prep_error: Option<String>, opts: Options) -> ExitCode {
-    if !opts.once && !io::stdout().is_terminal() {
-        eprintln!("gpu-agent top: stdout is not a terminal (use --once for a plain-text frame)");
-        return ExitCode::from(2);
-    }
-    let node = run::node_identity(&config);
-    let host = node.node_name.unwrap_or(node.host_name);
-    let (handles, stop, thread) = match run::spawn_embedded(config, prep_error) {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("gpu-agent top: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let code = if opts.once {
-        once(&handles, &thread, &host)
-    } else {
-        match live(&handles, &thread, &host, &opts.log_file) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => {
-                eprintln!(
-                    "gpu-agent top: the sources stopped (a signal, or an error: see {})",
-                    opts.log_file.display()
-                );
-                ExitCode::FAILURE
-            }
-            Err(e) => {
-                eprintln!("gpu-agent top: terminal: {e}");
-                ExitCode::FAILURE
-            }
-        }
-    };
-    let _ = stop.send(true);
-    // They stop within a poll interval; a stuck NVML call must not keep us from exiting.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !thread.is_finished() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if thread.is_finished() {
-        let _ = thread.join();
-    }
-    code
+/// What `top` reads: the published snapshots and the agent's stats.
+pub struct Feed {
+    pub snapshot: Published,
+    pub stats: Arc<Stats>,
+    /// The node's name, for the title.
+    pub host: String,
 }
 
-fn once(handles: &Handles, thread: &JoinHandle<()>, host: &str) -> ExitCode {
-    let deadline = Instant::now() + FIRST_SAMPLE_TIMEOUT;
-    loop {
-        let sampled = handles.snapshot.read().unwrap().taken_at_ms != 0;
-        let disabled = handles.snapshot.read().unwrap().nvml == SourceStatus::Disabled;
-        if sampled || disabled || thread.is_finished() || Instant::now() >= deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+/// Shows the sources (live, or one plain frame with `--once`) until the user quits or the
+/// sources stop.
+pub fn main(feed: Feed, opts: &Options) -> ExitCode {
+    if opts.once {
+        return once(feed);
     }
-    let snap = handles.snapshot.read().unwrap().clone();
+    match live(feed, &opts.log_file) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!(
+                "gpu-agent top: the sources stopped (a signal, or an error: see {})",
+                opts.log_file.display()
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("gpu-agent top: terminal: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Refuses the live view where it cannot draw.
+pub fn check_terminal(opts: &Options) -> Result<(), String> {
+    if !opts.once && !io::stdout().is_terminal() {
+        return Err("stdout is not a terminal (use --once for a plain-text frame)".into());
+    }
+    Ok(())
+}
+
+fn once(mut feed: Feed) -> ExitCode {
+    // The first GPU sample, or NVML saying it is off; the sources gone end the wait too.
+    let first = |s: &Arc<Snapshot>| s.taken_at_ms != 0 || s.nvml == SourceStatus::Disabled;
+    if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    {
+        let wait = feed.snapshot.wait_for(first);
+        let _ = rt.block_on(async { tokio::time::timeout(FIRST_SAMPLE_TIMEOUT, wait).await });
+    }
+    let snap = feed.snapshot.borrow().clone();
     let mut app = App::expanding_all();
-    let model = app.model(&snap, &handles.stats.report(&snap.nvml), host, false);
+    let model = app.model(&snap, &feed.stats.report(&snap.nvml), &feed.host, false);
     let width = if io::stdout().is_terminal() {
         terminal::size().map_or(PLAIN_WIDTH, |(w, _)| w)
     } else {
@@ -152,31 +143,65 @@ fn once(handles: &Handles, thread: &JoinHandle<()>, host: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// What wakes the live view: it draws on each, and otherwise sleeps.
+enum Wake {
+    Key(event::KeyEvent),
+    Redraw,
+    SourcesGone,
+}
+
+/// Forwards key presses, resizes and new snapshots into one channel.
+fn wakes(snapshot: Published) -> mpsc::Receiver<Wake> {
+    let (tx, rx) = mpsc::channel();
+    let keys = tx.clone();
+    std::thread::spawn(move || loop {
+        let wake = match event::read() {
+            Ok(Event::Key(k)) if k.kind == KeyEventKind::Press => Wake::Key(k),
+            Ok(Event::Resize(..)) => Wake::Redraw,
+            Ok(_) => continue,
+            Err(_) => return,
+        };
+        if keys.send(wake).is_err() {
+            return;
+        }
+    });
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().build() else {
+            let _ = tx.send(Wake::SourcesGone);
+            return;
+        };
+        let mut snapshot = snapshot;
+        while rt.block_on(snapshot.changed()).is_ok() {
+            if tx.send(Wake::Redraw).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Wake::SourcesGone);
+    });
+    rx
+}
+
 /// Ok(true): the user quit; Ok(false): the sources stopped under us.
-fn live(
-    handles: &Handles,
-    thread: &JoinHandle<()>,
-    host: &str,
-    log_file: &std::path::Path,
-) -> io::Result<bool> {
+fn live(feed: Feed, log_file: &std::path::Path) -> io::Result<bool> {
     let mut tui = Tui::enter(log_file)?;
+    let wakes = wakes(feed.snapshot.clone());
     let mut app = App::default();
     let mut table = TableState::default();
     loop {
-        if thread.is_finished() {
-            return Ok(false);
-        }
-        let snap = handles.snapshot.read().unwrap().clone();
-        let model = app.model(&snap, &handles.stats.report(&snap.nvml), host, true);
+        let snap = feed.snapshot.borrow().clone();
+        let stats = feed.stats.report(&snap.nvml);
+        let model = app.model(&snap, &stats, &feed.host, true);
         tui.terminal
             .draw(|f| ui::render(&model, f.area(), f.buffer_mut(), &mut table))?;
-        // One event per frame, so that each key acts on the order it was pressed over.
-        if event::poll(REFRESH)? {
-            if let Event::Key(k) = event::read()? {
-                if k.kind == KeyEventKind::Press && app.on_key(k, &model.order) == Action::Quit {
+        // One wake per frame, so that each key acts on the order it was pressed over.
+        match wakes.recv() {
+            Ok(Wake::Key(k)) => {
+                if app.on_key(k, &model.order) == Action::Quit {
                     return Ok(true);
                 }
             }
+            Ok(Wake::Redraw) => {}
+            Ok(Wake::SourcesGone) | Err(_) => return Ok(false),
         }
     }
 }

@@ -4,10 +4,40 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::{
+use super::{
     cache::{ProcessCache, ProcessEntry},
     cgroup::{CgroupNode, CgroupRegistry, ContainerRef, Hierarchies},
 };
+
+/// Where a host PID belongs: what the GPU join charges its use to.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    pub comm: &'a str,
+    /// false for a tombstone (the process exited, its last samples still join).
+    pub live: bool,
+    /// The container or pod its cgroup names; None for a host process.
+    pub container: Option<&'a ContainerRef>,
+    pub cgroup_path: Option<&'a str>,
+}
+
+/// pid -> process and container. `State` is the real one; a test of the join can use any
+/// map of its own.
+pub trait Resolver {
+    fn place(&self, pid: u32) -> Option<Placement<'_>>;
+}
+
+impl Resolver for State {
+    fn place(&self, pid: u32) -> Option<Placement<'_>> {
+        let e = self.cache.get(pid)?;
+        let a = self.attribute(e);
+        Some(Placement {
+            comm: &e.comm,
+            live: e.is_live(),
+            container: a.node.and_then(|n| n.container.as_deref()),
+            cgroup_path: a.node.map(|n| n.path.as_str()),
+        })
+    }
+}
 
 #[derive(Debug)]
 pub struct State {

@@ -3,24 +3,20 @@
 //! mode rescans /proc instead.
 use std::{
     collections::{HashMap, HashSet},
-    sync::{atomic::Ordering::Relaxed, Arc, RwLock},
+    sync::{atomic::Ordering::Relaxed, Arc, RwLock, RwLockReadGuard},
     time::{Duration, Instant},
 };
 
-use agent_common::{
-    CgroupEvent, ProcEvent, ProcInfo, CGROUP_PATH_MAX, EVENT_CGROUP_ATTACH, EVENT_CGROUP_MKDIR,
-    EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, F_CGROUP_SUSPECT, F_START_KNOWN,
-    F_V1_KNOWN, F_V2_KNOWN,
-};
+use agent_common::ProcInfo;
 
-use crate::{
-    cache::{comm_str, ProcessCache, ProcessEntry},
-    cgroup::{CgroupRegistry, Hierarchies},
-    ebpf::EbpfSource,
-    gpu::GpuSample,
-    join::{join, Counters, Snapshot},
+use super::{
+    cache::{ProcessCache, ProcessEntry},
+    cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
     procfs::{ProcRecord, Procfs},
     state::State,
+};
+use crate::{
+    ebpf::{events::KernelEvent, EbpfSource},
     stats::Stats,
 };
 
@@ -28,20 +24,16 @@ use crate::{
 const WALK_INTERVAL: Duration = Duration::from_secs(1);
 
 pub struct Tracker {
-    pub state: Arc<RwLock<State>>,
+    state: Arc<RwLock<State>>,
     stats: Arc<Stats>,
     procfs: Procfs,
     source: Option<EbpfSource>,
+    /// Decoded notifications, reused between drains.
+    events: Vec<KernelEvent>,
     last_lost: u64,
     last_walk: HashMap<u32, Instant>,
     tombstone: Duration,
-    counters: Counters,
-    /// GPU PIDs /proc could not place either, and when: not asked again for a while.
-    unresolved: HashMap<u32, Instant>,
 }
-
-/// How long a GPU PID that nobody could place is left alone before /proc is asked again.
-const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
 
 impl Tracker {
     pub fn new(
@@ -61,12 +53,24 @@ impl Tracker {
             stats,
             procfs,
             source,
+            events: Vec::new(),
             last_lost: 0,
             last_walk: HashMap::new(),
             tombstone,
-            counters: Counters::default(),
-            unresolved: HashMap::new(),
         }
+    }
+
+    /// The state, for readers (the join, /debug/processes).
+    pub fn shared_state(&self) -> Arc<RwLock<State>> {
+        self.state.clone()
+    }
+
+    pub fn state(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap()
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 
     pub fn source(&self) -> Option<&EbpfSource> {
@@ -114,90 +118,25 @@ impl Tracker {
             .store(started.elapsed().as_millis() as u64, Relaxed);
     }
 
-    /// Drains the ring buffer. Returns the number of notifications applied.
+    /// Applies every queued notification; after lost ones, resyncs from the kernel map.
+    /// Returns the number of notifications read.
     pub fn drain(&mut self) -> usize {
-        let Some(src) = self.source.as_mut() else {
+        if self.source.is_none() {
             return 0;
-        };
-        let mut guard = self.state.write().unwrap();
-        let st = &mut *guard;
-        let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
-        let mut n = 0usize;
-        let mut attaches: Vec<(u32, u32, u64)> = vec![];
-        let mut need_walk: HashSet<u32> = HashSet::new();
-        while let Some(item) = src.ring.next() {
-            n += 1;
-            let bytes: &[u8] = &item;
-            if bytes.len() < 4 {
-                continue;
+        }
+        let mut n = self.apply_queued();
+        loop {
+            let counters = self.read_counters();
+            if counters.ringbuf_lost <= self.last_lost {
+                break;
             }
-            let kind = u32::from_ne_bytes(bytes[..4].try_into().unwrap());
-            match kind {
-                EVENT_EXEC | EVENT_FORK | EVENT_EXIT if bytes.len() >= size_of::<ProcEvent>() => {
-                    // SAFETY: length checked; ProcEvent is plain old data.
-                    let ev: ProcEvent =
-                        unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const ProcEvent) };
-                    match kind {
-                        EVENT_FORK => st.cache.on_fork(ev.tgid, &ev.info, comm_str(&ev.comm)),
-                        EVENT_EXEC => st.cache.on_exec(ev.tgid, &ev.info, comm_str(&ev.comm)),
-                        _ => st.cache.on_exit(ev.tgid, Instant::now()),
-                    }
-                    if kind != EVENT_EXIT
-                        && ev.info.flags & F_V2_KNOWN != 0
-                        && !st.registry.contains(0, ev.info.cgroup_id)
-                    {
-                        need_walk.insert(0);
-                    }
-                }
-                EVENT_CGROUP_MKDIR | EVENT_CGROUP_RMDIR | EVENT_CGROUP_ATTACH
-                    if bytes.len() >= size_of::<CgroupEvent>() =>
-                {
-                    // SAFETY: length checked; CgroupEvent is plain old data.
-                    let ev: CgroupEvent =
-                        unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const CgroupEvent) };
-                    let truncated = ev.path_len as usize > CGROUP_PATH_MAX;
-                    let end = ev.path.iter().position(|&b| b == 0).unwrap_or(0);
-                    let path = String::from_utf8_lossy(&ev.path[..end]);
-                    if kind == EVENT_CGROUP_RMDIR {
-                        st.registry.mark_removed(ev.hierarchy, ev.id);
-                    } else if truncated || path.is_empty() {
-                        need_walk.insert(ev.hierarchy);
-                    } else {
-                        st.registry.insert(ev.hierarchy, ev.id, &path);
-                    }
-                    if kind == EVENT_CGROUP_ATTACH
-                        && (ev.hierarchy == 0 || Some(ev.hierarchy) == v1_id)
-                    {
-                        attaches.push((ev.pid, ev.hierarchy, ev.id));
-                    }
-                }
-                _ => tracing::debug!(kind, len = bytes.len(), "unknown notification"),
-            }
-        }
-        drop(guard);
-        self.stats.events_received.fetch_add(n as u64, Relaxed);
-        for (pid, hierarchy, id) in attaches {
-            self.apply_attach(pid, hierarchy, id);
-        }
-        for h in need_walk {
-            self.walk_hierarchy(h);
-        }
-        let src = self.source.as_mut().unwrap();
-        src.flush_logs();
-        let counters = src.counters();
-        self.stats.events_lost.store(counters.ringbuf_lost, Relaxed);
-        self.stats.kernel_map_full.store(counters.map_full, Relaxed);
-        self.stats
-            .kernel_read_errors
-            .store(counters.read_errors, Relaxed);
-        if counters.ringbuf_lost > self.last_lost {
             self.last_lost = counters.ringbuf_lost;
             tracing::warn!(
                 lost = counters.ringbuf_lost,
                 "ring buffer overflowed; resyncing from the kernel map"
             );
             // Whatever is still queued predates the resync; applying it first keeps order.
-            self.drain();
+            n += self.apply_queued();
             self.resync_from_kernel();
             self.stats.resyncs.fetch_add(1, Relaxed);
             self.publish_gauges();
@@ -205,29 +144,64 @@ impl Tracker {
         n
     }
 
+    /// One pass over the ring buffer.
+    fn apply_queued(&mut self) -> usize {
+        let Some(src) = self.source.as_mut() else {
+            return 0;
+        };
+        let mut events = std::mem::take(&mut self.events);
+        let n = src.read_events(&mut events);
+        let mut attaches: Vec<(u32, u32, u64)> = vec![];
+        let mut need_walk: HashSet<u32> = HashSet::new();
+        {
+            let mut guard = self.state.write().unwrap();
+            let st = &mut *guard;
+            let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
+            for ev in events.drain(..) {
+                apply(st, ev, v1_id, &mut attaches, &mut need_walk);
+            }
+        }
+        self.events = events;
+        self.stats.events_received.fetch_add(n as u64, Relaxed);
+        for (pid, hierarchy, id) in attaches {
+            self.apply_attach(pid, hierarchy, id);
+        }
+        for h in need_walk {
+            self.walk_hierarchy(h);
+        }
+        if let Some(src) = self.source.as_mut() {
+            src.flush_logs();
+        }
+        n
+    }
+
+    /// The kernel's drop counters, copied into the stats.
+    fn read_counters(&self) -> crate::ebpf::KernelCounters {
+        let counters = self
+            .source
+            .as_ref()
+            .map(|s| s.counters())
+            .unwrap_or_default();
+        self.stats.events_lost.store(counters.ringbuf_lost, Relaxed);
+        self.stats.kernel_map_full.store(counters.map_full, Relaxed);
+        self.stats
+            .kernel_read_errors
+            .store(counters.read_errors, Relaxed);
+        counters
+    }
+
     /// A migration: the cache follows it, and the kernel entry too when the program found
     /// none (a process that the start-up walk had not seeded yet).
     fn apply_attach(&mut self, pid: u32, hierarchy: u32, id: u64) {
         let v2 = hierarchy == 0;
         let known = self.state.write().unwrap().cache.on_attach(pid, v2, id);
-        let src = self.source.as_mut().unwrap();
+        let Some(src) = self.source.as_mut() else {
+            return;
+        };
         if known {
-            if let Some(mut info) = src.get(pid) {
-                let stale = if v2 {
-                    info.cgroup_id != id || info.flags & F_V2_KNOWN == 0
-                } else {
-                    info.cgroup_v1_id != id || info.flags & F_V1_KNOWN == 0
-                };
-                if stale {
-                    if v2 {
-                        info.cgroup_id = id;
-                        info.flags = (info.flags | F_V2_KNOWN) & !F_CGROUP_SUSPECT;
-                    } else {
-                        info.cgroup_v1_id = id;
-                        info.flags |= F_V1_KNOWN;
-                    }
-                    let _ = src.update_existing(pid, info);
-                }
+            if let Some(mut info) = src.get(pid).filter(|i| !i.knows_cgroup(v2, id)) {
+                info.set_cgroup(v2, id);
+                let _ = src.update_existing(pid, info);
             }
             return;
         }
@@ -269,11 +243,7 @@ impl Tracker {
             let mut st = self.state.write().unwrap();
             let live: HashSet<u32> = snapshot.iter().map(|(k, _)| *k).collect();
             for (tgid, info) in &snapshot {
-                let mut info = *info;
-                if info.flags & F_CGROUP_SUSPECT != 0 {
-                    info.flags &= !F_V2_KNOWN;
-                }
-                st.cache.upsert_kernel(*tgid, &info);
+                st.cache.upsert_kernel(*tgid, &info.trusted());
             }
             st.cache.retire_missing(&live, now);
             (st.hierarchies.v1.is_some(), st.hierarchies.v2.is_some())
@@ -282,12 +252,7 @@ impl Tracker {
             let st = self.state.read().unwrap();
             snapshot
                 .iter()
-                .filter(|(_, i)| {
-                    i.flags & F_START_KNOWN == 0
-                        || (v2_tracked && i.flags & F_V2_KNOWN == 0)
-                        || i.flags & F_CGROUP_SUSPECT != 0
-                        || (v1_tracked && i.flags & F_V1_KNOWN == 0)
-                })
+                .filter(|(_, i)| !i.is_complete(v2_tracked, v1_tracked))
                 .map(|(k, _)| *k)
                 .filter(|k| st.cache.get(*k).is_some_and(|e| e.is_live()))
                 .collect()
@@ -331,12 +296,12 @@ impl Tracker {
             return Some(e.clone());
         }
         // The kernel map may know it before its notification was applied: no /proc read.
-        let v1_tracked = self.state.read().unwrap().hierarchies.v1.is_some();
+        let (v2_tracked, v1_tracked) = {
+            let h = &self.state.read().unwrap().hierarchies;
+            (h.v2.is_some(), h.v1.is_some())
+        };
         if let Some(info) = self.source.as_ref().and_then(|s| s.get(pid)) {
-            let complete = info.flags & (F_START_KNOWN | F_V2_KNOWN) == F_START_KNOWN | F_V2_KNOWN
-                && info.flags & F_CGROUP_SUSPECT == 0
-                && (!v1_tracked || info.flags & F_V1_KNOWN != 0);
-            if complete {
+            if info.is_complete(v2_tracked, v1_tracked) {
                 let mut st = self.state.write().unwrap();
                 st.cache.upsert_kernel(pid, &info);
                 return st.cache.get(pid).cloned();
@@ -345,62 +310,6 @@ impl Tracker {
         self.stats.procfs_fallback_lookups.fetch_add(1, Relaxed);
         self.lookup_from_procfs(pid)?;
         self.state.read().unwrap().cache.get(pid).cloned()
-    }
-
-    /// Joins a GPU sample with the cache. GPU PIDs the cache does not know are looked up
-    /// in /proc first, one PID at a time, so a process the kernel map could not hold (map
-    /// full) is still placed.
-    pub fn join_gpu(
-        &mut self,
-        metadata: &crate::metadata::Metadata,
-        sample: &GpuSample,
-        nvml_status: &gpu_model::SourceStatus,
-        max_gap: Duration,
-        process_detail: bool,
-    ) -> Snapshot {
-        let now = Instant::now();
-        let pids: Vec<u32> = sample
-            .devices
-            .iter()
-            .flat_map(|d| d.processes.iter().map(|p| p.pid))
-            .collect();
-        let mut unresolved = 0;
-        for &pid in &pids {
-            if self.state.read().unwrap().cache.get(pid).is_some() {
-                continue;
-            }
-            if self
-                .unresolved
-                .get(&pid)
-                .is_some_and(|t| now.duration_since(*t) < UNRESOLVED_RETRY)
-            {
-                unresolved += 1;
-                continue;
-            }
-            if self.resolve(pid).is_none() {
-                self.unresolved.insert(pid, now);
-                unresolved += 1;
-            }
-        }
-        self.unresolved
-            .retain(|_, t| now.duration_since(*t) < UNRESOLVED_RETRY);
-        self.stats.gpu_processes.store(pids.len() as u64, Relaxed);
-        self.stats
-            .gpu_processes_unresolved
-            .store(unresolved, Relaxed);
-        let st = self.state.read().unwrap();
-        let (snap, counters) = join(
-            &st,
-            metadata,
-            sample,
-            nvml_status,
-            &self.counters,
-            max_gap,
-            process_detail,
-        );
-        drop(st);
-        self.counters = counters;
-        snap
     }
 
     fn walk_hierarchy(&mut self, id: u32) {
@@ -450,7 +359,7 @@ fn entry_from_record(
     hier: &Hierarchies,
     rec: &ProcRecord,
 ) -> ProcessEntry {
-    let id_in = |registry: &mut CgroupRegistry, h: Option<&crate::cgroup::Hierarchy>| {
+    let id_in = |registry: &mut CgroupRegistry, h: Option<&Hierarchy>| {
         let h = h?;
         let path = rec.cgroup_path(h.id)?;
         registry.id_of(h, path)
@@ -467,18 +376,70 @@ fn entry_from_record(
 }
 
 fn kernel_info(e: &ProcessEntry) -> ProcInfo {
-    let mut flags = F_START_KNOWN;
-    if e.cgroup_v2.is_some() {
-        flags |= F_V2_KNOWN;
+    ProcInfo::new(e.cgroup_v2, e.cgroup_v1, Some(e.start_ns), e.ppid)
+}
+
+/// One notification applied to the state. Attaches and cgroups the registry cannot name
+/// yet are collected: they need the kernel map or a walk, after the lock.
+fn apply(
+    st: &mut State,
+    ev: KernelEvent,
+    v1_id: Option<u32>,
+    attaches: &mut Vec<(u32, u32, u64)>,
+    need_walk: &mut HashSet<u32>,
+) {
+    let unknown_v2 =
+        |st: &State, info: &ProcInfo| info.v2_known() && !st.registry.contains(0, info.cgroup_id);
+    match ev {
+        KernelEvent::Fork { tgid, info, comm } => {
+            st.cache.on_fork(tgid, &info, comm);
+            if unknown_v2(st, &info) {
+                need_walk.insert(0);
+            }
+        }
+        KernelEvent::Exec { tgid, info, comm } => {
+            st.cache.on_exec(tgid, &info, comm);
+            if unknown_v2(st, &info) {
+                need_walk.insert(0);
+            }
+        }
+        KernelEvent::Exit { tgid } => st.cache.on_exit(tgid, Instant::now()),
+        KernelEvent::CgroupRmdir { hierarchy, id } => st.registry.mark_removed(hierarchy, id),
+        KernelEvent::CgroupMkdir {
+            hierarchy,
+            id,
+            path,
+        } => match path {
+            Some(p) => st.registry.insert(hierarchy, id, &p),
+            None => {
+                need_walk.insert(hierarchy);
+            }
+        },
+        KernelEvent::CgroupAttach {
+            pid,
+            hierarchy,
+            id,
+            path,
+        } => {
+            match path {
+                Some(p) => st.registry.insert(hierarchy, id, &p),
+                None => {
+                    need_walk.insert(hierarchy);
+                }
+            }
+            if hierarchy == 0 || Some(hierarchy) == v1_id {
+                attaches.push((pid, hierarchy, id));
+            }
+        }
     }
-    if e.cgroup_v1.is_some() {
-        flags |= F_V1_KNOWN;
+}
+
+impl super::Lookup for Tracker {
+    fn knows(&self, pid: u32) -> bool {
+        self.state().cache.get(pid).is_some()
     }
-    ProcInfo {
-        cgroup_id: e.cgroup_v2.unwrap_or(0),
-        cgroup_v1_id: e.cgroup_v1.unwrap_or(0),
-        start_ns: e.start_ns,
-        ppid: e.ppid,
-        flags,
+
+    fn look_up(&mut self, pid: u32) -> bool {
+        self.resolve(pid).is_some()
     }
 }

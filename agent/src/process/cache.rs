@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{ProcInfo, F_START_KNOWN, F_V1_KNOWN, F_V2_KNOWN};
+use agent_common::ProcInfo;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessEntry {
@@ -24,15 +24,11 @@ impl ProcessEntry {
     fn from_kernel(pid: u32, info: &ProcInfo, comm: String) -> ProcessEntry {
         ProcessEntry {
             pid,
-            start_ns: if info.flags & F_START_KNOWN != 0 {
-                info.start_ns
-            } else {
-                0
-            },
+            start_ns: if info.start_known() { info.start_ns } else { 0 },
             ppid: info.ppid,
             comm,
-            cgroup_v2: (info.flags & F_V2_KNOWN != 0).then_some(info.cgroup_id),
-            cgroup_v1: (info.flags & F_V1_KNOWN != 0).then_some(info.cgroup_v1_id),
+            cgroup_v2: info.v2_known().then_some(info.cgroup_id),
+            cgroup_v1: info.v1_known().then_some(info.cgroup_v1_id),
             exited_at: None,
         }
     }
@@ -40,11 +36,6 @@ impl ProcessEntry {
     pub fn is_live(&self) -> bool {
         self.exited_at.is_none()
     }
-}
-
-pub fn comm_str(comm: &[u8; 16]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
 #[derive(Debug)]
@@ -72,13 +63,13 @@ impl ProcessCache {
         match self.procs.get_mut(&tgid) {
             Some(e) if e.is_live() => {
                 e.comm = comm;
-                if info.flags & F_V2_KNOWN != 0 {
+                if info.v2_known() {
                     e.cgroup_v2 = Some(info.cgroup_id);
                 }
-                if info.flags & F_V1_KNOWN != 0 {
+                if info.v1_known() {
                     e.cgroup_v1 = Some(info.cgroup_v1_id);
                 }
-                if e.start_ns == 0 && info.flags & F_START_KNOWN != 0 {
+                if e.start_ns == 0 && info.start_known() {
                     e.start_ns = info.start_ns;
                 }
             }
@@ -185,13 +176,7 @@ mod tests {
     use super::*;
 
     fn info(cg: u64, start: u64) -> ProcInfo {
-        ProcInfo {
-            cgroup_id: cg,
-            cgroup_v1_id: 0,
-            start_ns: start,
-            ppid: 1,
-            flags: F_V2_KNOWN | F_START_KNOWN,
-        }
+        ProcInfo::new(Some(cg), None, Some(start), 1)
     }
 
     #[test]
@@ -244,11 +229,7 @@ mod tests {
     #[test]
     fn exec_without_known_process_creates_partial_entry() {
         let mut c = ProcessCache::new(Duration::from_secs(5));
-        let partial = ProcInfo {
-            cgroup_id: 7,
-            flags: F_V2_KNOWN,
-            ..ProcInfo::default()
-        };
+        let partial = ProcInfo::new(Some(7), None, None, 0);
         c.on_exec(42, &partial, "x".into());
         let e = c.get(42).unwrap();
         assert_eq!((e.cgroup_v2, e.cgroup_v1, e.start_ns), (Some(7), None, 0));

@@ -1,0 +1,64 @@
+//! The NVML thread: NVML calls block, so sampling runs on a thread of its own and sends one
+//! message per cycle to the pipeline.
+use std::{
+    sync::{atomic::Ordering::Relaxed, Arc},
+    time::{Duration, Instant},
+};
+
+use gpu_model::SourceStatus;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{nvml::NvmlSampler, GpuSample};
+use crate::{
+    config::NvmlConfig,
+    stats::{thread_cpu_ns, Stats},
+};
+
+/// One cycle: the sample (None while NVML is unavailable) and NVML's health.
+pub type GpuMessage = (Option<GpuSample>, SourceStatus);
+
+/// Samples every `interval_ms` until `stop`, or until the receiver is gone.
+pub fn spawn(
+    cfg: NvmlConfig,
+    tx: mpsc::Sender<GpuMessage>,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let interval = Duration::from_millis(cfg.interval_ms);
+    // The thread's own timer, to sleep until the next cycle or until the agent stops.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    std::thread::Builder::new()
+        .name("nvml".into())
+        .spawn(move || {
+            let mut sampler = NvmlSampler::new(cfg.lib_path);
+            let mut next = Instant::now();
+            while !stop.is_cancelled() {
+                let cpu0 = thread_cpu_ns();
+                let sample = sampler.sample();
+                stats
+                    .nvml_sample_cpu_ns
+                    .fetch_add(thread_cpu_ns() - cpu0, Relaxed);
+                if tx
+                    .blocking_send((sample, sampler.status().clone()))
+                    .is_err()
+                {
+                    return; // the pipeline is gone
+                }
+                next += interval;
+                let now = Instant::now();
+                if next > now {
+                    let wait = next - now;
+                    // The timer is created inside the runtime, which drives it.
+                    rt.block_on(async {
+                        let _ = tokio::time::timeout(wait, stop.cancelled()).await;
+                    });
+                } else {
+                    next = now; // fell behind (slow driver): do not burst
+                }
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! The pipeline: the one task that owns the process state and the join. It applies the
+//! kernel's notifications as they come, joins each GPU sample with the processes and the
+//! metadata, and publishes every snapshot on one watch channel that all sinks read.
+use std::{
+    sync::{atomic::Ordering::Relaxed, Arc, RwLock},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Result;
+use gpu_model::Snapshot;
+use tokio::{
+    sync::{mpsc, watch},
+    time::MissedTickBehavior,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    config::Config,
+    gpu::{join::Joiner, sampler::GpuMessage},
+    metadata::{Metadata, NameRequests},
+    process::Tracker,
+    stats::{thread_cpu_ns, Stats},
+};
+
+/// Where the snapshots are published; every sink holds a receiver.
+pub type Published = watch::Receiver<Arc<Snapshot>>;
+
+pub struct Pipeline {
+    pub tracker: Tracker,
+    pub joiner: Joiner,
+    /// The metadata source's latest names and allocations.
+    pub metadata: Arc<RwLock<Arc<Metadata>>>,
+    /// Asks the metadata source about containers it could not name (None: no metadata).
+    pub names: Option<NameRequests>,
+    pub publish: watch::Sender<Arc<Snapshot>>,
+    pub stats: Arc<Stats>,
+    /// Caps the time credited to the counters when samples were missed.
+    pub max_gap: Duration,
+    pub process_detail: bool,
+    /// How often the ring buffer is drained when the kernel did not wake us (eBPF mode), or
+    /// /proc is rescanned (/proc mode).
+    pub poll_every: Duration,
+}
+
+impl Pipeline {
+    pub fn new(tracker: Tracker, publish: watch::Sender<Arc<Snapshot>>, config: &Config) -> Self {
+        let poll_every = if tracker.is_ebpf() {
+            Duration::from_millis(config.ebpf.poll_interval_ms)
+        } else {
+            Duration::from_secs(config.cache.procfs_rescan_secs)
+        };
+        Pipeline {
+            stats: tracker.stats(),
+            tracker,
+            joiner: Joiner::default(),
+            metadata: Default::default(),
+            names: None,
+            publish,
+            max_gap: Duration::from_millis(config.nvml.interval_ms * 3),
+            process_detail: config.nvml.process_detail,
+            poll_every,
+        }
+    }
+
+    /// Runs until `stop`. `gpu` closes when NVML sampling is off.
+    pub async fn run(
+        mut self,
+        mut gpu: mpsc::Receiver<GpuMessage>,
+        stop: CancellationToken,
+    ) -> Result<()> {
+        let ring = match self.tracker.source() {
+            Some(s) => Some(s.readiness()?),
+            None => None,
+        };
+        let mut gc = tokio::time::interval(Duration::from_secs(1));
+        let mut poll = tokio::time::interval(self.poll_every);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                r = async { ring.as_ref().unwrap().wait().await }, if ring.is_some() => {
+                    r?;
+                    self.tracker.drain();
+                }
+                _ = poll.tick() => {
+                    if self.tracker.is_ebpf() {
+                        self.tracker.drain();
+                    } else {
+                        self.tracker.rescan_procfs();
+                    }
+                }
+                _ = gc.tick() => self.tracker.gc(),
+                Some(msg) = gpu.recv() => self.on_gpu(msg),
+            }
+        }
+    }
+
+    /// One GPU message: a new snapshot, published.
+    fn on_gpu(&mut self, (sample, nvml): GpuMessage) {
+        let cpu0 = thread_cpu_ns();
+        let snap = match sample {
+            Some(s) => {
+                self.stats.nvml_samples.fetch_add(1, Relaxed);
+                // Apply what the kernel queued before the sample, so new GPU processes are
+                // already in the cache.
+                self.tracker.drain();
+                let cov = self.joiner.look_up_missing(&s, &mut self.tracker);
+                self.stats.gpu_processes.store(cov.gpu_processes, Relaxed);
+                let unresolved = &self.stats.gpu_processes_unresolved;
+                unresolved.store(cov.unresolved, Relaxed);
+                let md = self.metadata.read().unwrap().clone();
+                let state = self.tracker.state();
+                let snap =
+                    self.joiner
+                        .join(&*state, &md, &s, &nvml, self.max_gap, self.process_detail);
+                drop(state);
+                if let Some(r) = self.names.as_mut() {
+                    r.ask(&snap);
+                }
+                snap
+            }
+            None => Snapshot {
+                taken_at_ms: now_ms(),
+                nvml,
+                ..Default::default()
+            },
+        };
+        self.publish.send_replace(Arc::new(snap));
+        let cpu = thread_cpu_ns() - cpu0;
+        self.stats.join_cpu_ns.fetch_add(cpu, Relaxed);
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,134 @@
+//! The data flows one way through agent/src: kernel events -> process state -> GPU sample
+//! and join -> pipeline (snapshots) -> sinks -> wiring. A module may use the ones below it,
+//! never one above or beside it, so the dependencies between the top-level modules have no
+//! cycle. This reads the sources and checks every `crate::` path against that order.
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::{Path, PathBuf},
+};
+
+/// Top-level modules by layer, lowest first.
+const LAYERS: &[&[&str]] = &[
+    &["config", "stats"],
+    &["ebpf"],
+    &["process", "metadata"],
+    &["gpu"],
+    &["pipeline"],
+    &["sinks"],
+    &["run"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&module))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module each `crate::` path in `text` names, with `crate::{a, b::c}`
+/// groups expanded. Comments are skipped.
+fn crate_paths(text: &str) -> BTreeSet<String> {
+    let code: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = BTreeSet::new();
+    let mut rest = code.as_str();
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut start = 0;
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        out.insert(first_ident(&group[start..j]));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.insert(first_ident(&group[start..j]));
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.insert(first_ident(rest));
+        }
+    }
+    out.remove("");
+    out
+}
+
+fn first_ident(s: &str) -> String {
+    s.trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+#[test]
+fn no_module_uses_one_above_or_beside_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![];
+    rust_files(&src, &mut files);
+    let mut problems = vec![];
+    let mut seen = BTreeSet::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = top.trim_end_matches(".rs").to_string();
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let Some(own) = layer_of(&module) else {
+            problems.push(format!("{}: module {module} has no layer", rel.display()));
+            continue;
+        };
+        seen.insert(module.clone());
+        for used in crate_paths(&fs::read_to_string(file).unwrap()) {
+            if used == module {
+                continue;
+            }
+            match layer_of(&used) {
+                Some(l) if l < own => {}
+                Some(_) => problems.push(format!(
+                    "{}: {module} uses crate::{used}, which is not below it",
+                    rel.display()
+                )),
+                None => problems.push(format!("{}: crate::{used} is unknown", rel.display())),
+            }
+        }
+    }
+    let all: BTreeSet<String> = LAYERS
+        .iter()
+        .flat_map(|l| l.iter())
+        .map(|m| m.to_string())
+        .collect();
+    assert_eq!(seen, all, "every layer's module exists");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_check_sees_grouped_and_nested_paths() {
+    let text = "use crate::{\n    gpu::{join::Joiner, sampler},\n    stats::Stats, // crate::run\n};\nlet x = crate::pipeline::now_ms();";
+    let got: Vec<String> = crate_paths(text).into_iter().collect();
+    assert_eq!(got, ["gpu", "pipeline", "stats"]);
+}
