@@ -93,7 +93,7 @@ impl Tools {
             apt_install(&missing);
             missing.retain(|p| !(p.present)());
         }
-        let sudo = if root { "" } else { "sudo " };
+        let sudo = as_root();
         for p in &missing {
             let flags = if p.no_recommends {
                 " --no-install-recommends"
@@ -149,6 +149,17 @@ impl Tools {
         if let Some(r) = &self.rotel {
             std::env::set_var("GPU_AGENT_ROTEL", r);
         }
+    }
+}
+
+/// How a printed command gets root.
+fn as_root() -> &'static str {
+    if is_root() {
+        ""
+    } else if on_path("sudo").is_some() {
+        "sudo "
+    } else {
+        "(as root) "
     }
 }
 
@@ -229,7 +240,7 @@ fn ensure_venv(venv: &Path) -> Option<PathBuf> {
             venv.display()
         );
         if !quiet(Command::new("python3").arg("-m").arg("venv").arg(venv)) {
-            let sudo = if is_root() { "" } else { "sudo " };
+            let sudo = as_root();
             eprintln!(
                 "xtask: MISSING {} (`python3 -m venv {}` failed): {sudo}apt-get install -y \
                  python3 python3-venv, or pip install them yourself",
