@@ -15,18 +15,6 @@ use std::{
 
 use serde_json::Value;
 
-/// Root-only tests call this first; it prints why they are skipped.
-pub fn require_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "SKIP {test}: needs root (loads eBPF programs and creates cgroups); CI runs it as root"
-        );
-        return false;
-    }
-    true
-}
-
 /// target/<profile>/ of this test binary: the agent binary sits there.
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

@@ -10,7 +10,7 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     cgroups::{first_child, sleeper, systemd_container, Proc, TestCgroup},
-    fake_nvml_lib, random_hex, random_uid, require_root, Agent,
+    fake_nvml_lib, random_hex, random_uid, Agent,
 };
 
 const GIB: u64 = 1 << 30;
@@ -96,10 +96,8 @@ fn container<'a>(snap: &'a Value, id: Option<&str>) -> Option<&'a Value> {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn two_processes_of_one_container_are_summed() {
-    if !require_root("two_processes_of_one_container_are_summed") {
-        return;
-    }
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&pod_path(&uid, &id));
     let a = Proc(cg.spawn(&mut sleeper()));
@@ -139,10 +137,8 @@ fn two_processes_of_one_container_are_summed() {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn process_in_its_own_pid_namespace_lands_in_its_container() {
-    if !require_root("process_in_its_own_pid_namespace_lands_in_its_container") {
-        return;
-    }
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&pod_path(&uid, &id));
     let mut cmd = Command::new("unshare");
@@ -164,10 +160,8 @@ fn process_in_its_own_pid_namespace_lands_in_its_container() {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs"]
 fn host_and_unknown_processes_are_kept_under_the_host_entry() {
-    if !require_root("host_and_unknown_processes") {
-        return;
-    }
     let host = Proc(sleeper().spawn().unwrap());
     // A PID above pid_max can never exist: nobody can place it, and it is still counted.
     let ghost = 4_194_304 + 7;
@@ -189,10 +183,8 @@ fn host_and_unknown_processes_are_kept_under_the_host_entry() {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn mig_process_is_charged_to_its_mig_device() {
-    if !require_root("mig_process_is_charged_to_its_mig_device") {
-        return;
-    }
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&pod_path(&uid, &id));
     let w = Proc(cg.spawn(&mut sleeper()));
@@ -219,10 +211,8 @@ fn mig_process_is_charged_to_its_mig_device() {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn a_gpu_lost_mid_run_is_marked_and_the_others_go_on() {
-    if !require_root("a_gpu_lost_mid_run") {
-        return;
-    }
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&pod_path(&uid, &id));
     let a = Proc(cg.spawn(&mut sleeper()));
@@ -256,10 +246,8 @@ fn a_gpu_lost_mid_run_is_marked_and_the_others_go_on() {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs"]
 fn no_driver_degrades_and_recovers_by_itself() {
-    if !require_root("no_driver_degrades_and_recovers") {
-        return;
-    }
     let sc = Scenario::new(&json!({"driver_loaded": false, "devices": []}));
     let agent = start(&sc, "");
     agent.wait_until("nvml unavailable", Duration::from_secs(10), || {
@@ -280,10 +268,8 @@ fn no_driver_degrades_and_recovers_by_itself() {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn a_process_that_exits_before_the_join_still_counts_for_its_container() {
-    if !require_root("a_process_that_exits_before_the_join") {
-        return;
-    }
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&pod_path(&uid, &id));
     let w = Proc(cg.spawn(&mut sleeper()));
@@ -334,10 +320,8 @@ fn scenario_file(name: &str, pids: &[(u64, u32)]) -> Value {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn time_sliced_gpu_from_the_scenario_file_is_split_by_container() {
-    if !require_root("time_sliced_gpu_from_the_scenario_file") {
-        return;
-    }
     let (ua, ia) = (random_uid(), random_hex(64));
     let (ub, ib) = (random_uid(), random_hex(64));
     let a = TestCgroup::v2(&pod_path(&ua, &ia));
@@ -374,10 +358,8 @@ fn time_sliced_gpu_from_the_scenario_file_is_split_by_container() {
 }
 
 #[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn mig_node_from_the_scenario_file_charges_each_mig_device() {
-    if !require_root("mig_node_from_the_scenario_file") {
-        return;
-    }
     let ids: Vec<(String, String)> = (0..3).map(|_| (random_uid(), random_hex(64))).collect();
     let cgs: Vec<TestCgroup> = ids
         .iter()

@@ -3,8 +3,10 @@ mod bench;
 mod deploy;
 mod ebpf;
 mod overhead;
+mod test;
+mod tools;
 
-use std::{path::PathBuf, process::Command};
+use std::{os::unix::process::CommandExt, path::PathBuf, process::Command};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -23,12 +25,24 @@ enum Cmd {
     BuildEbpf,
     /// build-ebpf, then `cargo build --release -p agent` (the object embedded).
     Build,
-    /// build-ebpf, build the agent, then run every test of the workspace.
-    Test {
-        /// Extra arguments for `cargo test`.
+    /// build, then `target/release/gpu-agent run ARGS`: directly as root, else through sudo
+    /// (keeping RUST_LOG, OTEL_*, FAKE_NVML_SCENARIO and NODE_NAME).
+    Run {
+        /// Arguments for `gpu-agent run` (after `--`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Install the test tools (apt-get as root; a virtualenv under target/), build-ebpf,
+    /// build the agent and fake-nvml, then run every test of the workspace; as root the
+    /// root-only tests too, otherwise it says how many were left out.
+    Test {
+        /// Extra arguments for `cargo test` (after `--`: for the test binaries).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Only the first step of `test`: install what the tests need, then print the shell
+    /// lines that give a direct `cargo test` the same tools (`eval "$(cargo xtask test-tools)"`).
+    TestTools,
     /// Benchmarks (see docs/benchmarks.md). Without a subcommand: gpu-agent against the
     /// /proc-based approaches on one synthetic node, side by side.
     Bench {
@@ -53,14 +67,14 @@ fn main() -> Result<()> {
             ebpf::build()?;
             cargo(&["build", "--release", "-p", "agent"])
         }
-        Cmd::Test { args } => {
-            ebpf::build()?;
-            // The integration tests spawn target/debug/gpu-agent and load the fake
-            // libnvidia-ml.so: build both first.
-            cargo(&["build", "-p", "agent", "-p", "fake-nvml"])?;
-            let mut a = vec!["test", "--workspace", "--exclude", "agent-ebpf"];
-            a.extend(args.iter().map(String::as_str));
-            cargo(&a)
+        Cmd::Run { args } => run_agent(&args),
+        Cmd::Test { args } => test::run(&with_leading_double_dash(
+            &std::env::args().collect::<Vec<_>>(),
+            args,
+        )),
+        Cmd::TestTools => {
+            tools::Tools::ensure().print_exports();
+            Ok(())
         }
         Cmd::Bench {
             which: Some(which), ..
@@ -70,7 +84,11 @@ fn main() -> Result<()> {
             quick,
             no_write,
         } => overhead::run(quick, no_write),
-        Cmd::CheckDeploy => deploy::run(),
+        Cmd::CheckDeploy => {
+            // Its tools (kubernetes-validate, kubectl, node) are found on PATH.
+            tools::Tools::ensure().apply_to_self();
+            deploy::run()
+        }
     }
 }
 
@@ -81,15 +99,115 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// clap drops a `--` that comes first (`cargo xtask test -- --nocapture`); it means, as for
+/// `cargo test`, that what follows is for the test binaries: put it back.
+fn with_leading_double_dash(argv: &[String], mut args: Vec<String>) -> Vec<String> {
+    if argv.get(2).is_some_and(|a| a == "--") {
+        args.insert(0, "--".into());
+    }
+    args
+}
+
+/// The agent reads these; sudo would drop them.
+const AGENT_ENV: &[&str] = &["RUST_LOG", "FAKE_NVML_SCENARIO", "NODE_NAME"];
+
+fn run_agent(args: &[String]) -> Result<()> {
+    let bin = bench::release_agent()?;
+    let mut cmd = if is_root() {
+        Command::new(&bin)
+    } else if let Some(sudo) = on_path("sudo") {
+        let keep: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| AGENT_ENV.contains(&k.as_str()) || k.starts_with("OTEL_"))
+            .collect();
+        let mut c = Command::new(sudo);
+        // --preserve-env, not `env K=V`: OTEL headers may hold keys, argv is public.
+        if !keep.is_empty() {
+            c.arg(format!("--preserve-env={}", keep.join(",")));
+        }
+        c.arg(&bin);
+        c
+    } else {
+        bail!(
+            "gpu-agent needs root (or CAP_BPF and CAP_PERFMON) and there is no sudo here: \
+             run `cargo xtask run` as root, or `{} run` with those capabilities",
+            bin.display()
+        );
+    };
+    cmd.arg("run").args(args);
+    Err(cmd.exec()).with_context(|| format!("running {}", bin.display()))
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The first `name` on PATH.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// `cargo` (the one that runs xtask), in the workspace root, without the variables that
+/// `cargo run` set for xtask: build scripts that watch them (ring's `rerun-if-env-changed=
+/// CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...) would otherwise rebuild, here and again in
+/// the next `cargo xtask`, every crate above them.
+pub fn cargo_command() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_MANIFEST_")
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+            ]
+            .contains(&&*k)
+        {
+            c.env_remove(&*k);
+        }
+    }
+    c
+}
+
 pub fn cargo(args: &[&str]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
+    let status = cargo_command()
         .args(args)
-        .current_dir(workspace_root())
         .status()
-        .with_context(|| format!("running {cargo}"))?;
+        .context("running cargo")?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod t {
+    use super::*;
+
+    fn test_args(argv: &[&str]) -> Vec<String> {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        match Cli::try_parse_from(&argv).unwrap().cmd {
+            Cmd::Test { args } => with_leading_double_dash(&argv, args),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_double_dash_reaches_the_test_binaries() {
+        assert_eq!(test_args(&["xtask", "test", "--", "-q"]), ["--", "-q"]);
+        assert_eq!(
+            test_args(&["xtask", "test", "-p", "tests", "--", "-q"]),
+            ["-p", "tests", "--", "-q"]
+        );
+        assert_eq!(
+            test_args(&["xtask", "test", "-p", "tests"]),
+            ["-p", "tests"]
+        );
+    }
 }

@@ -1,0 +1,201 @@
+//! `cargo xtask test`: brings the test tools, builds what the integration tests spawn, runs
+//! every test of the workspace, and says loudly what it left out.
+//!
+//! Root-only tests are `#[ignore = "needs root: ..."]`. As root they run
+//! (`--include-ignored`); as another user they are left out, counted from libtest's own
+//! output, and the command that runs them is printed at the end.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    process::Stdio,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{cargo, cargo_command, ebpf, is_root, tools::Tools};
+
+/// Needs a cgroup v1 memory hierarchy: left out, and said so, on pure cgroup v2 hosts.
+const V1_TEST: &str = "process_only_in_a_cgroup_v1_hierarchy_is_attributed";
+
+pub fn run(user_args: &[String]) -> Result<()> {
+    let tools = Tools::ensure();
+    ebpf::build()?;
+    // The integration tests spawn target/debug/gpu-agent and load the fake
+    // libnvidia-ml.so: build both first.
+    cargo(&["build", "-p", "agent", "-p", "fake-nvml"])?;
+
+    let root = is_root();
+    let mut skips = vec![];
+    if root && tests::cgroups::v1_memory_mount().is_none() {
+        skips.push((V1_TEST, "this host has no cgroup v1 memory hierarchy"));
+    }
+    let args = cargo_test_args(user_args, root, &skips);
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let mut cmd = cargo_command();
+    cmd.args(&args).stdout(Stdio::piped());
+    tools.apply(&mut cmd);
+    let mut child = cmd.spawn().context("running cargo test")?;
+    let mut tally = Tally::default();
+    // libtest's stdout passes through unchanged; its summary lines are counted on the way.
+    let mut out = std::io::stdout();
+    for line in BufReader::new(child.stdout.take().expect("piped")).split(b'\n') {
+        let line = line.context("reading cargo test's output")?;
+        out.write_all(&line)?;
+        out.write_all(b"\n")?;
+        tally.read(&String::from_utf8_lossy(&line));
+    }
+    let status = child.wait()?;
+    tally.report(root, user_args, &skips);
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    Ok(())
+}
+
+/// `cargo test --workspace --exclude agent-ebpf [user cargo args] -- [--include-ignored]
+/// [--skip ...] [user test args]`; the user's own `--` is merged into ours.
+fn cargo_test_args(user: &[String], root: bool, skips: &[(&str, &str)]) -> Vec<String> {
+    let (cargo_args, test_args) = match user.iter().position(|a| a == "--") {
+        Some(i) => (&user[..i], &user[i + 1..]),
+        None => (user, &[][..]),
+    };
+    let mut a: Vec<String> = ["test", "--workspace", "--exclude", "agent-ebpf"]
+        .map(String::from)
+        .into();
+    a.extend(cargo_args.iter().cloned());
+    a.push("--".into());
+    let chose = |f: &str| test_args.iter().any(|t| t == f);
+    if root && !chose("--ignored") && !chose("--include-ignored") {
+        a.push("--include-ignored".into());
+    }
+    for (name, _) in skips {
+        a.extend(["--skip".into(), name.to_string()]);
+    }
+    a.extend(test_args.iter().cloned());
+    a
+}
+
+/// Counts from libtest's output: its `test result:` lines, and the reason of each ignored test.
+#[derive(Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+    reasons: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn read(&mut self, line: &str) {
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let Ok(n) = n.parse::<u64>() else { continue };
+                match kind {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    "ignored" => self.ignored += n,
+                    _ => {}
+                }
+            }
+        } else if let Some((_, verdict)) = line
+            .strip_prefix("test ")
+            .and_then(|l| l.split_once(" ... "))
+        {
+            if let Some(rest) = verdict.strip_prefix("ignored") {
+                let why = rest.trim_start_matches(", ").trim();
+                let why = if why.is_empty() {
+                    "no reason given"
+                } else {
+                    why
+                };
+                *self.reasons.entry(why.to_string()).or_default() += 1;
+            }
+        }
+    }
+
+    fn report(&self, root: bool, user_args: &[String], skips: &[(&str, &str)]) {
+        eprintln!(
+            "xtask: RESULT tests passed={} failed={} ignored={}",
+            self.passed, self.failed, self.ignored
+        );
+        if self.ignored == 0 && skips.is_empty() {
+            return;
+        }
+        let bar = "=".repeat(78);
+        eprintln!("{bar}");
+        if self.ignored > 0 {
+            let who = if root { "ignored as asked" } else { "not root" };
+            eprintln!(
+                "xtask: {} TESTS WERE LEFT OUT ({who}); they did not run:",
+                self.ignored
+            );
+            for (why, n) in &self.reasons {
+                eprintln!("xtask:   {n:>4}  {why}");
+            }
+        }
+        for (name, why) in skips {
+            eprintln!("xtask: LEFT OUT {name}: {why}");
+        }
+        if !root && self.ignored > 0 {
+            let args: String = user_args.iter().map(|a| format!(" {a}")).collect();
+            eprintln!("xtask: they load eBPF programs and create cgroups. Run them as root:");
+            eprintln!("xtask:   sudo env \"PATH=$PATH\" cargo xtask test{args}");
+            eprintln!("xtask:   (already root, e.g. on a fresh VM: cargo xtask test{args})");
+        }
+        eprintln!("{bar}");
+    }
+}
+
+#[cfg(test)]
+mod t {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn root_includes_ignored_and_merges_the_users_double_dash() {
+        let base = "test --workspace --exclude agent-ebpf";
+        let join = |v: Vec<String>| v.join(" ");
+        assert_eq!(
+            join(cargo_test_args(&[], true, &[])),
+            format!("{base} -- --include-ignored")
+        );
+        assert_eq!(join(cargo_test_args(&[], false, &[])), format!("{base} --"));
+        assert_eq!(
+            join(cargo_test_args(
+                &s(&["-p", "tests", "--", "--nocapture", "grpc"]),
+                true,
+                &[("v1", "why")]
+            )),
+            format!("{base} -p tests -- --include-ignored --skip v1 --nocapture grpc")
+        );
+        assert_eq!(
+            join(cargo_test_args(&s(&["--", "--ignored"]), true, &[])),
+            format!("{base} -- --ignored"),
+            "the user's choice of ignored tests stands"
+        );
+    }
+
+    #[test]
+    fn counts_libtest_summaries_and_reasons() {
+        let mut t = Tally::default();
+        for l in [
+            "test a ... ok",
+            "test b ... ignored, needs root: loads the eBPF programs",
+            "test c ... ignored, needs root: loads the eBPF programs",
+            "test d ... ignored",
+            "test result: ok. 1 passed; 0 failed; 3 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            "test result: FAILED. 4 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s",
+        ] {
+            t.read(l);
+        }
+        assert_eq!((t.passed, t.failed, t.ignored), (5, 2, 3));
+        assert_eq!(t.reasons["needs root: loads the eBPF programs"], 2);
+        assert_eq!(t.reasons["no reason given"], 1);
+    }
+}
