@@ -399,7 +399,13 @@ fn namespace_problems(r: &Rendered) -> Vec<String> {
         .filter(|o| !CLUSTER_SCOPED.contains(&s(&o["kind"])))
     {
         let on = s(&o["metadata"]["namespace"]);
-        flag!(p, on.is_empty(), "{}: no metadata.namespace (must be {ns}): `kubectl apply -k` puts it in the current namespace", r.at(o));
+        let why = "`kubectl apply -k` puts it in the current namespace";
+        flag!(
+            p,
+            on.is_empty(),
+            "{}: no metadata.namespace (must be {ns}): {why}",
+            r.at(o)
+        );
         flag!(
             p,
             !on.is_empty() && on != ns,
@@ -417,7 +423,13 @@ fn namespace_problems(r: &Rendered) -> Vec<String> {
         {
             let (name, sub_ns) = (s(&sub["name"]), s(&sub["namespace"]));
             let sa = r.find("ServiceAccount", name);
-            flag!(p, sub_ns != ns || sa.is_none(), "{}: subject ServiceAccount {sub_ns}/{name} is not the ServiceAccount {ns}/{name} rendered here", r.at(b));
+            let at = r.at(b);
+            flag!(
+                p,
+                sub_ns != ns || sa.is_none(),
+                "{at}: subject ServiceAccount {sub_ns}/{name} \
+                is not the ServiceAccount {ns}/{name} rendered here"
+            );
         }
     }
     p
@@ -465,7 +477,12 @@ fn port_problems(r: &Rendered) -> Vec<String> {
         let get = &c[probe]["httpGet"];
         let ok = s(&get["path"]) == path && container_port(c, &get["port"]) == port;
         let (got_path, got_port) = (scalar(&get["path"]), scalar(&get["port"]));
-        flag!(p, !ok, "{at}: {probe}.httpGet is {got_path} on port {got_port}, not {path} on {from}'s port ({addr})");
+        flag!(
+            p,
+            !ok,
+            "{at}: {probe}.httpGet is {got_path} on port {got_port}, not {path} on \
+            {from}'s port ({addr})"
+        );
     }
     let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
     for sm in r.of_kind("ServiceMonitor") {
@@ -481,7 +498,13 @@ fn port_problems(r: &Rendered) -> Vec<String> {
             r.at(sm)
         );
         for (i, ep) in seq(&sm["spec"]["endpoints"]).iter().enumerate() {
-            flag!(p, ep["honorLabels"] != true, "{}: endpoints[{i}].honorLabels must be true, or Prometheus renames the workload's namespace/pod/container labels to exported_*", r.at(sm));
+            let sm_at = r.at(sm);
+            flag!(
+                p,
+                ep["honorLabels"] != true,
+                "{sm_at}: endpoints[{i}].honorLabels must be true, \
+                or Prometheus renames the workload's namespace/pod/container labels to exported_*"
+            );
             for svc in &services {
                 let sp = seq(&svc["spec"]["ports"])
                     .iter()
@@ -496,7 +519,13 @@ fn port_problems(r: &Rendered) -> Vec<String> {
                 let reaches = labels_match(&svc["spec"]["selector"], pod_labels)
                     && target.and_then(|t| container_port(c, t)) == port;
                 let ep_port = scalar(&ep["port"]);
-                flag!(p, !reaches, "{}: endpoints[{i}].port {ep_port} does not reach the agent's pods on {from}'s port ({addr}) through {}", r.at(sm), r.at(svc));
+                let via = r.at(svc);
+                flag!(
+                    p,
+                    !reaches,
+                    "{sm_at}: endpoints[{i}].port {ep_port} does not reach the agent's \
+                    pods on {from}'s port ({addr}) through {via}"
+                );
             }
         }
     }
@@ -538,7 +567,10 @@ fn privilege_problems(r: &Rendered) -> Vec<String> {
         for section in ["requests", "limits"] {
             for k in keys(&ctr["resources"][section]).filter(|k| k.starts_with("nvidia.com/")) {
                 let name = s(&ctr["name"]);
-                p.push(format!("{at}: container {name} resources.{section}.{k}: the agent must never take a GPU from workloads (NVIDIA_VISIBLE_DEVICES=all gives it NVML)"));
+                p.push(format!(
+                    "{at}: container {name} resources.{section}.{k}: the agent must never \
+                    take a GPU from workloads (NVIDIA_VISIBLE_DEVICES=all gives it NVML)"
+                ));
             }
         }
     }
@@ -629,12 +661,23 @@ fn collector_problems(agent_r: &Rendered, col: &Rendered) -> Vec<String> {
     let listens = receivers
         .iter()
         .any(|id| port_of(endpoint_of(id)) == Some(port));
-    flag!(p, !listens, "{at}: no otlp receiver's protocols.{proto}.endpoint is on port {port}, where the agent sends ({endpoint})");
+    flag!(
+        p,
+        !listens,
+        "{at}: no otlp receiver's protocols.{proto}.endpoint is on port {port}, \
+        where the agent sends ({endpoint})"
+    );
     let forwards = |cp: &Value| {
         cp["hostPort"].as_u64() == Some(port) && cp["containerPort"].as_u64() == Some(port)
     };
     let via_node = endpoint.contains("$(HOST_IP)");
-    flag!(p, via_node && !seq(&cc["ports"]).iter().any(forwards), "{}: the agent sends to the node's address ({endpoint}) but no hostPort {port} reaches containerPort {port}", col.at(ds));
+    let (no_hostport, cat) = (!seq(&cc["ports"]).iter().any(forwards), col.at(ds));
+    flag!(
+        p,
+        via_node && no_hostport,
+        "{cat}: the agent sends to the node's address \
+        ({endpoint}) but no hostPort {port} reaches containerPort {port}"
+    );
     let pipelines = conf["service"]["pipelines"]
         .as_mapping()
         .into_iter()
@@ -663,7 +706,12 @@ fn collector_problems(agent_r: &Rendered, col: &Rendered) -> Vec<String> {
             .map(|src| s(&src["name"]))
             .collect();
         for need in ["container.id", "k8s.pod.uid"] {
-            flag!(p, !names.contains(&need), "{at}: processors.{id}.pod_association has no resource_attribute {need}: gpu-agent's container resources are identified by it");
+            flag!(
+                p,
+                !names.contains(&need),
+                "{at}: processors.{id}.pod_association has no \
+                resource_attribute {need}: gpu-agent's container resources are identified by it"
+            );
         }
     }
     p
@@ -675,6 +723,44 @@ fn collector_receives_where_the_agent_sends_and_associates_its_resources() {
         render("deploy/kubernetes"),
         render("deploy/collector"),
     ));
+}
+
+/// `gpu-agent check-config` on the agent's ConfigMap'd config, with its container's
+/// environment as the kubelet builds it (the OTEL_* variables are configuration too): a key
+/// the agent refuses would crash-loop the pod on every node.
+fn check_config(r: &Rendered) -> (bool, String) {
+    let (_, pod, c) = agent(r).expect("the gpu-agent DaemonSet");
+    let (path, text) = mounted_config(r, pod, c).unwrap_or_else(|e| panic!("{e}"));
+    let file = scratch("agent-config").join("config.toml");
+    fs::write(&file, text).unwrap();
+    let mut cmd = Command::new(tests::agent_binary());
+    cmd.args(["check-config", &file.display().to_string()]);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_") || k == "NODE_NAME") {
+        cmd.env_remove(k);
+    }
+    let mut env: Vec<(String, String)> = vec![];
+    for e in seq(&c["env"]) {
+        let mut value = match s(&e["valueFrom"]["fieldRef"]["fieldPath"]) {
+            "" => s(&e["value"]).to_string(),
+            "spec.nodeName" => "gpu-node-1".into(),
+            _ => "192.0.2.10".into(),
+        };
+        for (k, v) in &env {
+            value = value.replace(&format!("$({k})"), v);
+        }
+        env.push((s(&e["name"]).to_string(), value));
+    }
+    let (ok, out) = run(cmd.envs(env));
+    (
+        ok,
+        format!("{}: {path}: gpu-agent check-config: {out}", r.name),
+    )
+}
+
+#[test]
+fn the_agent_accepts_its_deployed_config_and_environment() {
+    let (ok, out) = check_config(render("deploy/kubernetes"));
+    assert!(ok, "{out}");
 }
 
 /// Metric names in a PromQL expression: identifiers (outside strings, not `$variables`) right
@@ -1005,6 +1091,17 @@ fn collector_check_catches_a_wrong_port_and_a_missing_association() {
 }
 
 #[test]
+fn config_check_catches_a_key_the_agent_refuses() {
+    let r = edited("deploy/kubernetes", "ConfigMap", "gpu-agent-config", |o| {
+        o["data"]["config.toml"] = s(&o["data"]["config.toml"])
+            .replace("interval_ms = 1000", "intervall_ms = 1000")
+            .into();
+    });
+    let (ok, out) = check_config(&r);
+    assert!(!ok && out.contains("intervall_ms"), "{out}");
+}
+
+#[test]
 fn metric_checks_catch_a_name_the_agent_does_not_emit() {
     let emitted = emitted_metric_names();
     assert!(
@@ -1046,7 +1143,8 @@ fn metric_checks_catch_a_name_the_agent_does_not_emit() {
 
 #[test]
 fn kubernetes_validate_strict_passes_every_rendered_object_and_example() {
-    let how = "pip install kubernetes-validate==1.37.0 (`cargo xtask test` installs it into a venv under target/)";
+    let how = "pip install kubernetes-validate==1.37.0 \
+        (`cargo xtask test` installs it into a venv under target/)";
     let kv = tool("kubernetes-validate", how);
     let mut files: Vec<String> = renders().iter().map(|r| rel(&r.file)).collect();
     files.extend(
@@ -1212,15 +1310,21 @@ fn dashboards_satisfy_grafana_schema() {
         include_str!("deploy/grafana-schema.ts"),
     )
     .unwrap();
-    let options = json!({"strict": true, "noEmit": true, "module": "nodenext", "moduleResolution": "nodenext",
-        "target": "es2022", "skipLibCheck": true, "types": []});
+    let options = json!({
+        "strict": true, "noEmit": true, "module": "nodenext", "moduleResolution": "nodenext",
+        "target": "es2022", "skipLibCheck": true, "types": []
+    });
     let tsconfig = json!({"compilerOptions": options, "files": ["dashboard.ts"]});
     fs::write(dir.join("tsconfig.json"), tsconfig.to_string()).unwrap();
     let mut p = vec![];
     for f in files_in(&root().join("deploy/grafana"), "json") {
         // The JSON starts on the first line: tsc's line numbers are the file's.
         let json = fs::read_to_string(&f).unwrap();
-        let ts = format!("import type {{ Dashboard }} from './grafana-schema.js'; export const d = {} satisfies Dashboard;\n", json.trim_end());
+        let import = "import type { Dashboard } from './grafana-schema.js';";
+        let ts = format!(
+            "{import} export const d = {} satisfies Dashboard;\n",
+            json.trim_end()
+        );
         fs::write(dir.join("dashboard.ts"), ts).unwrap();
         let (ok, text) = run(Command::new(&node)
             .args(["node_modules/typescript/bin/tsc", "-p", "."])

@@ -40,8 +40,8 @@ enum Cmd {
         #[arg(long)]
         no_write: bool,
     },
-    /// Render and check deploy/: exactly `cargo test -p tests --test deploy` (docs/deploy.md,
-    /// "What CI checks").
+    /// Render and check deploy/: builds the agent (for `check-config`), then runs exactly
+    /// `cargo test -p tests --test deploy` (docs/deploy.md, "What CI checks").
     CheckDeploy,
 }
 
@@ -69,7 +69,11 @@ fn main() -> Result<()> {
             quick,
             no_write,
         } => overhead::run(quick, no_write),
-        Cmd::CheckDeploy => cargo(&["test", "-p", "tests", "--test", "deploy"]),
+        Cmd::CheckDeploy => {
+            // Without the eBPF object: check-config needs none (agent/build.rs).
+            cargo(&["build", "-p", "agent"])?;
+            cargo(&["test", "-p", "tests", "--test", "deploy"])
+        }
     }
 }
 
