@@ -9,7 +9,10 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    sync::OnceLock,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        OnceLock,
+    },
 };
 
 use serde::Deserialize;
@@ -731,7 +734,10 @@ fn collector_receives_where_the_agent_sends_and_associates_its_resources() {
 fn check_config(r: &Rendered) -> (bool, String) {
     let (_, pod, c) = agent(r).expect("the gpu-agent DaemonSet");
     let (path, text) = mounted_config(r, pod, c).unwrap_or_else(|e| panic!("{e}"));
-    let file = scratch("agent-config").join("config.toml");
+    // One file per call: the tests run in parallel threads.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let file = scratch("agent-config").join(format!("config-{n}.toml"));
     fs::write(&file, text).unwrap();
     let mut cmd = Command::new(tests::agent_binary());
     cmd.args(["check-config", &file.display().to_string()]);
