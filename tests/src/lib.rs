@@ -3,6 +3,7 @@
 pub mod cgroups;
 pub mod fake_node;
 pub mod http;
+pub mod nvml;
 pub mod otlp_receiver;
 
 use std::{
