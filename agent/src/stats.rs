@@ -20,6 +20,8 @@ pub struct Stats {
     pub procfs_fallback_lookups: AtomicU64,
     pub procfs_rescans: AtomicU64,
     pub cgroup_walks: AtomicU64,
+    /// Cgroups nobody announced, looked up by id.
+    pub cgroup_lookups: AtomicU64,
     pub kernel_map_full: AtomicU64,
     pub kernel_read_errors: AtomicU64,
     pub cached_processes: AtomicU64,
@@ -70,6 +72,7 @@ impl Stats {
             procfs_fallback_lookups: n(&self.procfs_fallback_lookups),
             procfs_rescans: n(&self.procfs_rescans),
             cgroup_walks: n(&self.cgroup_walks),
+            cgroup_lookups: n(&self.cgroup_lookups),
             kernel_map_full: n(&self.kernel_map_full),
             kernel_read_errors: n(&self.kernel_read_errors),
             cached_processes: n(&self.cached_processes),

@@ -176,6 +176,8 @@ pub struct AgentStats {
     pub procfs_fallback_lookups: u64,
     pub procfs_rescans: u64,
     pub cgroup_walks: u64,
+    /// Cgroups nobody announced (lost notifications, truncated paths), looked up by id.
+    pub cgroup_lookups: u64,
     pub kernel_map_full: u64,
     pub kernel_read_errors: u64,
     pub cached_processes: u64,

@@ -7,6 +7,8 @@ use std::{
 
 use agent_common::ProcInfo;
 
+use crate::ebpf::events::comm_str;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessEntry {
     pub pid: u32,
@@ -103,9 +105,13 @@ impl ProcessCache {
 
     /// Resync: make the entry equal to the kernel's, keeping what only userspace knows.
     pub fn upsert_kernel(&mut self, tgid: u32, info: &ProcInfo) {
-        let fresh = ProcessEntry::from_kernel(tgid, info, String::new());
+        let fresh = ProcessEntry::from_kernel(tgid, info, comm_str(&info.comm));
         match self.procs.get_mut(&tgid) {
             Some(e) if e.is_live() && (fresh.start_ns == 0 || e.start_ns == fresh.start_ns) => {
+                // An exec whose notification was lost renamed it.
+                if !fresh.comm.is_empty() {
+                    e.comm = fresh.comm;
+                }
                 if fresh.cgroup_v2.is_some() {
                     e.cgroup_v2 = fresh.cgroup_v2;
                 }

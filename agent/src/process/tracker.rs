@@ -152,13 +152,12 @@ impl Tracker {
         let mut events = std::mem::take(&mut self.events);
         let n = src.read_events(&mut events);
         let mut attaches: Vec<(u32, u32, u64)> = vec![];
-        let mut need_walk: HashSet<u32> = HashSet::new();
+        let mut unknown: HashSet<(u32, u64)> = HashSet::new();
         {
             let mut guard = self.state.write().unwrap();
             let st = &mut *guard;
-            let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
             for ev in events.drain(..) {
-                apply(st, ev, v1_id, &mut attaches, &mut need_walk);
+                apply(st, ev, &mut attaches, &mut unknown);
             }
         }
         self.events = events;
@@ -166,9 +165,7 @@ impl Tracker {
         for (pid, hierarchy, id) in attaches {
             self.apply_attach(pid, hierarchy, id);
         }
-        for h in need_walk {
-            self.walk_hierarchy(h);
-        }
+        self.learn_cgroups(unknown, false);
         if let Some(src) = self.source.as_mut() {
             src.flush_logs();
         }
@@ -267,6 +264,71 @@ impl Tracker {
                 self.state.write().unwrap().cache.on_exit(pid, now);
             }
         }
+        self.fill_what_was_missed();
+    }
+
+    /// After lost notifications: the cgroups nobody announced are looked up by id, and
+    /// the commands of processes the cache only knows from the kernel map are read.
+    fn fill_what_was_missed(&mut self) {
+        let (unknown, no_comm) = {
+            let st = self.state.read().unwrap();
+            let mut unknown = HashSet::new();
+            let mut no_comm = vec![];
+            let v1 = st.hierarchies.v1.as_ref().map(|h| h.id);
+            for e in st.cache.iter().filter(|e| e.is_live()) {
+                for (h, id) in [(Some(0), e.cgroup_v2), (v1, e.cgroup_v1)] {
+                    if let (Some(h), Some(id)) = (h, id) {
+                        if !st.registry.contains(h, id) {
+                            unknown.insert((h, id));
+                        }
+                    }
+                }
+                if e.comm.is_empty() {
+                    no_comm.push(e.pid);
+                }
+            }
+            (unknown, no_comm)
+        };
+        self.learn_cgroups(unknown, true);
+        let comms: Vec<(u32, String)> = no_comm
+            .into_iter()
+            .filter_map(|pid| Some((pid, self.procfs.comm(pid)?)))
+            .collect();
+        let mut st = self.state.write().unwrap();
+        for (pid, comm) in comms {
+            if let Some(e) = st.cache.get_mut(pid).filter(|e| e.is_live()) {
+                e.comm = comm;
+            }
+        }
+    }
+
+    /// Registers cgroups the registry does not know, by id: asked of the kernel one by one
+    /// (`Hierarchy::path_of_id`), else by a walk of their hierarchy (at most once a second
+    /// unless `now`).
+    fn learn_cgroups(&mut self, unknown: HashSet<(u32, u64)>, now: bool) {
+        let mut walk: HashSet<u32> = HashSet::new();
+        for (h, id) in unknown {
+            let hierarchy = {
+                let st = self.state.read().unwrap();
+                if st.registry.contains(h, id) {
+                    continue;
+                }
+                st.hierarchies.by_id(h).cloned()
+            };
+            let Some(hierarchy) = hierarchy else {
+                continue;
+            };
+            self.stats.cgroup_lookups.fetch_add(1, Relaxed);
+            match hierarchy.path_of_id(id) {
+                Some(path) => self.state.write().unwrap().registry.insert(h, id, &path),
+                None => {
+                    walk.insert(h);
+                }
+            }
+        }
+        for h in walk {
+            self.walk_hierarchy(h, now);
+        }
     }
 
     /// /proc mode: the only way to see new processes is to look again.
@@ -312,12 +374,15 @@ impl Tracker {
         self.state.read().unwrap().cache.get(pid).cloned()
     }
 
-    fn walk_hierarchy(&mut self, id: u32) {
+    /// A cgroup nobody told us about, that its id could not name: walk its hierarchy, at
+    /// most once a second unless `force`.
+    fn walk_hierarchy(&mut self, id: u32, force: bool) {
         let now = Instant::now();
-        if self
-            .last_walk
-            .get(&id)
-            .is_some_and(|t| now.duration_since(*t) < WALK_INTERVAL)
+        if !force
+            && self
+                .last_walk
+                .get(&id)
+                .is_some_and(|t| now.duration_since(*t) < WALK_INTERVAL)
         {
             return;
         }
@@ -376,32 +441,36 @@ fn entry_from_record(
 }
 
 fn kernel_info(e: &ProcessEntry) -> ProcInfo {
-    ProcInfo::new(e.cgroup_v2, e.cgroup_v1, Some(e.start_ns), e.ppid)
+    ProcInfo::new(e.cgroup_v2, e.cgroup_v1, Some(e.start_ns), e.ppid).with_comm(e.comm.as_bytes())
 }
 
-/// One notification applied to the state. Attaches and cgroups the registry cannot name
-/// yet are collected: they need the kernel map or a walk, after the lock.
+/// One notification applied to the state. Attaches, and cgroups the registry cannot name
+/// yet, are collected: they need the kernel map or a lookup, after the lock.
 fn apply(
     st: &mut State,
     ev: KernelEvent,
-    v1_id: Option<u32>,
     attaches: &mut Vec<(u32, u32, u64)>,
-    need_walk: &mut HashSet<u32>,
+    unknown: &mut HashSet<(u32, u64)>,
 ) {
-    let unknown_v2 =
-        |st: &State, info: &ProcInfo| info.v2_known() && !st.registry.contains(0, info.cgroup_id);
+    let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
+    let mut note = |st: &State, info: &ProcInfo| {
+        if info.v2_known() && !st.registry.contains(0, info.cgroup_id) {
+            unknown.insert((0, info.cgroup_id));
+        }
+        if let Some(v1) = v1_id.filter(|_| info.v1_known()) {
+            if !st.registry.contains(v1, info.cgroup_v1_id) {
+                unknown.insert((v1, info.cgroup_v1_id));
+            }
+        }
+    };
     match ev {
         KernelEvent::Fork { tgid, info, comm } => {
             st.cache.on_fork(tgid, &info, comm);
-            if unknown_v2(st, &info) {
-                need_walk.insert(0);
-            }
+            note(st, &info);
         }
         KernelEvent::Exec { tgid, info, comm } => {
             st.cache.on_exec(tgid, &info, comm);
-            if unknown_v2(st, &info) {
-                need_walk.insert(0);
-            }
+            note(st, &info);
         }
         KernelEvent::Exit { tgid } => st.cache.on_exit(tgid, Instant::now()),
         KernelEvent::CgroupRmdir { hierarchy, id } => st.registry.mark_removed(hierarchy, id),
@@ -412,7 +481,7 @@ fn apply(
         } => match path {
             Some(p) => st.registry.insert(hierarchy, id, &p),
             None => {
-                need_walk.insert(hierarchy);
+                unknown.insert((hierarchy, id));
             }
         },
         KernelEvent::CgroupAttach {
@@ -424,7 +493,7 @@ fn apply(
             match path {
                 Some(p) => st.registry.insert(hierarchy, id, &p),
                 None => {
-                    need_walk.insert(hierarchy);
+                    unknown.insert((hierarchy, id));
                 }
             }
             if hierarchy == 0 || Some(hierarchy) == v1_id {
