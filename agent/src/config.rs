@@ -99,8 +99,10 @@ pub struct HttpConfig {
 pub struct EbpfConfig {
     /// false: run in /proc mode without trying eBPF.
     pub enabled: bool,
-    /// Capacity of the kernel PROCS map (processes tracked at once).
-    pub max_processes: u32,
+    /// Capacity of the kernel PROCS map (processes tracked at once). Unset: the host's
+    /// kernel.pid_max (no more processes can exist), capped at 131072 (about 13 MiB of
+    /// kernel memory).
+    pub max_processes: Option<u32>,
     /// Ring buffer size in bytes: a power of two, a multiple of the page size.
     pub ring_buffer_bytes: u32,
     /// How often the consumer drains the ring buffer when the kernel did not wake it.
@@ -144,12 +146,29 @@ impl Default for EbpfConfig {
     fn default() -> Self {
         EbpfConfig {
             enabled: true,
-            max_processes: 65536,
+            max_processes: None,
             ring_buffer_bytes: 1 << 20,
             poll_interval_ms: 250,
             wakeup_bytes: 256 << 10,
             program_stats: false,
         }
+    }
+}
+
+/// The default capacity of the kernel process map: no more than pid_max processes can
+/// exist, and beyond the cap the map's memory outweighs what a node runs.
+const MAX_PROCESSES_CAP: u32 = 131_072;
+
+impl EbpfConfig {
+    /// The PROCS map's capacity: `max_processes`, or the host's pid_max capped.
+    pub fn capacity(&self) -> u32 {
+        self.max_processes.unwrap_or_else(|| {
+            let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .unwrap_or(MAX_PROCESSES_CAP);
+            pid_max.clamp(1024, MAX_PROCESSES_CAP)
+        })
     }
 }
 
@@ -272,8 +291,12 @@ impl Config {
                 &format!("must be a power of two and at least the page size ({page}), got {rb}"),
             );
         }
-        if self.ebpf.max_processes < 1024 {
-            return invalid("ebpf.max_processes", "must be at least 1024");
+        if self
+            .ebpf
+            .max_processes
+            .is_some_and(|m| !(1024..=4_194_304).contains(&m))
+        {
+            return invalid("ebpf.max_processes", "must be between 1024 and 4194304");
         }
         if self.ebpf.poll_interval_ms == 0 || self.ebpf.poll_interval_ms > 10_000 {
             return invalid("ebpf.poll_interval_ms", "must be between 1 and 10000");

@@ -92,10 +92,12 @@ fn overflow_while_stopped(agent: &Agent, sc: &Scenario, pods: usize) -> (Vec<Pod
     (pods, resumed)
 }
 
+/// A 64 KiB ring buffer: the storm fills it within a fraction of a second of the stop, so
+/// the new pods' notifications are surely lost.
 fn start(sc: &Scenario) -> Agent {
     let lib = fake_nvml_lib();
     Agent::start_env(
-        "[nvml]\ninterval_ms = 200\n",
+        "[nvml]\ninterval_ms = 200\n[ebpf]\nring_buffer_bytes = 65536\nwakeup_bytes = 65536\n",
         &["--nvml-lib", lib.to_str().unwrap()],
         &[("FAKE_NVML_SCENARIO", sc.path())],
     )
@@ -174,4 +176,75 @@ fn attribution_converges_after_lost_events_at_scale() {
     let agent = start(&sc);
     let (pods, resumed) = overflow_while_stopped(&agent, &sc, 450);
     assert_converges(&agent, &pods, resumed);
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates a pod cgroup with 1,500 processes"]
+fn a_full_kernel_map_is_loud_and_lookups_still_fall_back() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    // More processes than the smallest map holds, all on the GPU.
+    let sleepers: Vec<Proc> = (0..1500).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
+    let procs: Vec<Value> = sleepers
+        .iter()
+        .map(|p| json!({"pid": p.pid(), "used_memory": 1 << 20, "sm_util": 0}))
+        .collect();
+    let sc = Scenario::new(&scenario(Value::Array(procs)));
+    let lib = fake_nvml_lib();
+    let agent = Agent::start_env(
+        "[nvml]\ninterval_ms = 200\n[ebpf]\nmax_processes = 1024\n",
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[("FAKE_NVML_SCENARIO", sc.path())],
+    );
+    let stats = agent.stats();
+    assert_eq!(stats["mode"], "ebpf", "{stats:#}");
+    assert!(stats["kernel_map_full"].as_u64().unwrap() > 0, "{stats:#}");
+    let reason = stats["degraded_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("ebpf.max_processes = 1024"), "{stats:#}");
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("max_processes")),
+        "{}",
+        agent.log()
+    );
+    // Every sleeper is still listed and attributed, in the map or not...
+    let rows: HashMap<u64, Value> = agent
+        .processes()
+        .into_iter()
+        .map(|r| (r["pid"].as_u64().unwrap(), r))
+        .collect();
+    let missing: Vec<u32> = sleepers
+        .iter()
+        .map(|p| p.pid())
+        .filter(|pid| {
+            rows.get(&(*pid as u64))
+                .is_none_or(|r| r["container_id"] != json!(id))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} not attributed, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    // ...and all their GPU memory is charged to their container.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = agent.json("/debug/snapshot");
+        let charged = snap["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["container_id"] == json!(id)))
+            .map(|c| c["gpus"][0]["pids"].as_array().map_or(0, |p| p.len()));
+        if charged == Some(sleepers.len()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "charged {charged:?} of {}: {snap:#}",
+            sleepers.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

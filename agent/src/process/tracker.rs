@@ -8,6 +8,7 @@ use std::{
 };
 
 use agent_common::ProcInfo;
+use gpu_model::TrackingMode;
 
 use super::{
     cache::{ProcessCache, ProcessEntry},
@@ -22,6 +23,14 @@ use crate::{
 
 /// A cgroup id nobody told us about triggers at most one walk of its hierarchy this often.
 const WALK_INTERVAL: Duration = Duration::from_secs(1);
+/// A kernel map that keeps filling up is said again at most this often.
+const MAP_FULL_REPEAT: Duration = Duration::from_secs(60);
+
+/// /proc gives start times in clock ticks, the kernel in nanoseconds: the same process
+/// if they agree within two ticks (or one side does not know).
+fn same_start(a: u64, b: u64) -> bool {
+    a == 0 || b == 0 || a.abs_diff(b) <= 20_000_000
+}
 
 pub struct Tracker {
     state: Arc<RwLock<State>>,
@@ -33,6 +42,10 @@ pub struct Tracker {
     last_lost: u64,
     last_walk: HashMap<u32, Instant>,
     tombstone: Duration,
+    /// Processes the start-up walk could not put in the kernel map (full).
+    seed_failures: u64,
+    /// The failed inserts last said in the log, and when.
+    map_full_said: (u64, Option<Instant>),
 }
 
 impl Tracker {
@@ -57,6 +70,8 @@ impl Tracker {
             last_lost: 0,
             last_walk: HashMap::new(),
             tombstone,
+            seed_failures: 0,
+            map_full_said: (0, None),
         }
     }
 
@@ -99,9 +114,9 @@ impl Tracker {
             };
             let entry = entry_from_record(&mut st.registry, &hier, &rec);
             if let Some(src) = self.source.as_mut() {
-                if let Err(e) = src.insert_if_absent(pid, kernel_info(&entry)) {
+                if src.insert_if_absent(pid, kernel_info(&entry)).is_err() {
                     // Map full: the cache still knows it; lookups fall back to /proc.
-                    tracing::debug!(pid, "seeding the kernel map: {e}");
+                    self.seed_failures += 1;
                 }
             }
             // The cache keeps what only /proc knows (comm); the resync below makes the rest
@@ -110,6 +125,7 @@ impl Tracker {
         }
         drop(guard);
         if self.source.is_some() {
+            self.read_counters();
             self.resync_from_kernel();
         }
         self.publish_gauges();
@@ -172,19 +188,41 @@ impl Tracker {
         n
     }
 
-    /// The kernel's drop counters, copied into the stats.
-    fn read_counters(&self) -> crate::ebpf::KernelCounters {
+    /// The kernel's drop counters, copied into the stats; a full map is said loudly.
+    fn read_counters(&mut self) -> crate::ebpf::KernelCounters {
         let counters = self
             .source
             .as_ref()
             .map(|s| s.counters())
             .unwrap_or_default();
         self.stats.events_lost.store(counters.ringbuf_lost, Relaxed);
-        self.stats.kernel_map_full.store(counters.map_full, Relaxed);
+        let map_full = counters.map_full + self.seed_failures;
+        self.stats.kernel_map_full.store(map_full, Relaxed);
         self.stats
             .kernel_read_errors
             .store(counters.read_errors, Relaxed);
+        if map_full > self.map_full_said.0
+            && self
+                .map_full_said
+                .1
+                .is_none_or(|t| t.elapsed() >= MAP_FULL_REPEAT)
+        {
+            self.map_full_said = (map_full, Some(Instant::now()));
+            let capacity = self.source.as_ref().map_or(0, |s| s.capacity());
+            let reason = format!(
+                "the kernel process map is full: {map_full} inserts failed at \
+                 ebpf.max_processes = {capacity}; processes beyond it are looked up in /proc \
+                 one at a time (raise ebpf.max_processes)"
+            );
+            tracing::warn!("{reason}");
+            self.stats.set_mode(TrackingMode::Ebpf, Some(reason));
+        }
         counters
+    }
+
+    /// Whether some processes could not be put in the kernel map.
+    fn map_overflowed(&self) -> bool {
+        self.map_full_said.0 > 0
     }
 
     /// A migration: the cache follows it, and the kernel entry too when the program found
@@ -238,9 +276,25 @@ impl Tracker {
         let now = Instant::now();
         let (v1_tracked, v2_tracked) = {
             let mut st = self.state.write().unwrap();
-            let live: HashSet<u32> = snapshot.iter().map(|(k, _)| *k).collect();
+            let mut live: HashSet<u32> = snapshot.iter().map(|(k, _)| *k).collect();
             for (tgid, info) in &snapshot {
                 st.cache.upsert_kernel(*tgid, &info.trusted());
+            }
+            if self.map_overflowed() {
+                // Missing from a full map is not gone: ask /proc before retiring.
+                let procfs = &self.procfs;
+                let alive: Vec<u32> = st
+                    .cache
+                    .iter()
+                    .filter(|e| e.is_live() && !live.contains(&e.pid))
+                    .filter(|e| {
+                        procfs
+                            .read(e.pid)
+                            .is_some_and(|r| same_start(r.start_ns, e.start_ns))
+                    })
+                    .map(|e| e.pid)
+                    .collect();
+                live.extend(alive);
             }
             st.cache.retire_missing(&live, now);
             (st.hierarchies.v1.is_some(), st.hierarchies.v2.is_some())
