@@ -1,6 +1,7 @@
 //! gpu-agent's sinks: each snapshot as OpenTelemetry metrics, pushed over OTLP (gRPC or
 //! HTTP/protobuf), and as Prometheus text. Sinks only read snapshots; they never reach
 //! back into the sources.
+pub mod catalogue;
 pub mod export;
 pub mod otlp;
 pub mod prometheus;
@@ -15,19 +16,21 @@ pub struct Groups {
     pub process: bool,
     #[serde(rename = "self")]
     pub self_metrics: bool,
-    /// Attributes (OTLP names, e.g. "hw.gpu.index", or Prometheus label names, e.g.
-    /// "pci_bus_id") left off every data point, resource and series: cardinality control.
+    /// Attributes left off every resource, data point and series (cardinality control),
+    /// by OTLP key (e.g. "hw.gpu.index") or Prometheus label name (e.g. "gpu"): see
+    /// [`Groups::drops`].
     pub drop_attributes: Vec<String>,
 }
 
 impl Groups {
-    /// Whether `key` (an OTLP attribute or a Prometheus label) is configured away.
-    pub fn drops(&self, key: &str) -> bool {
-        !self.drop_attributes.is_empty()
-            && self
-                .drop_attributes
-                .iter()
-                .any(|d| d == key || d.replace('.', "_") == key)
+    /// The one drop rule, for OTLP resources, OTLP data points and Prometheus labels alike:
+    /// an attribute is dropped when its OTLP key or its Prometheus label name is listed. The
+    /// catalogue's attributes have both names where both sinks carry them (`hw.gpu.index`
+    /// is the label `gpu`); a resource attribute from the environment has its key only.
+    pub fn drops(&self, otlp_key: Option<&str>, label: Option<&str>) -> bool {
+        self.drop_attributes
+            .iter()
+            .any(|d| Some(d.as_str()) == otlp_key || Some(d.as_str()) == label)
     }
 }
 
