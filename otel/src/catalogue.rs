@@ -662,15 +662,15 @@ table! {
             prometheus: Some("container_gpu_memory_usage_bytes"),
             unit: "By",
             kind: UpDownCounter,
-            help: "GPU memory held by the owner's processes on the device, bytes.",
+            help: "GPU memory held by the container's processes, bytes.",
             ..CONTAINER_METRIC
         },
         ContainerGpuUtilization => Metric {
             otlp: Some("container.gpu.utilization"),
             prometheus: Some("container_gpu_utilization_ratio"),
-            help: "The owner's share of the device's engines over the last sample period (0-1), summed over its processes.",
+            help: "The container's share of the device's engines over the last sample period (0-1).",
             extra: &[Attr::HwGpuTask],
-            note: "capped at 1; absent where the device cannot say (MIG)",
+            note: "its processes' utilization since the last sample, summed and capped at 1; absent where the device cannot say (MIG)",
             ..CONTAINER_METRIC
         },
         ContainerGpuTime => Metric {
@@ -678,7 +678,7 @@ table! {
             prometheus: Some("container_gpu_time_seconds_total"),
             unit: "s",
             kind: Counter,
-            help: "GPU time used by the owner on the device, SM-utilization-weighted seconds.",
+            help: "GPU time used: seconds weighted by SM utilization.",
             note: "OTLP start time: when the agent first saw this container on this device",
             ..CONTAINER_METRIC
         },
@@ -687,7 +687,7 @@ table! {
             prometheus: Some("container_gpu_memory_byte_seconds_total"),
             unit: "By.s",
             kind: Counter,
-            help: "GPU memory held by the owner on the device integrated over time, byte-seconds.",
+            help: "GPU memory held over time, byte-seconds.",
             note: "for chargeback; start time as `container.gpu.time`",
             ..CONTAINER_METRIC
         },
@@ -696,7 +696,7 @@ table! {
             prometheus: Some("container_gpu_processes"),
             unit: "{process}",
             kind: UpDownCounter,
-            help: "Processes of the owner on the device.",
+            help: "Processes of the container on the device.",
             ..CONTAINER_METRIC
         },
         ContainerGpuAllocated => Metric {

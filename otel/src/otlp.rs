@@ -40,22 +40,28 @@ pub fn kv(key: &str, value: impl Into<String>) -> KeyValue {
     }
 }
 
-/// Attributes before encoding: catalogue entries, so that the drop rule applies by entry.
-type Attrs = Vec<(Attr, any_value::Value)>;
+/// An attribute before encoding: a catalogue entry, so that the drop rule applies to it.
+type Attribute = (Attr, any_value::Value);
 
-fn s(a: Attr, v: impl Into<String>) -> (Attr, any_value::Value) {
+fn s(a: Attr, v: impl Into<String>) -> Attribute {
     (a, any_value::Value::StringValue(v.into()))
 }
 
-fn int(a: Attr, v: i64) -> (Attr, any_value::Value) {
+fn int(a: Attr, v: i64) -> Attribute {
     (a, any_value::Value::IntValue(v))
 }
 
-fn with(base: &Attrs, extra: (Attr, any_value::Value)) -> Attrs {
-    let mut a = Vec::with_capacity(base.len() + 1);
-    a.extend_from_slice(base);
-    a.push(extra);
-    a
+/// Encodes the attributes that are not configured away.
+fn encode(attributes: impl IntoIterator<Item = Attribute>, drop: Dropped) -> Vec<KeyValue> {
+    attributes
+        .into_iter()
+        .filter(|(a, _)| !drop.contains(*a))
+        .map(|(a, v)| KeyValue {
+            key: a.otlp().to_string(),
+            value: Some(AnyValue { value: Some(v) }),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// Accumulates one resource's data points per metric, in first-seen order.
@@ -77,26 +83,35 @@ impl Metrics {
         }
     }
 
-    fn point(&mut self, id: MetricId, value: f64, attributes: Attrs) {
+    /// Data-point attributes, encoded once for the points that share them.
+    fn attrs(&self, attributes: impl IntoIterator<Item = Attribute>) -> Vec<KeyValue> {
+        encode(attributes, self.drop)
+    }
+
+    /// `base` and one more attribute.
+    fn with(&self, base: &[KeyValue], extra: Attribute) -> Vec<KeyValue> {
+        let mut a = Vec::with_capacity(base.len() + 1);
+        a.extend_from_slice(base);
+        a.extend(encode([extra], self.drop));
+        a
+    }
+
+    fn point(&mut self, id: MetricId, value: f64, attributes: Vec<KeyValue>) {
         self.point_since(id, value, attributes, self.start_ns);
     }
 
     /// A point of a sum that started counting at `start_ns`.
-    fn point_since(&mut self, id: MetricId, value: f64, attributes: Attrs, start_ns: u64) {
+    fn point_since(&mut self, id: MetricId, value: f64, attributes: Vec<KeyValue>, start_ns: u64) {
         let def = id.def();
         debug_assert!(
-            attributes.iter().all(|(a, _)| def.carries(*a)),
+            attributes.iter().all(|kv| {
+                let declared = def.base.attrs.iter().chain(def.extra);
+                declared
+                    .into_iter()
+                    .any(|a| a.def().otlp == Some(kv.key.as_str()))
+            }),
             "{id:?}: {attributes:?} not all in the catalogue"
         );
-        let attributes = attributes
-            .into_iter()
-            .filter(|(a, _)| !self.drop.contains(*a))
-            .map(|(a, v)| KeyValue {
-                key: a.otlp().to_string(),
-                value: Some(AnyValue { value: Some(v) }),
-                ..Default::default()
-            })
-            .collect();
         let dp = NumberDataPoint {
             attributes,
             start_time_unix_nano: match def.kind {
@@ -117,13 +132,14 @@ impl Metrics {
     fn points<const N: usize>(
         &mut self,
         id: MetricId,
-        base: &Attrs,
+        base: &[KeyValue],
         by: Attr,
         values: [(&'static str, Option<f64>); N],
     ) {
         for (v, value) in values {
             if let Some(value) = value {
-                self.point(id, value, with(base, s(by, v)));
+                let a = self.with(base, s(by, v));
+                self.point(id, value, a);
             }
         }
     }
@@ -169,7 +185,7 @@ impl Metrics {
 const MS: u64 = 1_000_000;
 
 /// The node's resource attributes, then the configured ones that do not name one of them.
-fn node_attributes(ctx: &ExportContext) -> (Attrs, Vec<KeyValue>) {
+fn node_attributes(ctx: &ExportContext) -> (Vec<Attribute>, Vec<KeyValue>) {
     let mut a = vec![
         s(Attr::ServiceName, ctx.service_name.clone()),
         s(Attr::ServiceVersion, env!("CARGO_PKG_VERSION")),
@@ -190,18 +206,6 @@ fn node_attributes(ctx: &ExportContext) -> (Attrs, Vec<KeyValue>) {
     (a, configured)
 }
 
-fn encode(attributes: Attrs, drop: Dropped) -> Vec<KeyValue> {
-    attributes
-        .into_iter()
-        .filter(|(a, _)| !drop.contains(*a))
-        .map(|(a, v)| KeyValue {
-            key: a.otlp().to_string(),
-            value: Some(AnyValue { value: Some(v) }),
-            ..Default::default()
-        })
-        .collect()
-}
-
 fn resource(ctx: &ExportContext, c: Option<&ContainerUsage>, drop: Dropped) -> Resource {
     let (node, configured) = node_attributes(ctx);
     let mut attributes = encode(node, drop);
@@ -215,7 +219,7 @@ fn resource(ctx: &ExportContext, c: Option<&ContainerUsage>, drop: Dropped) -> R
     }
 }
 
-fn container_identity(c: &ContainerUsage) -> Attrs {
+fn container_identity(c: &ContainerUsage) -> Vec<Attribute> {
     let known = [
         (Attr::ContainerId, c.container_id.as_deref()),
         (Attr::PodUid, c.pod_uid.as_deref()),
@@ -235,8 +239,8 @@ pub fn container_attributes(ctx: &ExportContext, c: &ContainerUsage) -> Vec<KeyV
     resource(ctx, Some(c), Dropped::of(&ctx.groups)).attributes
 }
 
-fn device_attributes(d: &DeviceSample) -> Attrs {
-    vec![
+fn device_attributes(d: &DeviceSample) -> [Attribute; 5] {
+    [
         s(Attr::HwId, d.uuid.clone()),
         s(Attr::HwType, HW_TYPE_GPU),
         s(Attr::HwVendor, HW_VENDOR_NVIDIA),
@@ -250,7 +254,7 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
     let pct = |v: Option<u32>| v.map(|v| v as f64 / 100.0);
     let mhz = |v: Option<u32>| v.map(|v| v as f64 * 1e6);
     for d in &snap.devices {
-        let a = device_attributes(d);
+        let a = m.attrs(device_attributes(d));
         let ok = d.status.is_ok() as u8 as f64;
         let [ok_state, failed_state] = HW_STATES;
         m.points(
@@ -300,13 +304,13 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
             ],
         );
         for mig in &d.mig_devices {
-            let ma = vec![
+            let ma = m.attrs([
                 s(Attr::HwId, mig.uuid.clone()),
                 s(Attr::HwType, HW_TYPE_GPU),
                 s(Attr::HwVendor, HW_VENDOR_NVIDIA),
                 s(Attr::HwModel, d.name.clone()),
                 s(Attr::HwParent, d.uuid.clone()),
-            ];
+            ]);
             // NVML tells a MIG device's memory only; no utilization of it.
             if let Some(v) = mig.memory_used_bytes {
                 m.point(M::HwGpuMemoryUsage, v as f64, ma.clone());
@@ -319,16 +323,16 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
 }
 
 /// A GPU's memory usage, size and their ratio.
-fn memory(m: &mut Metrics, a: &Attrs, used: Option<u64>, total: Option<u64>) {
+fn memory(m: &mut Metrics, a: &[KeyValue], used: Option<u64>, total: Option<u64>) {
     if let Some(v) = used {
-        m.point(M::HwGpuMemoryUsage, v as f64, a.clone());
+        m.point(M::HwGpuMemoryUsage, v as f64, a.to_vec());
     }
     if let Some(v) = total {
-        m.point(M::HwGpuMemoryLimit, v as f64, a.clone());
+        m.point(M::HwGpuMemoryLimit, v as f64, a.to_vec());
     }
     if let (Some(u), Some(l)) = (used, total) {
         if l > 0 {
-            m.point(M::HwGpuMemoryUtilization, u as f64 / l as f64, a.clone());
+            m.point(M::HwGpuMemoryUtilization, u as f64 / l as f64, a.to_vec());
         }
     }
 }
@@ -348,6 +352,7 @@ fn container_metrics(m: &mut Metrics, c: &ContainerUsage) {
         if g.gpu_uuid != g.uuid {
             a.push(s(Attr::HwParent, g.gpu_uuid.clone()));
         }
+        let a = m.attrs(a);
         m.point(
             M::ContainerGpuMemoryUsage,
             g.memory_used_bytes as f64,
@@ -375,7 +380,7 @@ fn container_metrics(m: &mut Metrics, c: &ContainerUsage) {
 fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage) {
     let idle = c.idle_allocations();
     for u in &c.allocated_gpus {
-        let a = vec![s(Attr::HwId, u.clone())];
+        let a = m.attrs([s(Attr::HwId, u.clone())]);
         m.point(M::ContainerGpuAllocated, 1.0, a.clone());
         let is_idle = idle.contains(&u.as_str());
         m.point(M::ContainerGpuAllocatedIdle, is_idle as u8 as f64, a);
@@ -388,10 +393,10 @@ fn process_metrics(m: &mut Metrics, snap: &Snapshot, c: &ContainerUsage) {
         .iter()
         .filter(|p| p.container_id == c.container_id && p.pod_uid == c.pod_uid)
     {
-        let a = vec![
+        let a = m.attrs([
             int(Attr::ProcessPid, p.pid as i64),
             s(Attr::HwId, p.uuid.clone()),
-        ];
+        ]);
         m.point(
             M::ProcessGpuMemoryUsage,
             p.used_memory_bytes as f64,
@@ -416,7 +421,8 @@ fn self_metrics(m: &mut Metrics, st: &AgentStats) {
         m.point(id, v as f64, vec![]);
     }
     m.point(M::NvmlUp, st.nvml.is_ok() as u8 as f64, vec![]);
-    m.point(M::Mode, 1.0, vec![s(Attr::Mode, st.mode.as_str())]);
+    let mode = m.attrs([s(Attr::Mode, st.mode.as_str())]);
+    m.point(M::Mode, 1.0, mode);
 }
 
 /// Builds the request for one export. `now_ms` stamps it when the snapshot has no time yet.
