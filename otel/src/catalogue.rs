@@ -158,7 +158,7 @@ table! {
             otlp: Some("container.runtime.name"),
             prometheus: Some("runtime"),
             values: &["containerd", "cri-o", "docker", "podman"],
-            doc: "when the cgroup path says",
+            doc: "the runtime, when the cgroup path says",
             ..RESOURCE
         },
         // Data-point attributes.
@@ -202,25 +202,28 @@ table! {
             otlp: Some("hw.state"),
             prometheus: Some("hw_state"),
             values: &HW_STATES,
+            doc: "the GPU's state (`failed`: lost, or no handle)",
             ..POINT
         },
         HwGpuTask => Attribute {
             otlp: Some("hw.gpu.task"),
             prometheus: Some("hw_gpu_task"),
             values: &GPU_TASKS,
-            doc: "`general` is the SMs (a kernel ran)",
+            doc: "the engine (`general`: the SMs)",
             ..POINT
         },
         ErrorType => Attribute {
             otlp: Some("error.type"),
             prometheus: Some("error_type"),
             values: &ECC_ERROR_TYPES,
+            doc: "ECC error kind",
             ..POINT
         },
         Clock => Attribute {
             otlp: Some("clock"),
             prometheus: Some("clock"),
             values: &CLOCKS,
+            doc: "which clock",
             ..POINT
         },
         ProcessPid => Attribute {
@@ -255,7 +258,7 @@ table! {
         Owner => Attribute {
             prometheus: Some("owner"),
             values: &OWNERS,
-            doc: "`pod`: a pod-level cgroup; `host`: processes outside any container",
+            doc: "what the series is charged to: a container, a pod-level cgroup, or processes outside any container",
             ..LABEL
         },
         Qos => Attribute {
@@ -399,32 +402,54 @@ pub enum Group {
     Dcgm,
 }
 
-/// The attributes every series of a kind carries, named for the docs.
+/// The attributes every series of a kind may carry, per sink, named for the docs. OTLP
+/// lists resource attributes too (see [`Attribute::place`]).
 #[derive(Clone, Copy, Debug)]
 pub struct AttrSet {
     pub name: &'static str,
-    pub attrs: &'static [Attr],
+    pub otlp: &'static [Attr],
+    pub prometheus: &'static [Attr],
 }
 
-/// GPUs and MIG devices.
+/// The identity of a container resource (OTLP).
+const CONTAINER_RESOURCE: [Attr; 6] = [
+    Attr::ContainerId,
+    Attr::PodUid,
+    Attr::PodName,
+    Attr::Namespace,
+    Attr::ContainerName,
+    Attr::Runtime,
+];
+
+/// GPUs and MIG devices: MIG devices have `hw.parent` (and, in OTLP, no index).
 pub const DEVICE: AttrSet = AttrSet {
     name: "device",
-    attrs: &[
+    otlp: &[
         Attr::HwId,
         Attr::HwType,
         Attr::HwVendor,
         Attr::HwModel,
         Attr::GpuIndex,
         Attr::HwParent,
+    ],
+    prometheus: &[
+        Attr::HwId,
+        Attr::GpuIndex,
+        Attr::HwModel,
         Attr::PciBusId,
         Attr::Node,
+        Attr::HwParent,
     ],
 };
 /// A container (pod-level cgroup, host entry) on a device: OTLP sends the container's
 /// identity on its resource, Prometheus as labels.
 pub const CONTAINER: AttrSet = AttrSet {
     name: "container",
-    attrs: &[
+    otlp: &{
+        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
+        [a, b, c, d, e, f, Attr::HwId, Attr::HwParent]
+    },
+    prometheus: &[
         Attr::ContainerId,
         Attr::PodUid,
         Attr::Namespace,
@@ -433,7 +458,6 @@ pub const CONTAINER: AttrSet = AttrSet {
         Attr::Qos,
         Attr::Runtime,
         Attr::HwId,
-        Attr::HwParent,
         Attr::GpuUuid,
         Attr::Node,
         Attr::Owner,
@@ -442,7 +466,11 @@ pub const CONTAINER: AttrSet = AttrSet {
 /// A device the kubelet allocated to a container.
 pub const ALLOCATION: AttrSet = AttrSet {
     name: "allocation",
-    attrs: &[
+    otlp: &{
+        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
+        [a, b, c, d, e, f, Attr::HwId]
+    },
+    prometheus: &[
         Attr::ContainerId,
         Attr::PodUid,
         Attr::Namespace,
@@ -455,7 +483,11 @@ pub const ALLOCATION: AttrSet = AttrSet {
 /// A process on a device.
 pub const PROCESS: AttrSet = AttrSet {
     name: "process",
-    attrs: &[
+    otlp: &{
+        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
+        [a, b, c, d, e, f, Attr::ProcessPid, Attr::HwId]
+    },
+    prometheus: &[
         Attr::ProcessPid,
         Attr::Comm,
         Attr::ContainerId,
@@ -467,12 +499,14 @@ pub const PROCESS: AttrSet = AttrSet {
 /// The agent itself (on the node resource).
 pub const AGENT: AttrSet = AttrSet {
     name: "agent",
-    attrs: &[],
+    otlp: &[],
+    prometheus: &[],
 };
-/// dcgm-exporter's labels; `GPU_I_ID` on MIG series, and the pod's on per-container ones.
+/// dcgm-exporter's labels: `GPU_I_ID` on MIG series; the pod's on per-container series.
 pub const DCGM: AttrSet = AttrSet {
     name: "dcgm",
-    attrs: &[
+    otlp: &[],
+    prometheus: &[
         Attr::GpuIndex,
         Attr::DcgmUuid,
         Attr::PciBusId,
@@ -524,14 +558,19 @@ pub struct Metric {
     /// The attributes that tell its data points apart.
     pub extra: &'static [Attr],
     pub dcgm: Option<Dcgm>,
-    /// Docs only: what the help text leaves out.
+    /// Docs only: what the help text leaves out (a sentence, without its final stop).
     pub note: &'static str,
 }
 
 impl Metric {
-    /// Whether its series may carry `a` (OTLP data point or Prometheus label).
-    pub fn carries(&self, a: Attr) -> bool {
-        self.base.attrs.contains(&a) || self.extra.contains(&a)
+    /// Whether its OTLP data points or resources may carry `a`.
+    pub fn carries_otlp(&self, a: Attr) -> bool {
+        self.base.otlp.contains(&a) || self.extra.contains(&a)
+    }
+
+    /// Whether its Prometheus series may carry the label of `a`.
+    pub fn carries_label(&self, a: Attr) -> bool {
+        self.base.prometheus.contains(&a) || self.extra.contains(&a)
     }
 }
 
@@ -604,7 +643,7 @@ table! {
             prometheus: Some("hw_gpu_utilization_ratio"),
             help: "Fraction of the last sample period the GPU was busy (general: a kernel ran; memory_controller: memory was read or written).",
             extra: &[Attr::HwGpuTask],
-            note: "NVML utilization rates; absent under MIG",
+            note: "Devices report `general` and `memory_controller` (NVML utilization rates); absent under MIG",
             ..DEVICE_METRIC
         },
         HwPower => Metric {
@@ -636,7 +675,7 @@ table! {
             kind: Counter,
             help: "GPU memory ECC errors since the driver loaded.",
             extra: &[Attr::ErrorType],
-            note: "volatile ECC counts",
+            note: "Volatile ECC counts",
             ..DEVICE_METRIC
         },
         HwStatus => Metric {
@@ -645,7 +684,7 @@ table! {
             kind: UpDownCounter,
             help: "1 for the GPU's current state (ok, or failed when lost or unreachable), 0 for the other.",
             extra: &[Attr::HwState],
-            note: "a lost GPU gets this metric only",
+            note: "A lost GPU gets this metric only",
             ..DEVICE_METRIC
         },
         HwGpuClock => Metric {
@@ -670,7 +709,7 @@ table! {
             prometheus: Some("container_gpu_utilization_ratio"),
             help: "The container's share of the device's engines over the last sample period (0-1).",
             extra: &[Attr::HwGpuTask],
-            note: "its processes' utilization since the last sample, summed and capped at 1; absent where the device cannot say (MIG)",
+            note: "Its processes' utilization since the last sample, summed and capped at 1; absent where the device cannot say (MIG)",
             ..CONTAINER_METRIC
         },
         ContainerGpuTime => Metric {
@@ -688,7 +727,7 @@ table! {
             unit: "By.s",
             kind: Counter,
             help: "GPU memory held over time, byte-seconds.",
-            note: "for chargeback; start time as `container.gpu.time`",
+            note: "For chargeback; OTLP start time as `container.gpu.time`",
             ..CONTAINER_METRIC
         },
         ContainerGpuProcesses => Metric {
@@ -744,7 +783,7 @@ table! {
             prometheus: Some("gpu_agent_events_lost_total"),
             kind: Counter,
             help: "Kernel notifications lost (ring buffer full).",
-            note: "the kernel's own count; each loss triggers a resync",
+            note: "The kernel's own count; each loss triggers a resync",
             ..SELF_METRIC
         },
         Resyncs => Metric {
@@ -985,8 +1024,29 @@ mod tests {
                     "{p}: a Prometheus counter, and only a counter, ends in _total"
                 );
             }
-            for &a in m.base.attrs.iter().chain(m.extra) {
-                assert_ne!(a.def().place, Place::EveryResource, "{id:?}: {a:?}");
+            for &a in m
+                .base
+                .otlp
+                .iter()
+                .chain(m.extra.iter().filter(|_| m.otlp.is_some()))
+            {
+                let place = a.def().place;
+                assert!(a.def().otlp.is_some(), "{id:?}: {a:?} has no OTLP key");
+                assert_ne!(place, Place::EveryResource, "{id:?}: {a:?}");
+            }
+            for &a in m
+                .base
+                .prometheus
+                .iter()
+                .chain(m.extra.iter().filter(|_| m.prometheus.is_some()))
+            {
+                assert!(a.def().prometheus.is_some(), "{id:?}: {a:?} has no label");
+            }
+            if m.otlp.is_none() {
+                assert!(
+                    m.base.otlp.is_empty(),
+                    "{id:?}: OTLP attributes on a Prometheus-only metric"
+                );
             }
         }
     }

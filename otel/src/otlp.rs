@@ -104,12 +104,9 @@ impl Metrics {
     fn point_since(&mut self, id: MetricId, value: f64, attributes: Vec<KeyValue>, start_ns: u64) {
         let def = id.def();
         debug_assert!(
-            attributes.iter().all(|kv| {
-                let declared = def.base.attrs.iter().chain(def.extra);
-                declared
-                    .into_iter()
-                    .any(|a| a.def().otlp == Some(kv.key.as_str()))
-            }),
+            attributes.iter().all(|kv| Attr::ALL
+                .iter()
+                .any(|&a| a.def().otlp == Some(kv.key.as_str()) && def.carries_otlp(a))),
             "{id:?}: {attributes:?} not all in the catalogue"
         );
         let dp = NumberDataPoint {

@@ -44,7 +44,7 @@ impl Out {
 
     fn add(&mut self, id: MetricId, mut labels: Labels, value: f64) {
         debug_assert!(
-            labels.iter().all(|(a, _)| id.def().carries(*a)),
+            labels.iter().all(|(a, _)| id.def().carries_label(*a)),
             "{id:?}: {labels:?} not all in the catalogue"
         );
         if !self.drop.is_empty() {
@@ -941,6 +941,75 @@ mod tests {
         assert_eq!(format_value(f64::INFINITY), "+Inf");
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(pct(Some(7)).map(format_value).as_deref(), Some("0.07"));
+    }
+
+    /// The value of the first series of `family` whose labels contain every one of `with`.
+    fn value_of(text: &str, family: &str, with: &[String]) -> f64 {
+        let line = lines_of(text, family)
+            .into_iter()
+            .find(|l| with.iter().all(|w| l.contains(w.as_str())))
+            .unwrap_or_else(|| panic!("no {family} series with {with:?} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    /// The catalogue's account of each dcgm field (docs/metrics.md prints it) is what the
+    /// text holds: each dcgm series restates its source, converted to the dcgm unit.
+    #[test]
+    fn dcgm_series_restate_their_catalogue_source() {
+        use crate::catalogue::{Source, CATALOGUE};
+        let mut o = opts();
+        o.dcgm_compat = true;
+        let t = render(&snapshot(), &stats(), &o);
+        let source = |src: &Source, scope: &[String]| -> f64 {
+            let one = |id: MetricId, sel: Option<(Attr, &str)>| {
+                let mut with = scope.to_vec();
+                with.extend(sel.map(|(a, v)| format!("{}=\"{v}\"", a.label())));
+                value_of(&t, id.prometheus(), &with)
+            };
+            match *src {
+                Source::Metric(id, sel) => one(id, sel),
+                Source::Difference(a, b) => one(a, None) - one(b, None),
+            }
+        };
+        let device = [r#"hw_id="GPU-a""#.to_string()];
+        let dcgm_device = [r#"UUID="GPU-a""#.to_string(), r#"pod=""}"#.to_string()];
+        let container = [
+            r#"hw_id="GPU-a""#.to_string(),
+            format!(r#"container_id="{CID}""#),
+        ];
+        let dcgm_container = [
+            r#"UUID="GPU-a""#.to_string(),
+            format!(r#"container_id="{CID}""#),
+        ];
+        let mut checked = 0;
+        for m in CATALOGUE.iter() {
+            let Some(d) = &m.dcgm else { continue };
+            let per_unit = match m.unit {
+                "MiB" => MIB,
+                "%" => 0.01,
+                "MHz" => 1e6,
+                "W" | "C" => 1.0,
+                u => panic!("{u}: add its conversion"),
+            };
+            let name = m.prometheus.unwrap();
+            let want = source(&d.device, &device) / per_unit;
+            let got = value_of(&t, name, &dcgm_device);
+            assert!((got - want).abs() < 1e-9, "{name}: {got} != {want}");
+            if let Some(c) = &d.container {
+                let want = source(c, &container) / per_unit;
+                let got = value_of(&t, name, &dcgm_container);
+                assert!(
+                    (got - want).abs() < 1e-9,
+                    "{name} of the container: {got} != {want}"
+                );
+            } else {
+                assert!(!lines_of(&t, name)
+                    .iter()
+                    .any(|l| l.contains(&dcgm_container[1])));
+            }
+            checked += 1;
+        }
+        assert_eq!(checked, 8);
     }
 }
 
