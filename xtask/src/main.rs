@@ -2,6 +2,7 @@
 mod bench;
 mod deploy;
 mod ebpf;
+mod metrics_doc;
 mod overhead;
 
 use std::{path::PathBuf, process::Command};
@@ -44,6 +45,13 @@ enum Cmd {
     /// Render and validate deploy/ (kustomize, Kubernetes schemas, Collector config, Grafana
     /// dashboards): see docs/deploy.md.
     CheckDeploy,
+    /// Regenerate the tables of docs/metrics.md from the metric catalogue
+    /// (otel/src/catalogue.rs).
+    MetricsDoc {
+        /// Write nothing; fail, naming each stale table, when the file is out of date.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -71,6 +79,7 @@ fn main() -> Result<()> {
             no_write,
         } => overhead::run(quick, no_write),
         Cmd::CheckDeploy => deploy::run(),
+        Cmd::MetricsDoc { check } => metrics_doc::run(check),
     }
 }
 
