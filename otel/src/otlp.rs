@@ -51,17 +51,18 @@ fn int(a: Attr, v: i64) -> Attribute {
     (a, any_value::Value::IntValue(v))
 }
 
-/// Encodes the attributes that are not configured away.
-fn encode(attributes: impl IntoIterator<Item = Attribute>, drop: Dropped) -> Vec<KeyValue> {
-    attributes
-        .into_iter()
-        .filter(|(a, _)| !drop.contains(*a))
-        .map(|(a, v)| KeyValue {
-            key: a.otlp().to_string(),
-            value: Some(AnyValue { value: Some(v) }),
-            ..Default::default()
-        })
-        .collect()
+/// Encodes onto `out` the attributes that are not configured away.
+fn encode_onto(
+    out: &mut Vec<KeyValue>,
+    attributes: impl IntoIterator<Item = Attribute>,
+    drop: Dropped,
+) {
+    let kept = attributes.into_iter().filter(|(a, _)| !drop.contains(*a));
+    out.extend(kept.map(|(a, v)| KeyValue {
+        key: a.otlp().to_string(),
+        value: Some(AnyValue { value: Some(v) }),
+        ..Default::default()
+    }));
 }
 
 /// Accumulates one resource's data points per metric, in first-seen order.
@@ -85,14 +86,16 @@ impl Metrics {
 
     /// Data-point attributes, encoded once for the points that share them.
     fn attrs(&self, attributes: impl IntoIterator<Item = Attribute>) -> Vec<KeyValue> {
-        encode(attributes, self.drop)
+        let mut a = vec![];
+        encode_onto(&mut a, attributes, self.drop);
+        a
     }
 
     /// `base` and one more attribute.
     fn with(&self, base: &[KeyValue], extra: Attribute) -> Vec<KeyValue> {
         let mut a = Vec::with_capacity(base.len() + 1);
         a.extend_from_slice(base);
-        a.extend(encode([extra], self.drop));
+        encode_onto(&mut a, [extra], self.drop);
         a
     }
 
@@ -181,8 +184,9 @@ impl Metrics {
 
 const MS: u64 = 1_000_000;
 
-/// The node's resource attributes, then the configured ones that do not name one of them.
-fn node_attributes(ctx: &ExportContext) -> (Vec<Attribute>, Vec<KeyValue>) {
+/// The node resource's attributes, then the configured ones that do not name one of them:
+/// the start of every resource's.
+fn node_attributes(ctx: &ExportContext, drop: Dropped) -> Vec<KeyValue> {
     let mut a = vec![
         s(Attr::ServiceName, ctx.service_name.clone()),
         s(Attr::ServiceVersion, env!("CARGO_PKG_VERSION")),
@@ -193,30 +197,21 @@ fn node_attributes(ctx: &ExportContext) -> (Vec<Attribute>, Vec<KeyValue>) {
     if let Some(n) = &ctx.node.node_name {
         a.push(s(Attr::K8sNodeName, n.clone()));
     }
-    let configured = ctx
+    let configured: Vec<KeyValue> = ctx
         .resource_attributes
         .iter()
         .filter(|(k, _)| !a.iter().any(|(x, _)| x.otlp() == k))
         .filter(|(k, _)| !ctx.groups.drops(Some(k), None))
         .map(|(k, v)| kv(k, v.clone()))
         .collect();
-    (a, configured)
+    let mut out = Vec::with_capacity(a.len() + configured.len());
+    encode_onto(&mut out, a, drop);
+    out.extend(configured);
+    out
 }
 
-fn resource(ctx: &ExportContext, c: Option<&ContainerUsage>, drop: Dropped) -> Resource {
-    let (node, configured) = node_attributes(ctx);
-    let mut attributes = encode(node, drop);
-    attributes.extend(configured);
-    if let Some(c) = c {
-        attributes.extend(encode(container_identity(c), drop));
-    }
-    Resource {
-        attributes,
-        ..Default::default()
-    }
-}
-
-fn container_identity(c: &ContainerUsage) -> Vec<Attribute> {
+/// A container (or pod-level cgroup) resource: the node's attributes and its identity.
+fn container_resource(node: &[KeyValue], c: &ContainerUsage, drop: Dropped) -> Resource {
     let known = [
         (Attr::ContainerId, c.container_id.as_deref()),
         (Attr::PodUid, c.pod_uid.as_deref()),
@@ -225,15 +220,20 @@ fn container_identity(c: &ContainerUsage) -> Vec<Attribute> {
         (Attr::ContainerName, c.container_name.as_deref()),
         (Attr::Runtime, c.runtime),
     ];
-    known
-        .into_iter()
-        .filter_map(|(a, v)| v.map(|v| s(a, v)))
-        .collect()
+    let mut attributes = Vec::with_capacity(node.len() + known.len());
+    attributes.extend_from_slice(node);
+    let identity = known.into_iter().filter_map(|(a, v)| v.map(|v| s(a, v)));
+    encode_onto(&mut attributes, identity, drop);
+    Resource {
+        attributes,
+        ..Default::default()
+    }
 }
 
 /// Resource attributes of one container (or pod-level cgroup).
 pub fn container_attributes(ctx: &ExportContext, c: &ContainerUsage) -> Vec<KeyValue> {
-    resource(ctx, Some(c), Dropped::of(&ctx.groups)).attributes
+    let drop = Dropped::of(&ctx.groups);
+    container_resource(&node_attributes(ctx, drop), c, drop).attributes
 }
 
 fn device_attributes(d: &DeviceSample) -> [Attribute; 5] {
@@ -443,6 +443,7 @@ pub fn build_request(
     if ctx.groups.self_metrics {
         self_metrics(&mut node, stats);
     }
+    let node_resource = node_attributes(ctx, drop);
     let mut resource_metrics = vec![];
     for c in &snap.containers {
         let host = c.container_id.is_none() && c.pod_uid.is_none();
@@ -458,7 +459,7 @@ pub fn build_request(
         }
         if !host && !m.is_empty() {
             resource_metrics.push(ResourceMetrics {
-                resource: Some(resource(ctx, Some(c), drop)),
+                resource: Some(container_resource(&node_resource, c, drop)),
                 scope_metrics: vec![m.into_scope()],
                 ..Default::default()
             });
@@ -468,7 +469,10 @@ pub fn build_request(
         resource_metrics.insert(
             0,
             ResourceMetrics {
-                resource: Some(resource(ctx, None, drop)),
+                resource: Some(Resource {
+                    attributes: node_resource,
+                    ..Default::default()
+                }),
                 scope_metrics: vec![node.into_scope()],
                 ..Default::default()
             },
