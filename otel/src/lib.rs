@@ -53,3 +53,91 @@ pub struct NodeIdentity {
     /// k8s.node.name (downward API NODE_NAME), if any.
     pub node_name: Option<String>,
 }
+
+#[cfg(test)]
+mod drop_rule_tests {
+    use gpu_model::{AgentStats, ContainerGpu, ContainerUsage, DeviceSample, Snapshot};
+
+    use super::*;
+
+    /// Either name of an attribute drops it from both sinks.
+    #[test]
+    fn an_otlp_key_or_a_label_name_drops_the_attribute_everywhere() {
+        let snap = Snapshot {
+            devices: vec![DeviceSample {
+                uuid: "GPU-a".into(),
+                name: "H100".into(),
+                memory_used_bytes: Some(5),
+                ..Default::default()
+            }],
+            containers: vec![ContainerUsage {
+                container_id: Some("c1".into()),
+                container_name: Some("main".into()),
+                gpus: vec![ContainerGpu {
+                    uuid: "GPU-a".into(),
+                    gpu_uuid: "GPU-a".into(),
+                    memory_used_bytes: 3,
+                    sm_util: None,
+                    mem_util: None,
+                    enc_util: None,
+                    dec_util: None,
+                    pids: vec![1],
+                    gpu_time_seconds: 0.0,
+                    memory_byte_seconds: 0.0,
+                    counters_since_ms: 0,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let groups = Groups {
+            drop_attributes: vec!["hw.gpu.index".into(), "container".into()],
+            ..Default::default()
+        };
+        let prom = prometheus::PromOptions {
+            groups: groups.clone(),
+            ..Default::default()
+        };
+        let text = prometheus::render(&snap, &AgentStats::default(), &prom);
+        assert!(
+            text.contains(r#"hw_gpu_memory_usage_bytes{hw_id="GPU-a",model="H100""#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("gpu=\"") && !text.contains("container=\""),
+            "{text}"
+        );
+        let ctx = otlp::ExportContext {
+            groups,
+            ..Default::default()
+        };
+        let req = otlp::build_request(&snap, &AgentStats::default(), &ctx, 1);
+        let keys: Vec<&str> = req
+            .resource_metrics
+            .iter()
+            .flat_map(|rm| {
+                let resource = rm.resource.iter().flat_map(|r| &r.attributes);
+                let points = rm
+                    .scope_metrics
+                    .iter()
+                    .flat_map(|s| &s.metrics)
+                    .flat_map(|m| {
+                        use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+                        match &m.data {
+                            Some(Data::Gauge(g)) => g.data_points.iter(),
+                            Some(Data::Sum(s)) => s.data_points.iter(),
+                            _ => [].iter(),
+                        }
+                    });
+                resource.chain(points.flat_map(|p| &p.attributes))
+            })
+            .map(|kv| kv.key.as_str())
+            .collect();
+        assert!(
+            keys.contains(&"hw.id") && keys.contains(&"container.id"),
+            "{keys:?}"
+        );
+        assert!(!keys.contains(&"hw.gpu.index"), "{keys:?}");
+        assert!(!keys.contains(&"k8s.container.name"), "{keys:?}");
+    }
+}
