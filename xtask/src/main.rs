@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: the project's chores.
 mod bench;
 mod ebpf;
+mod metrics_doc;
 mod overhead;
 mod test;
 mod tools;
@@ -57,6 +58,13 @@ enum Cmd {
     /// Render and check deploy/: builds the agent (for `check-config`), then runs exactly
     /// `cargo test -p tests --test deploy` (docs/deploy.md, "What CI checks").
     CheckDeploy,
+    /// Regenerate the tables of docs/metrics.md from the metric catalogue
+    /// (otel/src/catalogue.rs).
+    MetricsDoc {
+        /// Write nothing; fail, naming each stale table, when the file is out of date.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -90,6 +98,7 @@ fn main() -> Result<()> {
             cargo(&["build", "-p", "agent"])?;
             cargo(&["test", "-p", "tests", "--test", "deploy"])
         }
+        Cmd::MetricsDoc { check } => metrics_doc::run(check),
     }
 }
 
