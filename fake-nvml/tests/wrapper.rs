@@ -541,7 +541,10 @@ fn mps_processes_and_accounting_stats() {
     let sc = TempScenario::new("mps", &v);
     let nvml = init(&sc.0);
     let gpu = nvml.device_by_index(0).unwrap();
-    assert_eq!(pids(&gpu.running_compute_processes().unwrap()), [4000, 4001]);
+    assert_eq!(
+        pids(&gpu.running_compute_processes().unwrap()),
+        [4000, 4001]
+    );
     let mps = gpu.mps_running_compute_processes().unwrap();
     assert_eq!(pids(&mps), [4001, 4002, 4003]);
     assert_eq!(mps[2].used_gpu_memory, UsedGpuMemory::Used(6442450944));
@@ -567,18 +570,27 @@ fn mps_processes_and_accounting_stats() {
         (s.gpu_utilization, s.memory_utilization, s.max_memory_usage),
         (Some(64), Some(20), Some(2147483648))
     );
-    assert_eq!((s.time, s.start_time, s.is_running), (300, 1_700_000_000_000_000, false));
+    assert_eq!(
+        (s.time, s.start_time, s.is_running),
+        (300, 1_700_000_000_000_000, false)
+    );
     let running = gpu.accounting_stats_for(4003).unwrap();
     assert!(running.is_running);
     assert_eq!(running.time, 0);
-    assert!(matches!(gpu.accounting_stats_for(9), Err(NvmlError::NotFound)));
+    assert!(matches!(
+        gpu.accounting_stats_for(9),
+        Err(NvmlError::NotFound)
+    ));
 
     // Accounting off: the mode says so and the lists are NOT_SUPPORTED, as documented.
     v["devices"][0]["accounting_mode"] = json!(false);
     sc.write(&v);
     sleep(RELOAD_WAIT);
     assert!(!gpu.is_accounting_enabled().unwrap());
-    assert!(matches!(gpu.accounting_pids(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        gpu.accounting_pids(),
+        Err(NvmlError::NotSupported)
+    ));
     assert!(matches!(
         gpu.accounting_stats_for(4100),
         Err(NvmlError::NotSupported)
