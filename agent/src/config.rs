@@ -20,6 +20,8 @@ pub struct Config {
     /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
     pub node_name: Option<String>,
     pub metadata: MetadataConfig,
+    /// Usage records, NVML accounting, peaks and quotas (see `UsageConfig`).
+    pub usage: UsageConfig,
 }
 
 /// The node's sockets for names and GPU allocations.
@@ -321,6 +323,7 @@ impl Config {
         if self.metadata.allocation_interval_secs == 0 {
             return invalid("metadata.allocation_interval_secs", "must be at least 1");
         }
+        self.usage.validate()?;
         if self.cache.procfs_rescan_secs == 0 {
             return invalid("cache.procfs_rescan_secs", "must be at least 1");
         }
@@ -335,6 +338,77 @@ impl Config {
                     "expected auto, none or a controller name",
                 )
             }
+        }
+        Ok(())
+    }
+}
+
+/// The `[usage]` section: what a chargeback system bills from.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct UsageConfig {
+    /// Emit a usage record when a container stops using a device (OTLP logs when an
+    /// endpoint is configured, and `file` when set).
+    pub records: bool,
+    /// Append each record to this JSON-lines file (`gpu-agent report` reads it).
+    pub file: Option<PathBuf>,
+    /// Rotate the file beyond this size: `file` -> `file.1` -> ... -> `file.<file_keep>`.
+    pub file_max_bytes: u64,
+    pub file_keep: u32,
+    /// Records kept while the collector is unreachable; the oldest beyond are dropped and
+    /// counted (`usage_records_dropped`).
+    pub queue_records: usize,
+    /// Read NVML's per-process accounting stats when a GPU process exits (needs
+    /// accounting mode on the GPU: `nvidia-smi -am 1`).
+    pub accounting: bool,
+    /// Read HAMi's `CUDA_DEVICE_MEMORY_LIMIT*`/`CUDA_DEVICE_SM_LIMIT` from GPU processes'
+    /// environments (/proc/PID/environ).
+    pub hami_limits: bool,
+    /// The window of `container.gpu.memory.peak`; match it to the export interval.
+    pub peak_window_secs: u64,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig {
+            records: true,
+            file: None,
+            file_max_bytes: 64 << 20,
+            file_keep: 5,
+            queue_records: 10_000,
+            accounting: true,
+            hami_limits: true,
+            peak_window_secs: 60,
+        }
+    }
+}
+
+impl UsageConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, message: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                message: message.into(),
+            })
+        };
+        if self.file_max_bytes < 4096 {
+            return invalid("usage.file_max_bytes", "must be at least 4096");
+        }
+        if !(1..=1000).contains(&self.file_keep) {
+            return invalid("usage.file_keep", "must be between 1 and 1000");
+        }
+        if !(1..=1_000_000).contains(&self.queue_records) {
+            return invalid("usage.queue_records", "must be between 1 and 1000000");
+        }
+        if !(1..=86_400).contains(&self.peak_window_secs) {
+            return invalid("usage.peak_window_secs", "must be between 1 and 86400");
+        }
+        if self
+            .file
+            .as_ref()
+            .is_some_and(|f| f.as_os_str().is_empty() || f.is_dir())
+        {
+            return invalid("usage.file", "must name a file, not a directory");
         }
         Ok(())
     }
