@@ -137,7 +137,7 @@ fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &str) -> &'a mut 
 /// accounting charged, peaks and sessions advanced, ended sessions closed into records,
 /// and each container's `accounts` filled.
 pub fn account(
-    containers: &mut [ContainerUsage],
+    containers: &mut Vec<ContainerUsage>,
     counters: &mut Counters,
     prev: &Counters,
     sample: &GpuSample,
@@ -152,10 +152,55 @@ pub fn account(
     let mut records = charge_accounting(containers, counters, inputs, now);
     advance(containers, counters, inputs.peak_window_ms, now);
     records.extend(close_ended(containers, counters));
+    add_accounted_owners(containers, counters, metadata);
     for c in containers.iter_mut() {
         fill_accounts(c, counters, sample, metadata, inputs);
     }
     records
+}
+
+/// Owners with no process now whose exited processes were charged through NVML accounting
+/// (a job shorter than a sample): an entry of their own, so that their accounting series
+/// go on, until their counters are forgotten.
+fn add_accounted_owners(
+    containers: &mut Vec<ContainerUsage>,
+    counters: &Counters,
+    metadata: &Metadata,
+) {
+    let mut owners: Vec<&Owner> = counters
+        .ledgers
+        .iter()
+        .filter(|(_, l)| l.accounted_processes > 0)
+        .map(|((o, _), _)| o)
+        .filter(|o| !containers.iter().any(|c| owner_key(c).as_ref() == Some(*o)))
+        .collect();
+    owners.sort();
+    owners.dedup();
+    for o in owners {
+        let mut c = match o {
+            Owner::Container(id) => ContainerUsage {
+                container_id: Some(id.clone()),
+                ..Default::default()
+            },
+            Owner::Pod(uid) => ContainerUsage {
+                pod_uid: Some(uid.clone()),
+                ..Default::default()
+            },
+            Owner::Host => ContainerUsage::default(),
+        };
+        if let Some(n) = c
+            .container_id
+            .as_deref()
+            .and_then(|id| metadata.names_of(id))
+        {
+            c.pod_name = n.pod_name.clone();
+            c.namespace = n.namespace.clone();
+            c.container_name = n.container_name.clone();
+            c.pod_uid = n.pod_uid.clone();
+            c.runtime = n.runtime;
+        }
+        containers.push(c);
+    }
 }
 
 /// A session opens when a container first has processes on a device, from the totals
@@ -403,7 +448,12 @@ fn fill_accounts(
         .iter()
         .map(|g| (g.uuid.clone(), g.gpu_uuid.clone()))
         .collect();
-    for u in &c.allocated_gpus {
+    let accounted = counters
+        .ledgers
+        .iter()
+        .filter(|((o, _), l)| *o == owner && l.accounted_processes > 0)
+        .map(|((_, u), _)| u);
+    for u in c.allocated_gpus.iter().chain(accounted) {
         if !uuids.iter().any(|(x, _)| x == u) {
             let gpu = parent_of(sample, u).unwrap_or(u).to_string();
             uuids.push((u.clone(), gpu));

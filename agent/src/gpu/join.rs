@@ -1098,11 +1098,15 @@ mod sharing_tests {
         assert!((r.accounted_gpu_seconds - 0.24).abs() < 1e-9);
         assert_eq!((r.accounted_processes, r.memory_peak_bytes), (1, 512));
         assert_eq!(r.reason, "accounting");
-        // A has no process now, so no snapshot entry; its ledger keeps the charge.
-        assert!(snap
+        // A has no process now: an entry of its own carries the charge.
+        let a = snap
             .containers
             .iter()
-            .all(|c| c.container_id.as_deref() != Some(A)));
+            .find(|c| c.container_id.as_deref() == Some(A))
+            .unwrap();
+        assert!(a.gpus.is_empty());
+        assert_eq!(a.accounts[0].accounted_processes, 1);
+        assert!((a.accounts[0].accounted_gpu_seconds - 0.24).abs() < 1e-9);
     }
 
     #[test]
