@@ -2,7 +2,7 @@
 //! share of the GPU's energy, its peak memory, its memory limit, NVML's accounting stats of
 //! its exited processes, and the usage record of each stretch of use. Pure, like the join:
 //! the carried state goes in and comes out in `Counters`.
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use gpu_model::{
     AccountingSample, ContainerUsage, DeviceSample, GpuAccount, GpuSample, LimitSource, UsageRecord,
@@ -43,6 +43,14 @@ pub struct RecordNames {
 }
 
 impl RecordNames {
+    pub fn is_of(&self, c: &ContainerUsage) -> bool {
+        self.pod_name == c.pod_name
+            && self.namespace == c.namespace
+            && self.container_name == c.container_name
+            && self.pod_uid == c.pod_uid
+            && self.container_id == c.container_id
+    }
+
     pub fn of(c: &ContainerUsage) -> RecordNames {
         RecordNames {
             container_id: c.container_id.clone(),
@@ -78,10 +86,69 @@ pub struct Ledger {
     pub energy_since_ms: u64,
     /// Last cycle that charged it anything (energy, accounting), ms.
     pub last_charged_ms: u64,
+    /// Last cycle the owner had a process on the device, ms.
+    pub last_used_ms: u64,
     pub accounted_processes: u64,
     pub accounted_gpu_seconds: f64,
     pub peak: PeakWindow,
     pub session: Option<Session>,
+}
+
+/// Ledgers by owner, then by device: one hash lookup per owner a cycle, and a short scan
+/// of its few devices.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledgers(HashMap<Owner, Vec<(String, Ledger)>>);
+
+impl Ledgers {
+    pub fn get(&self, owner: &Owner, uuid: &str) -> Option<&Ledger> {
+        self.0
+            .get(owner)?
+            .iter()
+            .find(|(u, _)| u == uuid)
+            .map(|(_, l)| l)
+    }
+
+    /// The owner's devices, made on first use.
+    pub fn of(&mut self, owner: &Owner) -> &mut Vec<(String, Ledger)> {
+        if !self.0.contains_key(owner) {
+            self.0.insert(owner.clone(), vec![]);
+        }
+        self.0.get_mut(owner).unwrap()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &str, &Ledger)> {
+        self.0
+            .iter()
+            .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u.as_str(), l)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Keeps the ledgers `keep` says to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Ledger) -> bool) {
+        for v in self.0.values_mut() {
+            v.retain(|(_, l)| keep(l));
+        }
+        self.0.retain(|_, v| !v.is_empty());
+    }
+}
+
+/// The device's ledger in an owner's list, made on first use.
+pub fn device<'a>(devices: &'a mut Vec<(String, Ledger)>, uuid: &str) -> &'a mut Ledger {
+    let i = match devices.iter().position(|(u, _)| u == uuid) {
+        Some(i) => i,
+        None => {
+            devices.push((uuid.to_string(), Ledger::default()));
+            devices.len() - 1
+        }
+    };
+    &mut devices[i].1
 }
 
 /// An exited process's accounting stats, and whom to charge: its owner when it exited.
@@ -126,16 +193,15 @@ pub fn owner_key(c: &ContainerUsage) -> Option<Owner> {
     }
 }
 
+/// The ledger of (owner, device), made on first use; no key is built for a present one.
 fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &str) -> &'a mut Ledger {
-    counters
-        .ledgers
-        .entry((owner.clone(), uuid.to_string()))
-        .or_default()
+    device(counters.ledgers.of(owner), uuid)
 }
 
-/// The whole pass, in order: sessions opened at their first cycle's totals, energy split,
-/// accounting charged, peaks and sessions advanced, ended sessions closed into records,
-/// and each container's `accounts` filled.
+/// The whole pass, in order: the energy split computed, then per container one pass over
+/// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
+/// sessions advanced), accounting charged, ended sessions closed into records, and each
+/// container's `accounts` filled.
 pub fn account(
     containers: &mut Vec<ContainerUsage>,
     counters: &mut Counters,
@@ -145,18 +211,35 @@ pub fn account(
     inputs: &Inputs,
 ) -> Vec<UsageRecord> {
     let now = sample.taken_at_ms;
-    open_sessions(containers, counters, prev, now);
+    let owners: Vec<Option<Owner>> = containers.iter().map(owner_key).collect();
+    let mut charges: Vec<Vec<(&str, f64)>> = vec![vec![]; containers.len()];
     for d in &sample.devices {
-        split_energy(d, containers, counters, prev, now);
+        split_energy(d, containers, &owners, counters, &mut charges);
     }
-    let mut records = charge_accounting(containers, counters, inputs, now);
-    advance(containers, counters, inputs.peak_window_ms, now);
-    records.extend(close_ended(containers, counters));
-    add_accounted_owners(containers, counters, metadata);
+    for ((c, owner), charge) in containers.iter().zip(&owners).zip(charges) {
+        if let Some(owner) = owner {
+            advance(c, owner, charge, counters, prev, inputs.peak_window_ms, now);
+        }
+    }
+    let mut records = charge_accounting(containers, &owners, counters, inputs, now);
+    records.extend(close_ended(counters, now));
+    let accounted = accounted_devices(counters);
+    add_accounted_owners(containers, &accounted, metadata);
     for c in containers.iter_mut() {
-        fill_accounts(c, counters, sample, metadata, inputs);
+        fill_accounts(c, counters, &accounted, sample, metadata, inputs);
     }
     records
+}
+
+/// The devices each owner was charged NVML accounting on.
+fn accounted_devices(counters: &Counters) -> HashMap<&Owner, Vec<&str>> {
+    let mut out: HashMap<&Owner, Vec<&str>> = HashMap::new();
+    for (o, u, l) in counters.ledgers.iter() {
+        if l.accounted_processes > 0 {
+            out.entry(o).or_default().push(u);
+        }
+    }
+    out
 }
 
 /// Owners with no process now whose exited processes were charged through NVML accounting
@@ -164,18 +247,16 @@ pub fn account(
 /// go on, until their counters are forgotten.
 fn add_accounted_owners(
     containers: &mut Vec<ContainerUsage>,
-    counters: &Counters,
+    accounted: &HashMap<&Owner, Vec<&str>>,
     metadata: &Metadata,
 ) {
-    let mut owners: Vec<&Owner> = counters
-        .ledgers
-        .iter()
-        .filter(|(_, l)| l.accounted_processes > 0)
-        .map(|((o, _), _)| o)
-        .filter(|o| !containers.iter().any(|c| owner_key(c).as_ref() == Some(*o)))
+    let present: HashSet<Owner> = containers.iter().filter_map(owner_key).collect();
+    let mut owners: Vec<&Owner> = accounted
+        .keys()
+        .copied()
+        .filter(|o| !present.contains(*o))
         .collect();
     owners.sort();
-    owners.dedup();
     for o in owners {
         let mut c = match o {
             Owner::Container(id) => ContainerUsage {
@@ -203,68 +284,34 @@ fn add_accounted_owners(
     }
 }
 
-/// A session opens when a container first has processes on a device, from the totals
-/// before this cycle, so that it includes this cycle's credit.
-fn open_sessions(
-    containers: &[ContainerUsage],
-    counters: &mut Counters,
-    prev: &Counters,
-    now: u64,
-) {
-    for c in containers {
-        let Some(owner) = owner_key(c) else { continue };
-        for g in &c.gpus {
-            let key = (owner.clone(), g.uuid.clone());
-            let before = prev.map.get(&key).cloned().unwrap_or_default();
-            let l = counters.ledgers.entry(key).or_default();
-            if l.session.is_none() {
-                l.session = Some(Session {
-                    gpu_uuid: g.gpu_uuid.clone(),
-                    start_ms: now,
-                    end_ms: now,
-                    gpu_seconds: before.gpu_seconds,
-                    byte_seconds: before.byte_seconds,
-                    energy_j: l.energy_j,
-                    accounted_processes: l.accounted_processes,
-                    accounted_gpu_seconds: l.accounted_gpu_seconds,
-                    peak: 0,
-                    names: RecordNames::of(c),
-                });
-            }
-        }
-    }
-}
-
 /// Splits the GPU's energy since the last sample over the containers on it by their
 /// SM-utilization share (memory share where no utilization is known); the rest (idle)
 /// goes to the containers the GPU is allocated to, in equal parts, else to the GPU's
 /// idle entry. Every joule of the delta lands somewhere.
-fn split_energy(
+fn split_energy<'a>(
     d: &DeviceSample,
-    containers: &[ContainerUsage],
+    containers: &'a [ContainerUsage],
+    owners: &[Option<Owner>],
     counters: &mut Counters,
-    prev: &Counters,
-    now: u64,
+    charges: &mut [Vec<(&'a str, f64)>],
 ) {
     let Some(e) = d.energy_mj.filter(|_| d.status.is_ok()) else {
         return;
     };
-    counters.energy_mj.insert(d.uuid.clone(), e);
+    // The map holds the last sample's values: the one replaced is "before".
+    let before = counters.energy_mj.insert(d.uuid.clone(), e);
     counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0);
-    let Some(before) = prev.energy_mj.get(&d.uuid).copied().filter(|b| *b <= e) else {
+    let Some(before) = before.filter(|b| *b <= e) else {
         return; // first sample, or the counter restarted (driver reload)
     };
     let delta = (e - before) as f64 / 1000.0;
-    let mut users: Vec<(Owner, String, Option<u32>, u64)> = vec![];
-    for c in containers {
-        let Some(owner) = owner_key(c) else { continue };
+    let mut users: Vec<(usize, &'a str, Option<u32>, u64)> = vec![];
+    for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
+        if owner.is_none() {
+            continue;
+        }
         for g in c.gpus.iter().filter(|g| g.gpu_uuid == d.uuid) {
-            users.push((
-                owner.clone(),
-                g.uuid.clone(),
-                g.sm_util,
-                g.memory_used_bytes,
-            ));
+            users.push((i, &g.uuid, g.sm_util, g.memory_used_bytes));
         }
     }
     let by_sm = users.iter().any(|u| u.2.is_some());
@@ -281,17 +328,17 @@ fn split_energy(
     let mut charged = 0.0;
     for (u, w) in users.iter().zip(&weights) {
         let j = delta * w * scale;
-        charge_energy(ledger(counters, &u.0, &u.1), j, now);
+        charges[u.0].push((u.1, j));
         charged += j;
     }
     let idle = (delta - charged).max(0.0);
-    let holders = allocated_holders(d, containers);
+    let holders = allocated_holders(d, containers, owners);
     if holders.is_empty() {
         *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += idle;
     } else {
         let part = idle / holders.len() as f64;
-        for (owner, uuid) in holders {
-            charge_energy(ledger(counters, &owner, &uuid), part, now);
+        for (i, uuid) in holders {
+            charges[i].push((uuid, part));
         }
     }
 }
@@ -306,14 +353,20 @@ fn charge_energy(l: &mut Ledger, j: f64, now: u64) {
 
 /// The containers the kubelet allocated this GPU (or one of its MIG devices) to, each with
 /// the device it holds.
-fn allocated_holders(d: &DeviceSample, containers: &[ContainerUsage]) -> Vec<(Owner, String)> {
+fn allocated_holders<'a>(
+    d: &DeviceSample,
+    containers: &'a [ContainerUsage],
+    owners: &[Option<Owner>],
+) -> Vec<(usize, &'a str)> {
     let ours = |u: &str| u == d.uuid || d.mig_devices.iter().any(|m| m.uuid == u);
-    let mut out = vec![];
-    for c in containers {
-        let Some(owner) = owner_key(c) else { continue };
+    let mut out: Vec<(usize, &str)> = vec![];
+    for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
+        if owner.is_none() {
+            continue;
+        }
         for u in c.allocated_gpus.iter().filter(|u| ours(u)) {
-            if !out.iter().any(|(o, x)| *o == owner && x == u) {
-                out.push((owner.clone(), u.clone()));
+            if !out.iter().any(|(j, x)| *j == i && x == u) {
+                out.push((i, u));
             }
         }
     }
@@ -325,6 +378,7 @@ fn allocated_holders(d: &DeviceSample, containers: &[ContainerUsage]) -> Vec<(Ow
 /// open on the GPU.
 fn charge_accounting(
     containers: &[ContainerUsage],
+    owners: &[Option<Owner>],
     counters: &mut Counters,
     inputs: &Inputs,
     now: u64,
@@ -343,9 +397,10 @@ fn charge_accounting(
             session.peak = session.peak.max(max_mem);
             continue;
         }
-        let using = containers.iter().any(|c| {
-            owner_key(c).as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| g.uuid == a.uuid)
-        });
+        let using = containers
+            .iter()
+            .zip(owners)
+            .any(|(c, o)| o.as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| g.uuid == a.uuid));
         if using {
             continue;
         }
@@ -370,34 +425,63 @@ fn charge_accounting(
     records
 }
 
-/// Peaks and open sessions of the devices each container uses this cycle.
-fn advance(containers: &[ContainerUsage], counters: &mut Counters, window_ms: u64, now: u64) {
-    for c in containers {
-        let Some(owner) = owner_key(c) else { continue };
-        for g in &c.gpus {
-            let l = ledger(counters, &owner, &g.uuid);
-            l.peak.push(now, g.memory_used_bytes, window_ms);
-            if let Some(s) = &mut l.session {
-                s.end_ms = now;
-                s.peak = s.peak.max(g.memory_used_bytes);
+/// One container's devices this cycle, with one lookup of its owner: a session opens at
+/// the first cycle with a process (from the totals before it, so that it includes this
+/// cycle's credit), energy is charged, the peak and the open session advance.
+fn advance(
+    c: &ContainerUsage,
+    owner: &Owner,
+    charges: Vec<(&str, f64)>,
+    counters: &mut Counters,
+    prev: &Counters,
+    window_ms: u64,
+    now: u64,
+) {
+    let devices = counters.ledgers.of(owner);
+    for g in &c.gpus {
+        let l = device(devices, &g.uuid);
+        if l.session.is_none() {
+            let before = prev
+                .map
+                .get(&(owner.clone(), g.uuid.clone()))
+                .cloned()
+                .unwrap_or_default();
+            l.session = Some(Session {
+                gpu_uuid: g.gpu_uuid.clone(),
+                start_ms: now,
+                end_ms: now,
+                gpu_seconds: before.gpu_seconds,
+                byte_seconds: before.byte_seconds,
+                energy_j: l.energy_j,
+                accounted_processes: l.accounted_processes,
+                accounted_gpu_seconds: l.accounted_gpu_seconds,
+                peak: 0,
+                names: RecordNames::of(c),
+            });
+        }
+        l.last_used_ms = now;
+        l.peak.push(now, g.memory_used_bytes, window_ms);
+        if let Some(s) = &mut l.session {
+            s.end_ms = now;
+            s.peak = s.peak.max(g.memory_used_bytes);
+            // Names arrive after the first sample; copied only when they change.
+            if !s.names.is_of(c) {
                 s.names = RecordNames::of(c);
             }
         }
     }
+    for (uuid, j) in charges {
+        charge_energy(device(devices, uuid), j, now);
+    }
 }
 
-/// Sessions whose container has no process on the device any more: one record each.
-fn close_ended(containers: &[ContainerUsage], counters: &mut Counters) -> Vec<UsageRecord> {
-    let using = |owner: &Owner, uuid: &str| {
-        containers
-            .iter()
-            .any(|c| owner_key(c).as_ref() == Some(owner) && c.gpus.iter().any(|g| g.uuid == uuid))
-    };
+/// Sessions whose container had no process on the device this cycle: one record each.
+fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
     let ended: Vec<(Owner, String)> = counters
         .ledgers
         .iter()
-        .filter(|((o, u), l)| l.session.is_some() && !using(o, u))
-        .map(|(k, _)| k.clone())
+        .filter(|(_, _, l)| l.session.is_some() && l.last_used_ms != now)
+        .map(|(o, u, _)| (o.clone(), u.to_string()))
         .collect();
     let mut records = vec![];
     for key in ended {
@@ -411,7 +495,13 @@ fn close_ended(containers: &[ContainerUsage], counters: &mut Counters) -> Vec<Us
 /// Ends the session of `key` and returns its record.
 pub fn close(counters: &mut Counters, key: &(Owner, String), reason: &str) -> Option<UsageRecord> {
     let acc = counters.map.get(key).cloned().unwrap_or_default();
-    let l = counters.ledgers.get_mut(key)?;
+    let l = counters
+        .ledgers
+        .0
+        .get_mut(&key.0)?
+        .iter_mut()
+        .find(|(u, _)| *u == key.1)?;
+    let l = &mut l.1;
     let s = l.session.take()?;
     Some(UsageRecord {
         container_id: s.names.container_id,
@@ -438,33 +528,29 @@ pub fn close(counters: &mut Counters, key: &(Owner, String), reason: &str) -> Op
 fn fill_accounts(
     c: &mut ContainerUsage,
     counters: &Counters,
+    accounted: &HashMap<&Owner, Vec<&str>>,
     sample: &GpuSample,
     metadata: &Metadata,
     inputs: &Inputs,
 ) {
     let Some(owner) = owner_key(c) else { return };
-    let mut uuids: Vec<(String, String)> = c
+    let mut uuids: Vec<(&str, &str)> = c
         .gpus
         .iter()
-        .map(|g| (g.uuid.clone(), g.gpu_uuid.clone()))
+        .map(|g| (g.uuid.as_str(), g.gpu_uuid.as_str()))
         .collect();
-    let accounted = counters
-        .ledgers
-        .iter()
-        .filter(|((o, _), l)| *o == owner && l.accounted_processes > 0)
-        .map(|((_, u), _)| u);
-    for u in c.allocated_gpus.iter().chain(accounted) {
-        if !uuids.iter().any(|(x, _)| x == u) {
-            let gpu = parent_of(sample, u).unwrap_or(u).to_string();
-            uuids.push((u.clone(), gpu));
+    let charged = accounted.get(&owner).into_iter().flatten().copied();
+    for u in c.allocated_gpus.iter().map(String::as_str).chain(charged) {
+        if !uuids.iter().any(|(x, _)| *x == u) {
+            uuids.push((u, parent_of(sample, u).unwrap_or(u)));
         }
     }
-    let mut accounts = vec![];
+    let mut accounts = Vec::with_capacity(uuids.len());
     for (uuid, gpu_uuid) in uuids {
-        let l = counters.ledgers.get(&(owner.clone(), uuid.clone()));
+        let l = counters.ledgers.get(&owner, uuid);
         let mut a = GpuAccount {
-            uuid: uuid.clone(),
-            gpu_uuid: gpu_uuid.clone(),
+            uuid: uuid.to_string(),
+            gpu_uuid: gpu_uuid.to_string(),
             ..Default::default()
         };
         if let Some(l) = l {
@@ -525,7 +611,11 @@ fn limits(
         a.memory_limit_source = a.memory_limit_bytes.map(|_| LimitSource::Mig);
         return;
     }
+    // Only a time-sliced GPU has shares (and only then are the allocations scanned).
     let replicas = metadata.replicas.get(&a.gpu_uuid).copied().unwrap_or(0);
+    if replicas < 2 {
+        return;
+    }
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
         return;
     };
@@ -535,7 +625,7 @@ fn limits(
         .map(|al| al.replicas_of(&a.gpu_uuid))
         .sum();
     let total = gpu.and_then(|d| d.memory_total_bytes);
-    if let (true, Some(total)) = (replicas >= 2 && held >= 1, total) {
+    if let (true, Some(total)) = (held >= 1, total) {
         a.memory_limit_bytes = Some(total / replicas as u64 * held.min(replicas) as u64);
         a.memory_limit_source = Some(LimitSource::Timeslice);
     }

@@ -11,7 +11,7 @@ pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
 use gpu_model::{SourceStatus, UsageRecord};
 
 use super::{
-    account::{self, Inputs, Ledger},
+    account::{self, Inputs, Ledgers},
     sharing::Sharing,
     DeviceSample, GpuSample, ProcessSample,
 };
@@ -44,7 +44,7 @@ pub struct Counters {
     pub map: HashMap<(Owner, String), Accumulated>,
     pub last_sample_ms: u64,
     /// Energy, peaks, accounting and open sessions per (owner, device): see `account`.
-    pub ledgers: HashMap<(Owner, String), Ledger>,
+    pub ledgers: Ledgers,
     /// Per GPU uuid: its energy counter at the last sample, mJ.
     pub energy_mj: HashMap<String, u64>,
     /// Per GPU uuid: energy charged to nobody (idle, not allocated), J.
@@ -234,9 +234,10 @@ fn accumulate(
     let mut counters = Counters {
         map: HashMap::with_capacity(prev.map.len()),
         last_sample_ms: taken_at_ms,
-        ledgers: prev.ledgers.clone(),
-        energy_mj: prev.energy_mj.clone(),
-        idle_energy: prev.idle_energy.clone(),
+        // Moved in by `join_with`, which owns the previous counters.
+        ledgers: Ledgers::default(),
+        energy_mj: HashMap::new(),
+        idle_energy: HashMap::new(),
     };
     let mut containers = Vec::with_capacity(groups.len());
     for (owner, g) in groups {
@@ -279,13 +280,6 @@ fn accumulate(
             counters.map.insert(k.clone(), acc.clone());
         }
     }
-    // Ledgers go with their counters, unless charged lately (an allocated, idle GPU's
-    // energy) or in the middle of a session.
-    counters.ledgers.retain(|k, l| {
-        l.session.is_some()
-            || counters.map.contains_key(k)
-            || taken_at_ms.saturating_sub(l.last_charged_ms) < FORGET_AFTER_MS
-    });
     (containers, counters)
 }
 
@@ -350,7 +344,7 @@ pub fn join(
         metadata,
         sample,
         nvml_status,
-        prev,
+        prev.clone(),
         opts,
         &Inputs::default(),
     );
@@ -358,13 +352,14 @@ pub fn join(
 }
 
 /// The join, with what the account pass needs (HAMi limits, accounting stats), and the
-/// usage records of the stretches of use that ended.
+/// usage records of the stretches of use that ended. Takes the previous counters by value:
+/// what carries over is moved, not copied.
 pub fn join_with(
     procs: &impl Resolver,
     metadata: &Metadata,
     sample: &GpuSample,
     nvml_status: &SourceStatus,
-    prev: &Counters,
+    mut prev: Counters,
     opts: JoinOptions,
     inputs: &Inputs,
 ) -> (Snapshot, Counters, Vec<UsageRecord>) {
@@ -374,7 +369,17 @@ pub fn join_with(
         ((sample.taken_at_ms - prev.last_sample_ms) as f64 / 1000.0).min(opts.max_gap.as_secs_f64())
     };
     let (groups, processes, mps_servers) = group_processes(procs, sample, opts.process_detail);
-    let (mut containers, mut counters) = accumulate(groups, prev, dt, sample.taken_at_ms);
+    let (mut containers, mut counters) = accumulate(groups, &prev, dt, sample.taken_at_ms);
+    counters.energy_mj = std::mem::take(&mut prev.energy_mj);
+    counters.idle_energy = std::mem::take(&mut prev.idle_energy);
+    // Ledgers go with their counters, unless charged lately (an allocated, idle GPU's
+    // energy) or in the middle of a session.
+    counters.ledgers = std::mem::take(&mut prev.ledgers);
+    let now = sample.taken_at_ms;
+    counters.ledgers.retain(|l| {
+        l.session.is_some()
+            || now.saturating_sub(l.last_used_ms.max(l.last_charged_ms)) < FORGET_AFTER_MS
+    });
     for c in &mut containers {
         name_and_allocate(c, metadata, &sample.devices);
     }
@@ -386,7 +391,7 @@ pub fn join_with(
     let records = account::account(
         &mut containers,
         &mut counters,
-        prev,
+        &prev,
         sample,
         metadata,
         inputs,
@@ -496,7 +501,7 @@ impl Joiner {
             metadata,
             sample,
             nvml_status,
-            &self.counters,
+            std::mem::take(&mut self.counters),
             opts,
             &inputs,
         );
@@ -515,8 +520,8 @@ impl Drop for Joiner {
             .counters
             .ledgers
             .iter()
-            .filter(|(_, l)| l.session.is_some())
-            .map(|(k, _)| k.clone())
+            .filter(|(_, _, l)| l.session.is_some())
+            .map(|(o, u, _)| (o.clone(), u.to_string()))
             .collect();
         let records = open
             .iter()
@@ -979,7 +984,7 @@ mod sharing_tests {
         let mut all = vec![];
         let mut snap = Snapshot::default();
         for s in samples {
-            let (sn, next, records) = join_with(&Procs, md, s, &SourceStatus::Ok, &c, OPTS, inputs);
+            let (sn, next, records) = join_with(&Procs, md, s, &SourceStatus::Ok, c, OPTS, inputs);
             (snap, c) = (sn, next);
             all.extend(records);
         }
