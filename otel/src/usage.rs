@@ -359,10 +359,19 @@ impl LogsExporter {
                 let mut rb = client
                     .post(&self.url)
                     .header("content-type", "application/x-protobuf");
+                let mut body = req.encode_to_vec();
+                if self.settings.gzip {
+                    use std::io::Write;
+                    let mut enc =
+                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                    enc.write_all(&body).ok();
+                    body = enc.finish().unwrap_or_default();
+                    rb = rb.header("content-encoding", "gzip");
+                }
                 for (k, v) in &self.settings.headers {
                     rb = rb.header(k, v);
                 }
-                match rb.body(req.encode_to_vec()).send().await {
+                match rb.body(body).send().await {
                     Ok(r) if r.status().is_success() => Ok(()),
                     Ok(r) => {
                         let st = r.status();
