@@ -242,14 +242,14 @@ fn start_exporter(
         return Ok(None);
     };
     let config = &loaded.config;
-    *handles.stats.otlp.write().unwrap() = ExportTarget::Url(settings.url.clone());
+    *handles.stats.otlp.write().unwrap() = ExportTarget::Url(settings.redacted_url());
     let ctx = otel::otlp::ExportContext {
         node: node_identity(config),
         service_name: settings.service_name.clone(),
         resource_attributes: settings.resource_attributes.clone(),
         groups: config.metrics.clone(),
     };
-    tracing::info!(url = %settings.url, protocol = ?settings.protocol,
+    tracing::info!(url = %settings.redacted_url(), protocol = ?settings.protocol,
         interval = ?settings.interval, "pushing OTLP metrics");
     let ex = otel::export::OtlpExporter::new(settings, handles.stats.export.clone())
         .map_err(|e| anyhow::anyhow!("OTLP exporter: {e}"))?;
