@@ -182,6 +182,8 @@ pub struct AgentStats {
     pub kernel_read_errors: u64,
     pub cached_processes: u64,
     pub tombstones: u64,
+    /// Exited processes dropped by `cache.max_tombstones` before they expired.
+    pub tombstones_evicted: u64,
     pub cgroups_known: u64,
     pub startup_walk_ms: u64,
     pub ebpf_load_ms: u64,

@@ -17,6 +17,7 @@ use super::{
     state::State,
 };
 use crate::{
+    config::CacheConfig,
     ebpf::{events::KernelEvent, EbpfSource},
     stats::Stats,
 };
@@ -53,11 +54,12 @@ impl Tracker {
         hierarchies: Hierarchies,
         procfs: Procfs,
         source: Option<EbpfSource>,
-        tombstone: Duration,
+        cfg: &CacheConfig,
         stats: Arc<Stats>,
     ) -> Tracker {
+        let tombstone = cfg.tombstone();
         let state = State {
-            cache: ProcessCache::new(tombstone),
+            cache: ProcessCache::new(tombstone, cfg.max_tombstones),
             registry: CgroupRegistry::default(),
             hierarchies,
         };
@@ -452,7 +454,7 @@ impl Tracker {
         let now = Instant::now();
         let mut st = self.state.write().unwrap();
         st.cache.gc(now);
-        st.registry.gc(self.tombstone * 2);
+        st.registry.gc(self.tombstone.saturating_mul(2));
         drop(st);
         if let Some(src) = self.source.as_ref().filter(|s| s.stats_enabled()) {
             *self.stats.programs.write().unwrap() = src.program_stats();
@@ -464,9 +466,10 @@ impl Tracker {
         let st = self.state.read().unwrap();
         let live = st.cache.live_count();
         self.stats.cached_processes.store(live as u64, Relaxed);
-        self.stats
-            .tombstones
-            .store((st.cache.len() - live) as u64, Relaxed);
+        let tombstones = st.cache.tombstone_count() as u64;
+        self.stats.tombstones.store(tombstones, Relaxed);
+        let evicted = st.cache.evicted();
+        self.stats.tombstones_evicted.store(evicted, Relaxed);
         self.stats
             .cgroups_known
             .store(st.registry.len() as u64, Relaxed);
