@@ -102,9 +102,9 @@ impl Sources {
         let mut tasks = vec![];
         // Names and allocations: their own task, asked when an unknown container id shows up.
         if config.metadata.enabled {
-            let src = MetadataSource::new(config.metadata.clone(), stats.metadata.clone());
+            let src = MetadataSource::new(config.metadata.clone(), stats.clone());
             pipeline.metadata = src.published();
-            let (tx, rx) = tokio::sync::mpsc::channel::<Vec<String>>(4);
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
             pipeline.names = Some(NameRequests::new(tx));
             let stop = stop.clone();
             tasks.push(tokio::spawn(crate::metadata::run(src, rx, stop)));

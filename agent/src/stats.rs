@@ -41,6 +41,8 @@ pub struct Stats {
     pub otlp: RwLock<ExportTarget>,
     /// Written by the metadata source, the one owner of its sockets' health.
     pub metadata: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
+    /// Containers the metadata sources can name right now.
+    pub metadata_names: AtomicU64,
     mode: RwLock<(TrackingMode, Option<String>)>,
     pub programs: RwLock<Vec<ProgramStats>>,
     /// Unix ms when the agent started.
@@ -90,6 +92,7 @@ impl Stats {
             gpu_processes_unresolved: n(&self.gpu_processes_unresolved),
             otlp: self.otlp.read().unwrap().clone(),
             metadata: self.metadata.read().unwrap().clone(),
+            metadata_names: n(&self.metadata_names),
             export_sent: n(&self.export.sent),
             export_failures: n(&self.export.failures),
             export_dropped_batches: n(&self.export.dropped_batches),

@@ -200,6 +200,8 @@ pub struct AgentStats {
     pub otlp: ExportTarget,
     /// Each metadata source's health: "cri", "pod_resources", "docker".
     pub metadata: BTreeMap<String, SourceStatus>,
+    /// Containers the metadata sources can name now (removed containers are forgotten).
+    pub metadata_names: u64,
     pub export_sent: u64,
     pub export_failures: u64,
     pub export_dropped_batches: u64,

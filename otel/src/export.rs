@@ -63,7 +63,10 @@ impl OtlpExporter {
         counters: Arc<ExportCounters>,
     ) -> Result<OtlpExporter, String> {
         let ca = match &settings.certificate {
-            Some(p) => Some(std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?),
+            Some(p) => Some(
+                crate::settings::read_small_file(p)
+                    .map_err(|e| format!("reading {}: {e}", p.display()))?,
+            ),
             None => None,
         };
         let transport = match settings.protocol {

@@ -316,7 +316,7 @@ impl OtlpConfig {
         else {
             return Ok(None);
         };
-        let pem = std::fs::read(&c).map_err(|e| format!("{WHERE}: {}: {e}", c.display()))?;
+        let pem = read_small_file(&c).map_err(|e| format!("{WHERE}: {}: {e}", c.display()))?;
         match reqwest::Certificate::from_pem_bundle(&pem) {
             Ok(certs) if !certs.is_empty() => Ok(Some(c)),
             _ => Err(format!("{WHERE}: {} holds no PEM certificate", c.display())),
@@ -335,6 +335,19 @@ impl OtlpConfig {
             )),
         }
     }
+}
+
+/// A CA bundle is a few KiB: a path to a device or a huge file (`/dev/zero`) must not
+/// hang or exhaust the agent at start.
+pub(crate) fn read_small_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    const MAX: u64 = 1 << 20;
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() || meta.len() > MAX {
+        return Err(std::io::Error::other(format!(
+            "not a regular file of at most {MAX} bytes"
+        )));
+    }
+    std::fs::read(path)
 }
 
 /// A duration in milliseconds from `var`, else the config's `key`, else the default;

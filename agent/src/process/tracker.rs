@@ -450,16 +450,19 @@ impl Tracker {
         }
     }
 
-    pub fn gc(&mut self) {
+    /// Forgets expired tombstones and removed cgroups. Returns the containers whose last
+    /// cgroup went.
+    pub fn gc(&mut self) -> Vec<String> {
         let now = Instant::now();
         let mut st = self.state.write().unwrap();
         st.cache.gc(now);
-        st.registry.gc(self.tombstone.saturating_mul(2));
+        let gone = st.registry.gc(self.tombstone.saturating_mul(2));
         drop(st);
         if let Some(src) = self.source.as_ref().filter(|s| s.stats_enabled()) {
             *self.stats.programs.write().unwrap() = src.program_stats();
         }
         self.publish_gauges();
+        gone
     }
 
     fn publish_gauges(&self) {
