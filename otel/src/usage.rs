@@ -22,8 +22,9 @@ use opentelemetry_proto::tonic::{
 use prost::Message;
 
 use crate::{
-    export::{OtlpSettings, Protocol, SendError},
+    export::{retry_after, OtlpSettings, Protocol, SendError},
     otlp::{container_attributes, kv, ExportContext},
+    settings::redact_url,
 };
 
 /// Usage-record counters, shared with the agent's stats.
@@ -177,7 +178,8 @@ pub fn logs_url(
     if let Some(u) = env("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT").filter(|u| !u.trim().is_empty()) {
         if !(u.starts_with("http://") || u.starts_with("https://")) {
             return Err(format!(
-                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: {u:?} must start with http:// or https://"
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: {:?} must start with http:// or https://",
+                redact_url(&u)
             ));
         }
         return Ok(u);
@@ -189,7 +191,7 @@ pub fn logs_url(
             None => Err(format!(
                 "the metrics URL {} has no /v1/metrics to derive the logs URL from: set \
                  OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-                settings.url
+                settings.redacted_url()
             )),
         },
     }
@@ -234,7 +236,7 @@ impl LogsExporter {
         let transport = match settings.protocol {
             Protocol::Grpc => {
                 let mut ep = tonic::transport::Endpoint::from_shared(url.clone())
-                    .map_err(|e| format!("OTLP logs endpoint {url}: {e}"))?
+                    .map_err(|e| format!("OTLP logs endpoint {}: {e}", redact_url(&url)))?
                     .timeout(settings.timeout)
                     .connect_timeout(settings.timeout);
                 if url.starts_with("https://") {
@@ -273,8 +275,9 @@ impl LogsExporter {
         })
     }
 
-    pub fn url(&self) -> &str {
-        &self.url
+    /// The logs URL with any credentials in it masked, for logs and errors.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
     }
 
     pub fn queued(&self) -> usize {
@@ -306,22 +309,24 @@ impl LogsExporter {
                     self.queue.drain(..n);
                     self.counters.sent.fetch_add(n as u64, Relaxed);
                     if self.backoff > BACKOFF_MIN {
-                        tracing::info!(url = %self.url, "OTLP usage records: sending again");
+                        tracing::info!(url = %self.redacted_url(), "OTLP usage records: sending again");
                     }
                     self.backoff = BACKOFF_MIN;
                 }
                 Err(SendError::Permanent(e)) => {
-                    tracing::warn!(url = %self.url, records = n,
+                    tracing::warn!(url = %self.redacted_url(), records = n,
                         "OTLP usage records rejected and dropped: {e}");
                     self.queue.drain(..n);
                     self.counters.dropped.fetch_add(n as u64, Relaxed);
                 }
-                Err(SendError::Retryable(e)) => {
+                Err(SendError::Retryable(e, after)) => {
                     if self.backoff == BACKOFF_MIN {
-                        tracing::warn!(url = %self.url, queued = self.queue.len(),
+                        tracing::warn!(url = %self.redacted_url(), queued = self.queue.len(),
                             "OTLP usage records not sent, kept and retried: {e}");
                     }
-                    self.next_attempt = Instant::now() + self.backoff;
+                    // The collector's Retry-After is honoured within the backoff bounds.
+                    let wait = after.map_or(self.backoff, |a| a.clamp(self.backoff, BACKOFF_MAX));
+                    self.next_attempt = Instant::now() + wait;
                     self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
                     break;
                 }
@@ -350,7 +355,9 @@ impl LogsExporter {
                     let msg = format!("{}: {}", s.code(), s.message());
                     match s.code() {
                         Unavailable | ResourceExhausted | DeadlineExceeded | Aborted
-                        | Cancelled | Unknown | Internal | DataLoss => SendError::Retryable(msg),
+                        | Cancelled | Unknown | Internal | DataLoss => {
+                            SendError::Retryable(msg, None)
+                        }
                         _ => SendError::Permanent(msg),
                     }
                 })
@@ -377,12 +384,13 @@ impl LogsExporter {
                         let st = r.status();
                         let msg = format!("HTTP {st}");
                         if matches!(st.as_u16(), 408 | 429) || st.is_server_error() {
-                            Err(SendError::Retryable(msg))
+                            Err(SendError::Retryable(msg, retry_after(&r)))
                         } else {
                             Err(SendError::Permanent(msg))
                         }
                     }
-                    Err(e) => Err(SendError::Retryable(e.to_string())),
+                    // Without the URL: it may carry credentials.
+                    Err(e) => Err(SendError::Retryable(e.without_url().to_string(), None)),
                 }
             }
         }

@@ -8,9 +8,9 @@ pub mod hami;
 pub mod podresources;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{HashMap, HashSet},
     path::PathBuf,
-    sync::{Arc, RwLock},
+    sync::{atomic::Ordering::Relaxed, Arc, RwLock},
     time::{Duration, Instant},
 };
 
@@ -18,7 +18,7 @@ use gpu_model::SourceStatus;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::MetadataConfig;
+use crate::{config::MetadataConfig, stats::Stats};
 
 /// What the runtime says about one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -76,6 +76,21 @@ pub struct Metadata {
 }
 
 impl Metadata {
+    fn learn(&mut self, id: String, names: ContainerNames) {
+        if let (Some(ns), Some(pod), Some(c)) =
+            (&names.namespace, &names.pod_name, &names.container_name)
+        {
+            self.ids_by_name
+                .insert((ns.clone(), pod.clone(), c.clone()), id.clone());
+        }
+        self.names.insert(id, names);
+    }
+
+    fn forget(&mut self, id: &str) {
+        self.names.remove(id);
+        self.ids_by_name.retain(|_, v| v != id);
+    }
+
     pub fn names_of(&self, container_id: &str) -> Option<&ContainerNames> {
         self.names.get(container_id)
     }
@@ -203,15 +218,17 @@ pub struct MetadataSource {
     /// Ids asked about that no source could name yet, with how many answered listings
     /// did not know them: retried on the timer, given up after a few.
     pending: Vec<(String, u32)>,
-    /// Each source's health ("cri", "pod_resources", "docker"), shown in /debug/stats.
-    status: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
+    /// Where each source's health ("cri", "pod_resources", "docker") and the count of
+    /// names known are shown (/debug/stats).
+    stats: Arc<Stats>,
+    /// Containers the runtime named: forgotten when a listing no longer has them.
+    from_cri: HashSet<String>,
+    /// Containers Docker named: asked again on the timer, forgotten once Docker says gone.
+    from_docker: HashSet<String>,
 }
 
 impl MetadataSource {
-    pub fn new(
-        cfg: MetadataConfig,
-        status: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
-    ) -> MetadataSource {
+    pub fn new(cfg: MetadataConfig, stats: Arc<Stats>) -> MetadataSource {
         MetadataSource {
             cfg,
             published: Arc::new(RwLock::new(Arc::new(Metadata::default()))),
@@ -221,7 +238,9 @@ impl MetadataSource {
             last_cri_list: None,
             cri_runtime: None,
             pending: vec![],
-            status,
+            stats,
+            from_cri: HashSet::new(),
+            from_docker: HashSet::new(),
         }
     }
 
@@ -273,8 +292,9 @@ impl MetadataSource {
         self.publish(md);
     }
 
-    /// Lists the runtime's containers (and asks for those not listed); fills `md`, drops
-    /// what it named from `still_unknown`. Whether the runtime answered.
+    /// One CRI listing: every container's names (with the runtime's name), and those it no
+    /// longer lists forgotten; asks for ids not listed, drops what it named from
+    /// `still_unknown`. Whether the runtime answered.
     async fn names_from_cri(&mut self, md: &mut Metadata, still_unknown: &mut Vec<String>) -> bool {
         let Some(sock) = self.cri_socket() else {
             self.cri_runtime = None;
@@ -307,15 +327,15 @@ impl MetadataSource {
                 Err(e) => tracing::debug!("CRI Version: {e}"),
             }
         }
+        let listed: HashSet<String> = list.iter().map(|(id, _)| id.clone()).collect();
+        // Removed containers: their names go, so the map holds what exists.
+        for gone in self.from_cri.difference(&listed) {
+            md.forget(gone);
+        }
+        self.from_cri = listed;
         for (id, mut names) in list {
             names.runtime = self.cri_runtime;
-            if let (Some(ns), Some(pod), Some(c)) =
-                (&names.namespace, &names.pod_name, &names.container_name)
-            {
-                md.ids_by_name
-                    .insert((ns.clone(), pod.clone(), c.clone()), id.clone());
-            }
-            md.names.insert(id, names);
+            md.learn(id, names);
         }
         still_unknown.retain(|id| !md.names.contains_key(id));
         // Not listed (e.g. already removed): ask for its status directly.
@@ -355,8 +375,14 @@ impl MetadataSource {
                 Ok(Some(names)) => {
                     self.docker.ok(&what);
                     md.names.insert(id.clone(), names);
+                    self.from_docker.insert(id.clone());
                 }
-                Ok(None) => self.docker.ok(&what),
+                Ok(None) => {
+                    self.docker.ok(&what);
+                    if self.from_docker.remove(id) {
+                        md.forget(id);
+                    }
+                }
                 Err(e) => {
                     self.docker.fail(&what, e);
                     break;
@@ -371,6 +397,17 @@ impl MetadataSource {
         if !self.pending.is_empty() && self.cri.may_try() {
             self.refresh_names(&[]).await;
         }
+    }
+
+    /// Containers whose cgroups are gone: their names are forgotten.
+    pub fn forget(&mut self, ids: &[String]) {
+        let mut md = (**self.published.read().unwrap()).clone();
+        for id in ids {
+            self.from_cri.remove(id);
+            self.from_docker.remove(id);
+            md.forget(id);
+        }
+        self.publish(md);
     }
 
     /// Re-reads the kubelet's device allocations (device plugins and DRA claims) and the
@@ -412,22 +449,33 @@ impl MetadataSource {
     }
 
     fn report_health(&self) {
-        let mut st = self.status.write().unwrap();
+        let names = self.published.read().unwrap().names.len() as u64;
+        self.stats.metadata_names.store(names, Relaxed);
+        let mut st = self.stats.metadata.write().unwrap();
         st.insert("cri".into(), self.cri.status());
         st.insert("pod_resources".into(), self.podres.status());
         st.insert("docker".into(), self.docker.status());
     }
 }
 
+/// What the pipeline tells the metadata source.
+#[derive(Debug)]
+pub enum NameRequest {
+    /// Containers the join could not name.
+    Unknown(Vec<String>),
+    /// Containers whose cgroups are gone.
+    Gone(Vec<String>),
+}
+
 /// The sending side: asks the source about container ids the join could not name, each at
 /// most once a minute, so a container no runtime knows is not asked about every cycle.
 pub struct NameRequests {
-    tx: tokio::sync::mpsc::Sender<Vec<String>>,
+    tx: tokio::sync::mpsc::Sender<NameRequest>,
     asked: HashMap<String, Instant>,
 }
 
 impl NameRequests {
-    pub fn new(tx: tokio::sync::mpsc::Sender<Vec<String>>) -> NameRequests {
+    pub fn new(tx: tokio::sync::mpsc::Sender<NameRequest>) -> NameRequests {
         NameRequests {
             tx,
             asked: HashMap::new(),
@@ -451,14 +499,22 @@ impl NameRequests {
         for id in &unknown {
             self.asked.insert(id.clone(), now);
         }
-        let _ = self.tx.try_send(unknown);
+        let _ = self.tx.try_send(NameRequest::Unknown(unknown));
+    }
+
+    /// Containers gone: their names can be forgotten.
+    pub fn gone(&mut self, ids: Vec<String>) {
+        for id in &ids {
+            self.asked.remove(id);
+        }
+        let _ = self.tx.try_send(NameRequest::Gone(ids));
     }
 }
 
 /// Runs the metadata source until `stop`: refreshes names when asked, allocations on a timer.
 pub async fn run(
     mut src: MetadataSource,
-    mut requests: tokio::sync::mpsc::Receiver<Vec<String>>,
+    mut requests: tokio::sync::mpsc::Receiver<NameRequest>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(src.cfg.allocation_interval());
@@ -469,7 +525,10 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => src.tick().await,
-            Some(ids) = requests.recv() => src.refresh_names(&ids).await,
+            Some(r) = requests.recv() => match r {
+                NameRequest::Unknown(ids) => src.refresh_names(&ids).await,
+                NameRequest::Gone(ids) => src.forget(&ids),
+            },
         }
     }
 }

@@ -113,7 +113,7 @@ pub fn start(
                 counters.clone(),
             )
             .map_err(|e| anyhow::anyhow!("usage records: {e}"))?;
-            tracing::info!(url = %ex.url(), "sending usage records as OTLP logs");
+            tracing::info!(url = %ex.redacted_url(), "sending usage records as OTLP logs");
             Some(ex)
         }
         None => None,
