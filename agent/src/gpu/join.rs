@@ -912,7 +912,7 @@ mod sharing_tests {
     use crate::gpu::account::{Accounted, RecordNames};
     use crate::metadata::{Allocation, ContainerNames};
     use crate::process::cgroup::ContainerRef;
-    use gpu_model::{AccountingSample, DeviceStatus};
+    use gpu_model::{AccountingSample, DeviceStatus, LimitSource};
 
     const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -1153,5 +1153,32 @@ mod sharing_tests {
         s.devices[0].sharing.minor_number = Some(7);
         let (snap, _, _) = run(&md, &[s], &Inputs::default());
         assert_eq!(snap.containers[0].allocated_gpus, ["GPU-1"]);
+    }
+
+    #[test]
+    fn a_mig_device_size_is_its_containers_memory_limit() {
+        let mut mig = p(100, 10, None);
+        mig.mig_uuid = Some("MIG-1".into());
+        let mut s = sample(1000, 0, vec![mig, p(200, 20, Some(5))]);
+        s.devices[0].mig_devices = vec![gpu_model::MigSample {
+            uuid: "MIG-1".into(),
+            memory_total_bytes: Some(400),
+            ..Default::default()
+        }];
+        let (snap, _, _) = run(&Metadata::default(), &[s], &Inputs::default());
+        let account = |id: &str| {
+            let c = snap
+                .containers
+                .iter()
+                .find(|c| c.container_id.as_deref() == Some(id));
+            c.unwrap().accounts[0].clone()
+        };
+        let a = account(A);
+        assert_eq!((a.uuid.as_str(), a.gpu_uuid.as_str()), ("MIG-1", "GPU-1"));
+        assert_eq!(a.memory_limit_bytes, Some(400));
+        assert_eq!(a.memory_limit_source, Some(LimitSource::Mig));
+        // A whole GPU, neither time-sliced nor under HAMi: no limit is known.
+        let b = account(B);
+        assert_eq!((b.memory_limit_bytes, b.memory_limit_source), (None, None));
     }
 }
