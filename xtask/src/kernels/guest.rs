@@ -78,11 +78,30 @@ pub fn run(dir: &Path) -> Result<()> {
     let layout = cgroup_layout();
     let expected = expected_mode(&release);
     let tracefs = Path::new("/sys/kernel/tracing/events").is_dir();
+    // Newer kernels say whether an exit ends the thread group; older ones leave the
+    // programs to compare pid and tgid.
+    let group_dead =
+        std::fs::read_to_string("/sys/kernel/tracing/events/sched/sched_process_exit/format")
+            .ok()
+            .map(|f| f.contains(" group_dead;"));
     println!(
-        "xtask: guest: kernel {release}, cgroup {layout}, tracefs {}, BTF {}, expecting {expected} mode",
-        if tracefs { "mounted" } else { "not mounted (the agent mounts it)" },
-        if Path::new("/sys/kernel/btf/vmlinux").exists() { "yes" } else { "no" },
+        "xtask: guest: kernel {release}, cgroup {layout}, tracefs {}, BTF {}, \
+         sched_process_exit.group_dead {}, expecting {expected} mode",
+        if tracefs {
+            "mounted"
+        } else {
+            "not mounted (the agent mounts it)"
+        },
+        if Path::new("/sys/kernel/btf/vmlinux").exists() {
+            "yes"
+        } else {
+            "no"
+        },
+        group_dead.map_or("unknown", |g| if g { "yes" } else { "no" }),
     );
+    let threads = plan["test_threads"]
+        .as_u64()
+        .map(|n| format!("--test-threads={n}"));
     let mut t = Tally::default();
     let (mode, reason) = match std::panic::catch_unwind(AssertUnwindSafe(|| {
         end_to_end(&path("agent"), &path("fake_nvml"), &path("scenario"))
@@ -110,6 +129,7 @@ pub fn run(dir: &Path) -> Result<()> {
     // The process-cache tests assert eBPF mode: they run where the programs should load.
     if expected == "ebpf" {
         let mut args = vec!["--include-ignored"];
+        args.extend(threads.as_deref());
         if v1_memory_mount().is_none() {
             args.extend(["--skip", V1_TEST]);
         }
@@ -120,12 +140,14 @@ pub fn run(dir: &Path) -> Result<()> {
         cli.push(EBPF_CLI_TEST);
     }
     let mut args = vec!["--include-ignored", "--exact"];
+    args.extend(threads.as_deref());
     args.extend(&cli);
     run_tests(&path("agent_cli"), &args, Some(cli.len() as u64), &mut t);
 
     let result = json!({
         "release": release, "cgroup_layout": layout, "mode": mode,
         "expected_mode": expected, "degraded_reason": reason, "tracefs_mounted": tracefs,
+        "exit_group_dead_field": group_dead,
         "passed": t.passed, "failed": t.failed, "failures": t.failures,
         "seconds": started.elapsed().as_secs(),
     });
@@ -205,13 +227,14 @@ fn end_to_end(agent_bin: &Path, lib: &Path, scenario: &Path) -> Result<(String, 
     proc0["pid"] = json!(p.pid());
     let sc_path = std::env::temp_dir().join(format!("kernel-matrix-{}.json", random_hex(8)));
     std::fs::write(&sc_path, sc.to_string())?;
+    // The library reads it on every call: it stays until the agent has stopped.
+    let _scenario = RemoveOnDrop(sc_path.clone());
     let agent = Agent::start_full(
         agent_bin,
         "[nvml]\ninterval_ms = 200\n[cache]\nprocfs_rescan_secs = 1\n",
         &["--nvml-lib", lib.to_str().context("library path")?],
         &[("FAKE_NVML_SCENARIO", sc_path.to_str().unwrap())],
     );
-    let _ = std::fs::remove_file(&sc_path);
     let stats = agent.stats();
     let mode = stats["mode"].as_str().unwrap_or("unknown").to_string();
     let reason = stats["degraded_reason"].as_str().map(String::from);
@@ -250,4 +273,12 @@ fn end_to_end(agent_bin: &Path, lib: &Path, scenario: &Path) -> Result<(String, 
         bail!("the agent did not exit 0 on SIGTERM\n{log}");
     }
     Ok((mode, reason))
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
