@@ -235,13 +235,18 @@ fn run_one(
     };
     eprintln!("xtask: == kernel {release} ({name}: {source})");
     let started = Instant::now();
-    let status = run_logged(cmd, &dir.join("console.log"), name, timeout)?;
+    let (status, timed_out) = run_logged(cmd, &dir.join("console.log"), name, timeout)?;
+    let ended = if timed_out {
+        format!("stopped after {} s", timeout.as_secs())
+    } else {
+        status.to_string()
+    };
     let seconds = started.elapsed().as_secs();
     let result = match std::fs::read(dir.join("result.json")) {
         Ok(b) => serde_json::from_slice(&b).context("reading result.json")?,
         Err(_) => json!({
             "release": release, "passed": 0, "failed": 1, "mode": "none",
-            "failures": [format!("no result from the kernel ({status}); see {}",
+            "failures": [format!("no result from the kernel ({ended}); see {}",
                 dir.join("console.log").display())],
         }),
     };
@@ -281,13 +286,13 @@ fn vng_command(release: &str, vng_bin: &Path, exe: &Path, dir: &Path) -> Command
 }
 
 /// Runs `cmd` in its own process group, copying its output to `log` and to ours (prefixed),
-/// and kills the whole group after `timeout`.
+/// and kills the whole group after `timeout`. Returns (status, whether it timed out).
 fn run_logged(
     mut cmd: Command,
     log: &Path,
     prefix: &str,
     timeout: Duration,
-) -> Result<std::process::ExitStatus> {
+) -> Result<(std::process::ExitStatus, bool)> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -318,11 +323,11 @@ fn run_logged(
     Ok(status)
 }
 
-fn wait_or_kill(child: &mut Child, timeout: Duration) -> Result<std::process::ExitStatus> {
+fn wait_or_kill(child: &mut Child, timeout: Duration) -> Result<(std::process::ExitStatus, bool)> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(s) = child.try_wait()? {
-            return Ok(s);
+            return Ok((s, false));
         }
         if Instant::now() > deadline {
             eprintln!(
@@ -331,7 +336,7 @@ fn wait_or_kill(child: &mut Child, timeout: Duration) -> Result<std::process::Ex
             );
             // SAFETY: the child leads its own process group (qemu included).
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            return Ok(child.wait()?);
+            return Ok((child.wait()?, true));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
