@@ -298,6 +298,7 @@ fn run_logged(
         .stderr(Stdio::piped())
         .process_group(0);
     let mut child = cmd.spawn().context("starting the kernel's run")?;
+    let _group = ChildGroup::register(child.id());
     let file = Arc::new(Mutex::new(std::fs::File::create(log)?));
     let pumps: Vec<_> = [
         Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
@@ -339,5 +340,40 @@ fn wait_or_kill(child: &mut Child, timeout: Duration) -> Result<(std::process::E
             return Ok((child.wait()?, true));
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The process group of the kernel being run: a Ctrl-C or SIGTERM to xtask takes the VM
+/// (qemu runs in that group, outside the terminal's) down with it.
+static CHILD_GROUP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+struct ChildGroup;
+
+impl ChildGroup {
+    fn register(pid: u32) -> ChildGroup {
+        extern "C" fn on_signal(sig: libc::c_int) {
+            let g = CHILD_GROUP.load(std::sync::atomic::Ordering::SeqCst);
+            // SAFETY: kill and _exit are async-signal-safe.
+            unsafe {
+                if g > 0 {
+                    libc::kill(-g, libc::SIGKILL);
+                }
+                libc::_exit(128 + sig);
+            }
+        }
+        CHILD_GROUP.store(pid as i32, std::sync::atomic::Ordering::SeqCst);
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: installing a handler that only calls async-signal-safe functions.
+        unsafe {
+            libc::signal(libc::SIGINT, handler);
+            libc::signal(libc::SIGTERM, handler);
+        }
+        ChildGroup
+    }
+}
+
+impl Drop for ChildGroup {
+    fn drop(&mut self) {
+        CHILD_GROUP.store(0, std::sync::atomic::Ordering::SeqCst);
     }
 }
