@@ -99,9 +99,10 @@ pub fn run(dir: &Path) -> Result<()> {
         },
         group_dead.map_or("unknown", |g| if g { "yes" } else { "no" }),
     );
-    let threads = plan["test_threads"]
-        .as_u64()
-        .map(|n| format!("--test-threads={n}"));
+    if let Some(scale) = plan["time_scale"].as_u64() {
+        // Read by the tests' waits (tests::slow) and by the end-to-end check below.
+        std::env::set_var("GPU_AGENT_TEST_TIME_SCALE", scale.to_string());
+    }
     let mut t = Tally::default();
     let (mode, reason) = match std::panic::catch_unwind(AssertUnwindSafe(|| {
         end_to_end(&path("agent"), &path("fake_nvml"), &path("scenario"))
@@ -129,7 +130,6 @@ pub fn run(dir: &Path) -> Result<()> {
     // The process-cache tests assert eBPF mode: they run where the programs should load.
     if expected == "ebpf" {
         let mut args = vec!["--include-ignored"];
-        args.extend(threads.as_deref());
         if v1_memory_mount().is_none() {
             args.extend(["--skip", V1_TEST]);
         }
@@ -140,7 +140,6 @@ pub fn run(dir: &Path) -> Result<()> {
         cli.push(EBPF_CLI_TEST);
     }
     let mut args = vec!["--include-ignored", "--exact"];
-    args.extend(threads.as_deref());
     args.extend(&cli);
     run_tests(&path("agent_cli"), &args, Some(cli.len() as u64), &mut t);
 
@@ -238,7 +237,7 @@ fn end_to_end(agent_bin: &Path, lib: &Path, scenario: &Path) -> Result<(String, 
     let stats = agent.stats();
     let mode = stats["mode"].as_str().unwrap_or("unknown").to_string();
     let reason = stats["degraded_reason"].as_str().map(String::from);
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + tests::slow(Duration::from_secs(30));
     let want = json!({"uuid": gpu, "memory_used_bytes": memory, "pids": [p.pid()]});
     let charged = loop {
         let snap = agent.json("/debug/snapshot");
@@ -263,7 +262,7 @@ fn end_to_end(agent_bin: &Path, lib: &Path, scenario: &Path) -> Result<(String, 
     };
     if let Err(snap) = charged {
         bail!(
-            "pod {uid} container {id} not charged {want} in 30 s ({mode} mode); last \
+            "pod {uid} container {id} not charged {want} in time ({mode} mode); last \
              snapshot:\n{snap:#}\nagent log:\n{}",
             agent.log()
         );

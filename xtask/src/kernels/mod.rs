@@ -23,6 +23,9 @@ use serde_json::{json, Value};
 use crate::{cargo, cargo_command, ebpf, is_root, workspace_root};
 use install::{Series, SERIES};
 
+/// How much longer the tests wait in an emulated VM (`GPU_AGENT_TEST_TIME_SCALE`).
+const TCG_TIME_SCALE: u32 = 4;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Only these kernels: a series (5.10, 6.1, 6.12) or `host`; repeatable. Default: all.
@@ -213,9 +216,9 @@ fn run_one(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut plan = plan.clone();
     if vm.is_some() {
-        // Under TCG a verifier pass takes seconds; two agents loading at once on a busy host
-        // ran past the tests' 30 s start-up limit. One test at a time.
-        plan["test_threads"] = json!(1);
+        // Under TCG a verifier pass takes seconds; agents loading at once on a busy host ran
+        // past the tests' 30 s start-up limit: longer waits.
+        plan["time_scale"] = json!(TCG_TIME_SCALE);
     }
     std::fs::write(dir.join("plan.json"), serde_json::to_vec_pretty(&plan)?)?;
     let exe = std::env::current_exe().context("xtask's own path")?;
@@ -297,6 +300,7 @@ fn run_logged(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    let started = Instant::now();
     let mut child = cmd.spawn().context("starting the kernel's run")?;
     let _group = ChildGroup::register(child.id());
     let file = Arc::new(Mutex::new(std::fs::File::create(log)?));
@@ -311,8 +315,10 @@ fn run_logged(
             for line in BufReader::new(r).split(b'\n').map_while(Result::ok) {
                 let line = String::from_utf8_lossy(&line);
                 let line = line.trim_end_matches('\r');
-                let _ = writeln!(file.lock().unwrap(), "{line}");
-                println!("[{prefix}] {line}");
+                // Seconds since the start: where a slow kernel spends its time.
+                let t = started.elapsed().as_secs();
+                let _ = writeln!(file.lock().unwrap(), "+{t:>3}s {line}");
+                println!("[{prefix} +{t}s] {line}");
             }
         })
     })
