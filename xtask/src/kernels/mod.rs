@@ -23,6 +23,15 @@ use serde_json::{json, Value};
 use crate::{cargo, cargo_command, ebpf, is_root, workspace_root};
 use install::{Series, SERIES};
 
+/// Run on the host kernel only: it needs fork+exec to outpace a one-page ring drained every
+/// 1.5 s, which an emulated CPU on a busy host does not reliably do (5.10 under TCG: once no
+/// overflow at all, once the cache still catching up when the wait ended). The overflow
+/// accounting is the programs' own and the same on every kernel from 5.8.
+const VM_LEFT_OUT: &[(&str, &str)] = &[(
+    "ring_buffer_overflow_is_repaired_by_a_resync",
+    "needs a fork+exec storm faster than TCG runs; run on the host kernel (--all-tests: here too)",
+)];
+
 /// How much longer the tests wait in an emulated VM (`GPU_AGENT_TEST_TIME_SCALE`).
 const TCG_TIME_SCALE: u32 = 4;
 
@@ -34,6 +43,9 @@ pub struct Args {
     /// Seconds one kernel may take (boot, checks, power-off) before it is stopped and failed.
     #[arg(long, default_value_t = 480)]
     timeout_secs: u64,
+    /// Also run, in the VMs, the tests left to the host kernel (see VM_LEFT_OUT).
+    #[arg(long)]
+    all_tests: bool,
     /// Rewrite the results table in docs/compatibility.md with this run's rows.
     #[arg(long)]
     write_docs: bool,
@@ -95,19 +107,35 @@ pub fn run(args: Args) -> Result<()> {
             &out,
             &plan,
             timeout,
+            args.all_tests,
         )?);
     }
     for (s, rel) in &releases {
         let src = SERIES.iter().find(|x| x.series == s).unwrap();
         let source = format!("{} ({})", src.distro, src.suite);
         let vm = Some((rel.as_str(), vng.as_deref().unwrap()));
-        outcomes.push(run_one(s, &source, vm, &out, &plan, timeout)?);
+        outcomes.push(run_one(
+            s,
+            &source,
+            vm,
+            &out,
+            &plan,
+            timeout,
+            args.all_tests,
+        )?);
     }
     println!();
     for o in &outcomes {
         print_kernel_line(o);
         for f in o.result["failures"].as_array().into_iter().flatten() {
             println!("  failed: {}", f.as_str().unwrap_or_default());
+        }
+        for l in o.result["left_out"].as_array().into_iter().flatten() {
+            println!(
+                "  left out: {} ({})",
+                l[0].as_str().unwrap_or_default(),
+                l[1].as_str().unwrap_or_default()
+            );
         }
     }
     let failed = outcomes.iter().filter(|o| o.failed() > 0).count();
@@ -210,6 +238,7 @@ fn run_one(
     out: &Path,
     plan: &Value,
     timeout: Duration,
+    all_tests: bool,
 ) -> Result<Outcome> {
     let dir = out.join(name);
     let _ = std::fs::remove_dir_all(&dir);
@@ -219,6 +248,9 @@ fn run_one(
         // Under TCG a verifier pass takes seconds; agents loading at once on a busy host ran
         // past the tests' 30 s start-up limit: longer waits.
         plan["time_scale"] = json!(TCG_TIME_SCALE);
+        if !all_tests {
+            plan["left_out"] = json!(VM_LEFT_OUT);
+        }
     }
     std::fs::write(dir.join("plan.json"), serde_json::to_vec_pretty(&plan)?)?;
     let exe = std::env::current_exe().context("xtask's own path")?;
