@@ -19,6 +19,11 @@ fn row(o: &Outcome, date: &str) -> String {
     } else {
         format!("**failed** {f} of {}", p + f)
     };
+    let left = o.result["left_out"].as_array().map_or(0, |l| l.len());
+    let result = match left {
+        0 => result,
+        n => format!("{result}, {n} left out"),
+    };
     let how = if o.name == "host" {
         "direct"
     } else {
