@@ -2,6 +2,7 @@
 mod bench;
 mod ebpf;
 mod kernels;
+mod metrics_doc;
 mod overhead;
 mod test;
 mod tools;
@@ -62,6 +63,13 @@ enum Cmd {
     /// boot each under qemu and run the process-cache tests and an end-to-end agent check
     /// in it, and the same on the host kernel (docs/compatibility.md).
     KernelMatrix(kernels::Args),
+    /// Regenerate the tables of docs/metrics.md from the metric catalogue
+    /// (otel/src/catalogue.rs).
+    MetricsDoc {
+        /// Write nothing; fail, naming each stale table, when the file is out of date.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -96,6 +104,7 @@ fn main() -> Result<()> {
             cargo(&["test", "-p", "tests", "--test", "deploy"])
         }
         Cmd::KernelMatrix(args) => kernels::run(args),
+        Cmd::MetricsDoc { check } => metrics_doc::run(check),
     }
 }
 
