@@ -187,8 +187,11 @@ fn select(kernels: &[String]) -> Result<(bool, Vec<&'static Series>)> {
 fn build() -> Result<Value> {
     ebpf::build()?;
     cargo(&["build", "-p", "agent", "-p", "fake-nvml"])?;
+    // The same package selection as `cargo xtask test`, so that features resolve alike and
+    // CI, which runs that first, finds these binaries built.
     let out = cargo_command()
-        .args(["test", "-p", "tests", "--no-run", "--message-format=json"])
+        .args(["test", "--workspace", "--exclude", "agent-ebpf", "--no-run"])
+        .arg("--message-format=json")
         .args(["--test", "process_cache", "--test", "agent_cli"])
         .stderr(Stdio::inherit())
         .output()
