@@ -47,6 +47,18 @@ pub fn fake_nvml_lib() -> PathBuf {
     lib
 }
 
+/// `d` times `$GPU_AGENT_TEST_TIME_SCALE` (default 1): the kernel matrix sets it in its
+/// emulated VMs, where loading the programs alone takes seconds. Only waits are stretched;
+/// what the tests assert stays the same.
+pub fn slow(d: Duration) -> Duration {
+    let scale = std::env::var("GPU_AGENT_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 1.0)
+        .unwrap_or(1.0);
+    d.mul_f64(scale)
+}
+
 pub fn random_hex(len: usize) -> String {
     let mut buf = vec![0u8; len.div_ceil(2)];
     std::fs::File::open("/dev/urandom")
@@ -140,7 +152,7 @@ impl Agent {
                 log2.lock().unwrap().push(line);
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+        let addr = match rx.recv_timeout(slow(Duration::from_secs(30))) {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
@@ -202,7 +214,7 @@ impl Agent {
 
     /// Polls `cond` until it holds; panics with the agent's log after `timeout`.
     pub fn wait_until(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + slow(timeout);
         while Instant::now() < deadline {
             if cond() {
                 return;
@@ -215,7 +227,7 @@ impl Agent {
     /// Waits until the agent shows `pid` with `field == value`; returns its row.
     pub fn wait_for_process(&self, pid: u32, field: &str, value: &Value) -> Value {
         let mut last = None;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + slow(Duration::from_secs(10));
         while Instant::now() < deadline {
             last = self.process(pid);
             if last.as_ref().is_some_and(|p| &p[field] == value) {

@@ -297,10 +297,20 @@ fn cache_matches_proc_for_every_process() {
     assert!(mismatches.is_empty(), "{mismatches:?}");
 }
 
+/// Live processes: zombies are left out, since they have exited (the agent keeps a tombstone)
+/// and their cgroup may already be removed ("... (deleted)" in /proc/PID/cgroup).
 fn procs_now() -> BTreeSet<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The state follows the command, which is in parentheses and may hold any byte.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            !matches!(state, Some('Z') | None)
+        })
         .collect()
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: the project's chores.
 mod bench;
 mod ebpf;
+mod kernels;
 mod metrics_doc;
 mod overhead;
 mod test;
@@ -58,6 +59,10 @@ enum Cmd {
     /// Render and check deploy/: builds the agent (for `check-config`), then runs exactly
     /// `cargo test -p tests --test deploy` (docs/deploy.md, "What CI checks").
     CheckDeploy,
+    /// As root: install Debian's 5.10, 6.1 and 6.12 kernels, qemu and virtme-ng if missing,
+    /// boot each under qemu and run the process-cache tests and an end-to-end agent check
+    /// in it, and the same on the host kernel (docs/compatibility.md).
+    KernelMatrix(kernels::Args),
     /// Regenerate the tables of docs/metrics.md from the metric catalogue
     /// (otel/src/catalogue.rs).
     MetricsDoc {
@@ -98,6 +103,7 @@ fn main() -> Result<()> {
             cargo(&["build", "-p", "agent"])?;
             cargo(&["test", "-p", "tests", "--test", "deploy"])
         }
+        Cmd::KernelMatrix(args) => kernels::run(args),
         Cmd::MetricsDoc { check } => metrics_doc::run(check),
     }
 }
