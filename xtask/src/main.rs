@@ -1,6 +1,8 @@
 //! `cargo xtask <command>`: the project's chores.
 mod bench;
+mod e2e;
 mod ebpf;
+mod image;
 mod overhead;
 mod test;
 mod tools;
@@ -57,6 +59,24 @@ enum Cmd {
     /// Render and check deploy/: builds the agent (for `check-config`), then runs exactly
     /// `cargo test -p tests --test deploy` (docs/deploy.md, "What CI checks").
     CheckDeploy,
+    /// Build the agent's image with a dockerd of its own (root): `cargo xtask build`, a
+    /// Debian bookworm base from debootstrap (cached) unless --base, deploy/Dockerfile's
+    /// `prebuilt` stage; saved to target/image/<name>-<tag>.tar.
+    Image {
+        /// The image's name and tag.
+        #[arg(long, default_value_t = image::default_tag())]
+        tag: String,
+        /// Rebuild the cached debootstrap base (target/image/debian-bookworm-minbase.tar).
+        #[arg(long)]
+        refresh_base: bool,
+        /// A base image to build on instead (pulled: pin it by digest).
+        #[arg(long)]
+        base: Option<String>,
+    },
+    /// The image run for real (root): under dockerd with the rendered DaemonSet's
+    /// securityContext and mounts, attributing docker, containerd (CRI) and podman
+    /// containers on /metrics and OTLP; ends with `RESULT e2e-container passed=N failed=M`.
+    E2eContainer,
 }
 
 fn main() -> Result<()> {
@@ -90,6 +110,16 @@ fn main() -> Result<()> {
             cargo(&["build", "-p", "agent"])?;
             cargo(&["test", "-p", "tests", "--test", "deploy"])
         }
+        Cmd::Image {
+            tag,
+            refresh_base,
+            base,
+        } => image::run(&image::Options {
+            tag,
+            refresh_base,
+            base,
+        }),
+        Cmd::E2eContainer => e2e::run(),
     }
 }
 
