@@ -57,7 +57,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut work = WorkDir::create()?;
     let result = (|| {
         let dockerd = Dockerd::start(&work.join("docker"), &[])?;
-        let archive = build(&dockerd, &bin, opts)?;
+        build(&dockerd, &bin, opts)?;
+        let archive = archive_path(&opts.tag);
+        dockerd.run(&["save", "--output", &archive.to_string_lossy(), &opts.tag])?;
         eprintln!(
             "xtask: image {} saved to {} ({:.0} s). Load it with `docker load -i {0}`, \
              `ctr -n k8s.io images import {0}` or `kind load image-archive {0}`",
@@ -71,8 +73,9 @@ pub fn run(opts: &Options) -> Result<()> {
     result
 }
 
-/// Builds the image in `dockerd` and saves it; returns the archive.
-pub fn build(dockerd: &Dockerd, bin: &Path, opts: &Options) -> Result<PathBuf> {
+/// Builds the image in `dockerd` from deploy/Dockerfile's `prebuilt` stage with `bin` as
+/// the agent.
+pub fn build(dockerd: &Dockerd, bin: &Path, opts: &Options) -> Result<()> {
     let base = match &opts.base {
         Some(b) => b.clone(),
         None => {
@@ -110,10 +113,9 @@ pub fn build(dockerd: &Dockerd, bin: &Path, opts: &Options) -> Result<PathBuf> {
         "xtask: docker build --target prebuilt (BASE={base}) -> {}",
         opts.tag
     );
-    proc::logged(&mut cmd, &log)?;
-    let archive = archive_path(&opts.tag);
-    dockerd.run(&["save", "--output", &archive.to_string_lossy(), &opts.tag])?;
-    Ok(archive)
+    let built = proc::logged(&mut cmd, &log);
+    let _ = std::fs::remove_dir_all(&context);
+    built
 }
 
 /// The build context of the `prebuilt` stage: the one binary, at the path the Dockerfile

@@ -76,7 +76,12 @@ enum Cmd {
     /// The image run for real (root): under dockerd with the rendered DaemonSet's
     /// securityContext and mounts, attributing docker, containerd (CRI) and podman
     /// containers on /metrics and OTLP; ends with `RESULT e2e-container passed=N failed=M`.
-    E2eContainer,
+    E2eContainer {
+        /// Put the release agent in the image (what `cargo xtask image` ships) instead of
+        /// the debug one `cargo xtask test` built: a release build of everything first.
+        #[arg(long)]
+        release: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -119,7 +124,7 @@ fn main() -> Result<()> {
             refresh_base,
             base,
         }),
-        Cmd::E2eContainer => e2e::run(),
+        Cmd::E2eContainer { release } => e2e::run(release),
     }
 }
 

@@ -46,7 +46,7 @@ use self::{
     podman::Podman,
     workloads::{GpuProcess, BUSYBOX},
 };
-use crate::{bench::release_agent, cargo, image, is_root, tools::Tools, workspace_root};
+use crate::{bench::release_agent, cargo, ebpf, image, is_root, tools::Tools, workspace_root};
 
 /// The whole run's bound: CI allows about 10 minutes.
 const BUDGET: Duration = Duration::from_secs(540);
@@ -68,7 +68,7 @@ impl Tally {
 
     /// Runs a setup step; a failure is a failed case of its group.
     fn step<T>(&mut self, group: &str, name: &str, f: impl FnOnce() -> Result<T>) -> Option<T> {
-        match f() {
+        match proc::check_interrupt().and_then(|_| f()) {
             Ok(v) => {
                 self.case(group, name, Ok(()));
                 Some(v)
@@ -84,7 +84,8 @@ impl Tally {
         self.cases.iter().filter(|c| c.2.is_err()).count()
     }
 
-    fn report(&self, elapsed: Duration) {
+    /// `elapsed`: the whole run; `session`: from dockerd's start to the end of cleanup.
+    fn report(&self, elapsed: Duration, session: Duration) {
         let mut groups: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
         for (g, _, r) in &self.cases {
             let e = groups.entry(g).or_default();
@@ -98,11 +99,15 @@ impl Tally {
             let verdict = if *f == 0 { "passed" } else { "FAILED" };
             eprintln!("e2e: {g:<12} {verdict} ({p} ok, {f} failed)");
         }
+        eprintln!(
+            "e2e: took {:.0} s, {:.0} s of them after the builds",
+            elapsed.as_secs_f64(),
+            session.as_secs_f64()
+        );
         println!(
-            "RESULT e2e-container passed={} failed={} ({:.0} s)",
+            "RESULT e2e-container passed={} failed={}",
             self.cases.len() - self.failed(),
-            self.failed(),
-            elapsed.as_secs_f64()
+            self.failed()
         );
     }
 }
@@ -119,7 +124,11 @@ struct Workload {
 /// their removal can be checked.
 type Cgroups = Vec<String>;
 
-pub fn run() -> Result<()> {
+/// `release`: the image gets the release agent (what `cargo xtask image` ships), which on
+/// a fresh CI target costs a release build of every dependency (6-10 minutes on 2 cores);
+/// otherwise the debug agent that `cargo xtask test` has just built and tested, in the same
+/// Dockerfile stage. The eBPF object is the same release object in both.
+pub fn run(release: bool) -> Result<()> {
     if !is_root() {
         bail!(
             "cargo xtask e2e-container starts dockerd, containerd and podman and loads eBPF \
@@ -139,19 +148,37 @@ pub fn run() -> Result<()> {
     ])?;
     // kubectl (or kustomize) renders the manifest: the venv's when the host has none.
     Tools::ensure().apply_to_self();
-    let agent = release_agent()?;
+    let agent = if release {
+        release_agent()?
+    } else {
+        ebpf::build()?;
+        cargo(&["build", "-p", "agent"])?;
+        workspace_root().join("target/debug/gpu-agent")
+    };
+    eprintln!("e2e: the image's agent: {}", agent.display());
     cargo(&["build", "-p", "fake-nvml"])?;
     let nvml = workspace_root().join("target/debug/libnvidia_ml.so");
     let spec = manifest::agent_spec()?;
+    proc::check_interrupt()?;
 
     let mut tally = Tally::default();
+    let session_started = Instant::now();
     let leftovers = HostLeftovers::snapshot();
     let mut work = WorkDir::create()?;
     let deadline = Instant::now() + BUDGET;
     let mut fleet = Fleet::default();
-    let r = session(
-        &mut tally, &work, &spec, &agent, &nvml, deadline, &mut fleet,
-    );
+    let tag = match release {
+        true => image::default_tag(),
+        false => format!("{}-debug", image::default_tag()),
+    };
+    let inputs = Inputs {
+        spec: &spec,
+        agent_bin: &agent,
+        tag: &tag,
+        nvml: &nvml,
+        deadline,
+    };
+    let r = session(&mut tally, &work, &inputs, &mut fleet);
     if let Err(e) = &r {
         tally.case("harness", "ran to the end", Err(format!("{e:#}")));
     }
@@ -163,7 +190,7 @@ pub fn run() -> Result<()> {
         "no container, cgroup, mount, process or directory left",
         nothing_left(&work_path, &fleet.cgroups),
     );
-    tally.report(started.elapsed());
+    tally.report(started.elapsed(), session_started.elapsed());
     if tally.failed() > 0 {
         bail!("e2e-container: {} failed", tally.failed());
     }
@@ -220,17 +247,28 @@ impl Drop for HostProcess {
     }
 }
 
+/// What the run works with.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    spec: &'a AgentSpec,
+    agent_bin: &'a std::path::Path,
+    /// The image's tag.
+    tag: &'a str,
+    nvml: &'a std::path::Path,
+    /// When the attribution checks give up.
+    deadline: Instant,
+}
+
 /// Everything with a daemon in it; daemons and containers are dropped (stopped, removed)
 /// at its end, also on an early return.
-fn session(
-    t: &mut Tally,
-    work: &WorkDir,
-    spec: &AgentSpec,
-    agent_bin: &std::path::Path,
-    nvml: &std::path::Path,
-    deadline: Instant,
-    fleet: &mut Fleet,
-) -> Result<()> {
+fn session(t: &mut Tally, work: &WorkDir, inputs: &Inputs, fleet: &mut Fleet) -> Result<()> {
+    let Inputs {
+        spec,
+        agent_bin,
+        tag,
+        nvml,
+        deadline,
+    } = *inputs;
     // Rewritten with the capabilities dockerd cannot name before the agent starts.
     let oci_dir = work.join("oci");
     let caps_wrapper = workloads::write_caps_wrapper(&oci_dir, &[])?;
@@ -240,9 +278,8 @@ fn session(
     }) else {
         bail!("no dockerd, no agent container");
     };
-    let tag = image::default_tag();
     let img_opts = image::Options {
-        tag: tag.clone(),
+        tag: tag.into(),
         refresh_base: false,
         base: None,
     };
@@ -296,7 +333,7 @@ fn session(
             dockerd: &rt.dockerd,
             work,
             spec,
-            tag: &tag,
+            tag,
             nvml,
             scenario_dir: &scenario_dir,
             receiver: &receiver,
