@@ -60,11 +60,14 @@ pub fn run(opts: &Options) -> Result<()> {
         build(&dockerd, &bin, opts)?;
         let archive = archive_path(&opts.tag);
         dockerd.run(&["save", "--output", &archive.to_string_lossy(), &opts.tag])?;
+        std::fs::set_permissions(
+            &archive,
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )?;
+        let (tag, a) = (&opts.tag, archive.display());
         eprintln!(
-            "xtask: image {} saved to {} ({:.0} s). Load it with `docker load -i {0}`, \
-             `ctr -n k8s.io images import {0}` or `kind load image-archive {0}`",
-            opts.tag,
-            archive.display(),
+            "xtask: image {tag} saved to {a} ({:.0} s). Load it with `docker load -i {a}`, \
+             `ctr -n k8s.io images import {a}` or `kind load image-archive {a}`",
             started.elapsed().as_secs_f64()
         );
         anyhow::Ok(())
@@ -119,8 +122,8 @@ pub fn build(dockerd: &Dockerd, bin: &Path, opts: &Options) -> Result<()> {
 }
 
 /// The build context of the `prebuilt` stage: the one binary, at the path the Dockerfile
-/// copies from. (A context of the repository root would be the whole target/ directory
-/// for a builder that ignores deploy/Dockerfile.dockerignore.)
+/// copies from (and the binary `bin`, whichever build it is). Smaller and surer than the
+/// repository root with its .dockerignore.
 fn stage_context(bin: &Path) -> Result<PathBuf> {
     let ctx = workspace_root().join("target/image/context");
     let _ = std::fs::remove_dir_all(&ctx);
