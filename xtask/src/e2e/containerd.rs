@@ -26,8 +26,9 @@ pub struct Containerd {
     /// `containerd.sock` in the state directory, as in /run/containerd.
     pub sock: PathBuf,
     rt: tokio::runtime::Runtime,
-    /// Sandboxes this harness started, with their cgroup parents, for teardown.
-    sandboxes: Vec<(String, String)>,
+    /// Sandboxes this harness started, with the cgroup directories their start created,
+    /// for teardown.
+    sandboxes: Vec<(String, Vec<PathBuf>)>,
 }
 
 /// A container started through CRI, with what the kubelet gave it.
@@ -39,6 +40,8 @@ pub struct CriContainer {
     pub pod_uid: String,
     pub container_name: String,
     pub cgroup_parent: String,
+    /// The pod's cgroup directories, and the ancestors that did not exist before it.
+    pub created_cgroups: Vec<PathBuf>,
     pub pid: u32,
 }
 
@@ -134,6 +137,7 @@ impl Containerd {
             q => format!("/kubepods/{q}/pod{uid}"),
         };
         let sandbox_config = sandbox_config(namespace, pod_name, &uid, &cgroup_parent);
+        let created_cgroups = super::host::missing_cgroup_dirs(&cgroup_parent);
         let sock = self.sock.clone();
         let (sandbox_id, id, pid) = self.rt.block_on(async {
             let mut c = client(&sock)?;
@@ -173,7 +177,7 @@ impl Containerd {
                 .into_inner();
             anyhow::Ok((sandbox_id, id, pid_from_info(&status.info)?))
         })?;
-        self.sandboxes.push((sandbox_id, cgroup_parent.clone()));
+        self.sandboxes.push((sandbox_id, created_cgroups.clone()));
         Ok(CriContainer {
             id,
             pod_name: pod_name.into(),
@@ -181,6 +185,7 @@ impl Containerd {
             pod_uid: uid,
             container_name: container_name.into(),
             cgroup_parent,
+            created_cgroups,
             pid,
         })
     }
@@ -189,7 +194,10 @@ impl Containerd {
     /// kubelet removes those it made; here runc made them, and leaves them).
     pub fn remove_pods(&mut self) {
         let sock = self.sock.clone();
-        for (sb, cgroup_parent) in std::mem::take(&mut self.sandboxes) {
+        // Removed once every pod is gone: an ancestor one pod created (`/kubepods`) holds
+        // the others' cgroups too.
+        let mut created = vec![];
+        for (sb, cgroups) in std::mem::take(&mut self.sandboxes) {
             let r = self.rt.block_on(async {
                 let mut c = client(&sock)?;
                 c.stop_pod_sandbox(cri::StopPodSandboxRequest {
@@ -205,10 +213,13 @@ impl Containerd {
                 anyhow::Ok(())
             });
             match r {
-                Ok(()) => super::host::remove_cgroup_everywhere(&cgroup_parent),
+                Ok(()) => created.extend(cgroups),
                 Err(e) => eprintln!("e2e: removing pod sandbox {sb}: {e:#}"),
             }
         }
+        created.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        created.dedup();
+        super::host::remove_cgroup_dirs(&created);
     }
 
     pub fn stop(&mut self) {

@@ -227,8 +227,9 @@ pub fn cgroup_roots() -> Vec<PathBuf> {
     v
 }
 
-/// rmdir of a cgroup and its children, deepest first; busy ones (still holding processes)
-/// are reported.
+/// rmdir of a cgroup and its children, deepest first. A cgroup stays busy for a moment
+/// after its last process was killed (it is still exiting): retried for up to 5 s, then
+/// reported.
 fn remove_cgroup_tree(dir: &Path) {
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
@@ -237,18 +238,55 @@ fn remove_cgroup_tree(dir: &Path) {
             }
         }
     }
-    if let Err(e) = std::fs::remove_dir(dir) {
-        eprintln!("e2e: could not remove cgroup {}: {e}", dir.display());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => {
+                eprintln!("e2e: could not remove cgroup {}: {e}", dir.display());
+                return;
+            }
+        }
     }
 }
 
-/// The cgroup directories of `rel` (e.g. `/kubepods/besteffort/pod<uid>`) in every
-/// hierarchy, for removing what the harness created.
-pub fn remove_cgroup_everywhere(rel: &str) {
+/// `rel` (e.g. `/docker/<id>`) in every hierarchy.
+pub fn in_every_hierarchy(rel: &str) -> Vec<PathBuf> {
+    cgroup_roots()
+        .into_iter()
+        .map(|r| r.join(rel.trim_start_matches('/')))
+        .collect()
+}
+
+/// The directories of `rel` and of its ancestors that do not exist yet, in every
+/// hierarchy, deepest first: what a runtime will create for a cgroup parent such as
+/// `/kubepods/besteffort/pod<uid>`, and what is the harness's to remove afterwards (an
+/// ancestor that already existed is someone else's).
+pub fn missing_cgroup_dirs(rel: &str) -> Vec<PathBuf> {
+    let mut v = vec![];
     for root in cgroup_roots() {
-        let p = root.join(rel.trim_start_matches('/'));
-        if p.exists() {
-            remove_cgroup_tree(&p);
+        let mut p = PathBuf::from(rel.trim_start_matches('/'));
+        while !p.as_os_str().is_empty() && !root.join(&p).exists() {
+            v.push(root.join(&p));
+            p.pop();
+        }
+    }
+    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    v
+}
+
+/// Removes these cgroup directories (each with what is under it), deepest first.
+pub fn remove_cgroup_dirs(dirs: &[PathBuf]) {
+    for d in dirs {
+        if d.exists() {
+            remove_cgroup_tree(d);
         }
     }
 }

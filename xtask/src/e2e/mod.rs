@@ -120,9 +120,8 @@ struct Workload {
     expect: Expect,
 }
 
-/// The cgroups (relative to each hierarchy's root) the run's containers live in, so that
-/// their removal can be checked.
-type Cgroups = Vec<String>;
+/// The cgroup directories the run's containers made, so that their removal can be checked.
+type Cgroups = Vec<PathBuf>;
 
 /// `release`: the image gets the release agent (what `cargo xtask image` ships), which on
 /// a fresh CI target costs a release build of every dependency (6-10 minutes on 2 cores);
@@ -224,10 +223,10 @@ impl Fleet {
         group: &'static str,
         what: String,
         pid: u32,
-        cgroup: Option<String>,
+        cgroups: Vec<PathBuf>,
         expect: Expect,
     ) {
-        self.cgroups.extend(cgroup);
+        self.cgroups.extend(cgroups);
         self.wl.push(Workload {
             group,
             what,
@@ -340,7 +339,9 @@ fn session(t: &mut Tally, work: &WorkDir, inputs: &Inputs, fleet: &mut Fleet) ->
             oci_dir: &oci_dir,
         },
     )?;
-    fleet.cgroups.push(format!("/docker/{}", agent.id));
+    fleet
+        .cgroups
+        .extend(host::in_every_hierarchy(&format!("/docker/{}", agent.id)));
 
     start_workloads(t, "after", &mut rt, fleet);
     write_scenario(&scenario, &fleet.wl)?;
@@ -415,7 +416,8 @@ fn docker_workload(t: &mut Tally, name: &str, phase: &str, dockerd: &Dockerd, fl
             memory_bytes: fleet.next_memory(),
         };
         let what = format!("docker container {name} ({phase} the agent)");
-        fleet.add("docker", what, pid, Some(format!("/docker/{id}")), expect);
+        let cgroups = host::in_every_hierarchy(&format!("/docker/{id}"));
+        fleet.add("docker", what, pid, cgroups, expect);
     }
 }
 
@@ -444,7 +446,9 @@ fn cri_workload(t: &mut Tally, phase: &str, run_id: &str, ctd: &mut Containerd, 
         };
         let what = format!("CRI pod {ns}/{pod} ({})", c.cgroup_parent);
         let cgroup = format!("{}/{}", c.cgroup_parent, c.id);
-        fleet.add("containerd", what, c.pid, Some(cgroup), expect);
+        let mut cgroups = host::in_every_hierarchy(&cgroup);
+        cgroups.extend(c.created_cgroups.iter().cloned());
+        fleet.add("containerd", what, c.pid, cgroups, expect);
     }
 }
 
@@ -465,7 +469,7 @@ fn podman_workload(t: &mut Tally, name: &str, phase: &str, podman: &mut Podman, 
             "podman",
             what,
             pid,
-            Some(format!("/libpod_parent/libpod-{id}")),
+            host::in_every_hierarchy(&format!("/libpod_parent/libpod-{id}")),
             expect,
         );
     }
@@ -487,7 +491,7 @@ fn start_host_process(fleet: &mut Fleet) -> Result<HostProcess> {
         "host",
         format!("host process {}", child.id()),
         child.id(),
-        None,
+        vec![],
         expect,
     );
     Ok(HostProcess(child))
@@ -958,12 +962,9 @@ fn nothing_left(work: &std::path::Path, cgroups: &Cgroups) -> Result<(), String>
     if info.lines().any(|l| l.contains(&*w)) {
         left.push(format!("mounts under {w} remain"));
     }
-    for root in host::cgroup_roots() {
-        for cg in cgroups {
-            let p = root.join(cg.trim_start_matches('/'));
-            if p.exists() {
-                left.push(format!("cgroup {}", p.display()));
-            }
+    for p in cgroups {
+        if p.exists() {
+            left.push(format!("cgroup {}", p.display()));
         }
     }
     // Daemons and shims whose command line names the work directory.
