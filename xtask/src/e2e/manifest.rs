@@ -491,6 +491,112 @@ mod t {
         assert_eq!(expand("$(NOPE)/$$(HOST_IP)", &d), "$(NOPE)/$(HOST_IP)");
     }
 
+    const DS: &str = r#"
+kind: ConfigMap
+metadata: {name: cfg-abc}
+data: {config.toml: "[http]\n"}
+---
+kind: DaemonSet
+metadata: {name: gpu-agent}
+spec:
+  template:
+    spec:
+      hostPID: true
+      terminationGracePeriodSeconds: 30
+      containers:
+        - name: gpu-agent
+          image: img:1
+          args: [run]
+          env:
+            - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+            - {name: HOST_IP, valueFrom: {fieldRef: {fieldPath: status.hostIP}}}
+            - {name: EP, value: "http://$(HOST_IP):4318"}
+          resources: {limits: {memory: 256Mi}, requests: {cpu: 50m}}
+          securityContext:
+            capabilities: {drop: [ALL], add: [BPF, SYS_ADMIN]}
+            runAsUser: 0
+            readOnlyRootFilesystem: true
+            seccompProfile: {type: RuntimeDefault}
+          volumeMounts:
+            - {name: config, mountPath: /etc/gpu-agent, readOnly: true}
+            - {name: cgroup, mountPath: /sys/fs/cgroup, readOnly: true, mountPropagation: HostToContainer}
+      volumes:
+        - {name: config, configMap: {name: cfg-abc}}
+        - {name: cgroup, hostPath: {path: /sys/fs/cgroup, type: Directory}}
+"#;
+
+    fn objs(text: &str) -> Vec<Value> {
+        serde_yaml::Deserializer::from_str(text)
+            .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+            .collect()
+    }
+
+    fn placement() -> Placement {
+        Placement {
+            node_name: "n1".into(),
+            host_ip: "10.0.0.7".into(),
+            image: "gpu-agent:t".into(),
+            name: "a".into(),
+            host_path: BTreeMap::new(),
+            skip_host_paths: vec![],
+            config_dir: BTreeMap::from([("config".to_string(), PathBuf::from("/cfg"))]),
+            caps_elsewhere: vec!["BPF".into()],
+            extra_flags: vec![],
+            extra_env: vec![],
+            extra_args: vec!["--x".into()],
+        }
+    }
+
+    #[test]
+    fn the_daemonsets_container_becomes_docker_run_flags() {
+        let spec = AgentSpec::from_objects(&objs(DS)).unwrap();
+        let args = spec.docker_run_args(&placement()).unwrap();
+        let has = |f: &str| args.iter().any(|a| a == f);
+        for f in [
+            "--pid=host",
+            "--cap-drop=ALL",
+            "--cap-add=SYS_ADMIN",
+            "--user=0",
+            "--read-only",
+            "--memory=256m",
+            "--cpu-shares=51",
+            "--stop-timeout=30",
+            "--mount=type=bind,source=/cfg,target=/etc/gpu-agent,readonly",
+            "--mount=type=bind,source=/sys/fs/cgroup,target=/sys/fs/cgroup,readonly,bind-propagation=rslave",
+            "--env=NODE_NAME=n1",
+            "--env=EP=http://10.0.0.7:4318",
+        ] {
+            assert!(has(f), "{f} missing from {args:?}");
+        }
+        assert!(!has("--cap-add=BPF"), "BPF is given elsewhere: {args:?}");
+        assert!(!args.iter().any(|a| a.contains("privileged")));
+        assert_eq!(args[args.len() - 3..], ["gpu-agent:t", "run", "--x"]);
+        assert_eq!(
+            spec.mounts[0].source,
+            MountSource::ConfigMap {
+                files: BTreeMap::from([("config.toml".to_string(), "[http]\n".to_string())])
+            }
+        );
+    }
+
+    #[test]
+    fn what_docker_run_cannot_reproduce_is_refused_by_name() {
+        let privileged = DS.replace("runAsUser: 0", "runAsUser: 0\n            privileged: true");
+        let spec = AgentSpec::from_objects(&objs(&privileged)).unwrap();
+        let e = spec.docker_run_args(&placement()).unwrap_err().to_string();
+        assert!(e.contains("privileged"), "{e}");
+        let secret = DS.replace("configMap: {name: cfg-abc}", "secret: {secretName: s}");
+        let e = AgentSpec::from_objects(&objs(&secret))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("volume config"), "{e}");
+        let no_ds = DS.replace("kind: DaemonSet", "kind: Deployment");
+        let e = AgentSpec::from_objects(&objs(&no_ds))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no DaemonSet gpu-agent"), "{e}");
+    }
+
     #[test]
     fn quantities() {
         assert_eq!(quantity_bytes("256Mi").unwrap(), 256 << 20);
