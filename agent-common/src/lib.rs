@@ -46,6 +46,9 @@ pub struct ProcInfo {
     pub start_ns: u64,
     pub ppid: u32,
     pub flags: u32,
+    /// The command at the last exec (inherited at fork): the resync gets it from here, so
+    /// a lost exec notification leaves no stale name behind.
+    pub comm: [u8; 16],
 }
 
 /// The flag rules, in one place for both sides. Always inlined: the eBPF programs call them
@@ -66,6 +69,7 @@ impl ProcInfo {
             start_ns: 0,
             ppid,
             flags: 0,
+            comm: [0; 16],
         };
         if let Some(id) = cgroup_v2 {
             info.cgroup_id = id;
@@ -132,6 +136,14 @@ impl ProcInfo {
         self
     }
 
+    /// The entry with `comm` (truncated to 15 bytes, NUL-terminated, as the kernel keeps it).
+    pub fn with_comm(mut self, comm: &[u8]) -> ProcInfo {
+        let n = comm.len().min(15);
+        self.comm = [0; 16];
+        self.comm[..n].copy_from_slice(&comm[..n]);
+        self
+    }
+
     /// Everything needed to attribute the process without reading /proc: its start time,
     /// a trusted cgroup2 id where cgroup2 is tracked, the v1 id where a v1 hierarchy is.
     #[inline(always)]
@@ -164,14 +176,13 @@ impl ProcInfo {
     }
 }
 
-/// Ring-buffer notification for exec, fork and exit.
+/// Ring-buffer notification for exec, fork and exit; the command is `info.comm`.
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct ProcEvent {
     pub kind: u32,
     pub tgid: u32,
     pub info: ProcInfo,
-    pub comm: [u8; 16],
 }
 
 /// Ring-buffer notification for cgroup mkdir, rmdir and attach.
@@ -255,7 +266,7 @@ mod pod {
 }
 
 // Layout guards: these sizes are part of the kernel/userspace contract.
-const _: () = assert!(core::mem::size_of::<ProcInfo>() == 32);
+const _: () = assert!(core::mem::size_of::<ProcInfo>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 56);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
 const _: () = assert!(core::mem::size_of::<Config>() == 18 * 4);

@@ -74,7 +74,6 @@ fn notify_proc(cfg: &Config, kind: u32, tgid: u32, info: &ProcInfo) {
                 (*ev).kind = kind;
                 (*ev).tgid = tgid;
                 (*ev).info = *info;
-                (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
             }
             entry.submit(submit_flags(cfg));
         }
@@ -99,14 +98,18 @@ fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
     let tgid = current_tgid();
     // exec runs in the process itself: its cgroup2 id is exact here.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    // The new image's name: sched_process_exec fires after the kernel set it.
+    let comm = bpf_get_current_comm().unwrap_or([0; 16]);
     let info = match PROCS.get_ptr_mut(tgid) {
         Some(p) => unsafe {
             (*p).set_v2(cgroup_id);
+            (*p).comm = comm;
             *p
         },
         None => {
             // Predates the start-up walk or the map was full: userspace fills in the rest.
-            let info = ProcInfo::new(Some(cgroup_id), None, None, 0);
+            let mut info = ProcInfo::new(Some(cgroup_id), None, None, 0);
+            info.comm = comm;
             if PROCS.insert(tgid, info, BPF_NOEXIST as u64).is_err() {
                 count(COUNTER_MAP_FULL);
             }
@@ -145,6 +148,8 @@ fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
         Some(unsafe { bpf_ktime_get_boot_ns() }),
         parent,
     );
+    // The child starts with its parent's name.
+    info.comm = bpf_get_current_comm().unwrap_or([0; 16]);
     if cfg.v1_hierarchy != ABSENT {
         if let Some(p) = PROCS.get_ptr(parent) {
             let p = unsafe { *p };

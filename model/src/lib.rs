@@ -176,10 +176,14 @@ pub struct AgentStats {
     pub procfs_fallback_lookups: u64,
     pub procfs_rescans: u64,
     pub cgroup_walks: u64,
+    /// Cgroups nobody announced (lost notifications, truncated paths), looked up by id.
+    pub cgroup_lookups: u64,
     pub kernel_map_full: u64,
     pub kernel_read_errors: u64,
     pub cached_processes: u64,
     pub tombstones: u64,
+    /// Exited processes dropped by `cache.max_tombstones` before they expired.
+    pub tombstones_evicted: u64,
     pub cgroups_known: u64,
     pub startup_walk_ms: u64,
     pub ebpf_load_ms: u64,
@@ -196,6 +200,8 @@ pub struct AgentStats {
     pub otlp: ExportTarget,
     /// Each metadata source's health: "cri", "pod_resources", "docker".
     pub metadata: BTreeMap<String, SourceStatus>,
+    /// Containers the metadata sources can name now (removed containers are forgotten).
+    pub metadata_names: u64,
     pub export_sent: u64,
     pub export_failures: u64,
     pub export_dropped_batches: u64,

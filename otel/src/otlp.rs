@@ -12,7 +12,13 @@ use opentelemetry_proto::tonic::{
     resource::v1::Resource,
 };
 
-use crate::{Groups, NodeIdentity};
+use crate::{
+    catalogue::{
+        Attr, Dropped, Kind, MetricId as M, MetricId, CLOCKS, ECC_ERROR_TYPES, GPU_TASKS,
+        HW_STATES, HW_TYPE_GPU, HW_VENDOR_NVIDIA,
+    },
+    Groups, NodeIdentity,
+};
 
 /// What every request carries besides the snapshot.
 #[derive(Debug, Clone, Default)]
@@ -34,69 +40,107 @@ pub fn kv(key: &str, value: impl Into<String>) -> KeyValue {
     }
 }
 
-fn kv_int(key: &str, value: i64) -> KeyValue {
-    KeyValue {
-        key: key.to_string(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::IntValue(value)),
-        }),
+/// An attribute before encoding: a catalogue entry, so that the drop rule applies to it.
+type Attribute = (Attr, any_value::Value);
+
+fn s(a: Attr, v: impl Into<String>) -> Attribute {
+    (a, any_value::Value::StringValue(v.into()))
+}
+
+fn int(a: Attr, v: i64) -> Attribute {
+    (a, any_value::Value::IntValue(v))
+}
+
+/// Encodes onto `out` the attributes that are not configured away.
+fn encode_onto(
+    out: &mut Vec<KeyValue>,
+    attributes: impl IntoIterator<Item = Attribute>,
+    drop: Dropped,
+) {
+    let kept = attributes.into_iter().filter(|(a, _)| !drop.contains(*a));
+    out.extend(kept.map(|(a, v)| KeyValue {
+        key: a.otlp().to_string(),
+        value: Some(AnyValue { value: Some(v) }),
         ..Default::default()
-    }
+    }));
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Gauge,
-    /// Non-monotonic cumulative sum (an UpDownCounter).
-    UpDown,
-    /// Monotonic cumulative sum (a Counter).
-    Counter,
-}
-
-/// Accumulates data points per metric name, in first-seen order.
-#[derive(Default)]
+/// Accumulates one resource's data points per metric, in first-seen order.
 struct Metrics {
-    list: Vec<(
-        &'static str,
-        &'static str,
-        &'static str,
-        Kind,
-        Vec<NumberDataPoint>,
-    )>,
-    /// Attributes configured away (metrics.drop_attributes).
-    drop: Vec<String>,
+    list: Vec<(MetricId, Vec<NumberDataPoint>)>,
+    /// The agent's start: the start time of every sum.
+    start_ns: u64,
+    time_ns: u64,
+    drop: Dropped,
 }
 
 impl Metrics {
-    #[allow(clippy::too_many_arguments)]
-    fn point(
-        &mut self,
-        name: &'static str,
-        unit: &'static str,
-        description: &'static str,
-        kind: Kind,
-        value: f64,
-        attributes: Vec<KeyValue>,
-        start_ns: u64,
-        time_ns: u64,
-    ) {
-        let mut attributes = attributes;
-        if !self.drop.is_empty() {
-            attributes.retain(|kv| !self.drop.iter().any(|d| d == &kv.key));
+    fn new(start_ns: u64, time_ns: u64, drop: Dropped) -> Metrics {
+        Metrics {
+            list: vec![],
+            start_ns,
+            time_ns,
+            drop,
         }
+    }
+
+    /// Data-point attributes, encoded once for the points that share them.
+    fn attrs(&self, attributes: impl IntoIterator<Item = Attribute>) -> Vec<KeyValue> {
+        let mut a = vec![];
+        encode_onto(&mut a, attributes, self.drop);
+        a
+    }
+
+    /// `base` and one more attribute.
+    fn with(&self, base: &[KeyValue], extra: Attribute) -> Vec<KeyValue> {
+        let mut a = Vec::with_capacity(base.len() + 1);
+        a.extend_from_slice(base);
+        encode_onto(&mut a, [extra], self.drop);
+        a
+    }
+
+    fn point(&mut self, id: MetricId, value: f64, attributes: Vec<KeyValue>) {
+        self.point_since(id, value, attributes, self.start_ns);
+    }
+
+    /// A point of a sum that started counting at `start_ns`.
+    fn point_since(&mut self, id: MetricId, value: f64, attributes: Vec<KeyValue>, start_ns: u64) {
+        let def = id.def();
+        debug_assert!(
+            attributes.iter().all(|kv| Attr::ALL
+                .iter()
+                .any(|&a| a.def().otlp == Some(kv.key.as_str()) && def.carries_otlp(a))),
+            "{id:?}: {attributes:?} not all in the catalogue"
+        );
         let dp = NumberDataPoint {
             attributes,
-            start_time_unix_nano: match kind {
+            start_time_unix_nano: match def.kind {
                 Kind::Gauge => 0,
-                _ => start_ns,
+                Kind::UpDownCounter | Kind::Counter => start_ns,
             },
-            time_unix_nano: time_ns,
+            time_unix_nano: self.time_ns,
             value: Some(number_data_point::Value::AsDouble(value)),
             ..Default::default()
         };
-        match self.list.iter_mut().find(|m| m.0 == name) {
-            Some(m) => m.4.push(dp),
-            None => self.list.push((name, unit, description, kind, vec![dp])),
+        match self.list.iter_mut().find(|m| m.0 == id) {
+            Some(m) => m.1.push(dp),
+            None => self.list.push((id, vec![dp])),
+        }
+    }
+
+    /// A point for each value known; an unknown one gets no point rather than a zero.
+    fn points<const N: usize>(
+        &mut self,
+        id: MetricId,
+        base: &[KeyValue],
+        by: Attr,
+        values: [(&'static str, Option<f64>); N],
+    ) {
+        for (v, value) in values {
+            if let Some(value) = value {
+                let a = self.with(base, s(by, v));
+                self.point(id, value, a);
+            }
         }
     }
 
@@ -104,19 +148,22 @@ impl Metrics {
         let metrics = self
             .list
             .into_iter()
-            .map(|(name, unit, description, kind, data_points)| Metric {
-                name: name.into(),
-                unit: unit.into(),
-                description: description.into(),
-                data: Some(match kind {
-                    Kind::Gauge => Data::Gauge(Gauge { data_points }),
-                    Kind::UpDown | Kind::Counter => Data::Sum(Sum {
-                        data_points,
-                        aggregation_temporality: AggregationTemporality::Cumulative as i32,
-                        is_monotonic: matches!(kind, Kind::Counter),
+            .map(|(id, data_points)| {
+                let def = id.def();
+                Metric {
+                    name: id.otlp().into(),
+                    unit: def.unit.into(),
+                    description: def.help.into(),
+                    data: Some(match def.kind {
+                        Kind::Gauge => Data::Gauge(Gauge { data_points }),
+                        Kind::UpDownCounter | Kind::Counter => Data::Sum(Sum {
+                            data_points,
+                            aggregation_temporality: AggregationTemporality::Cumulative as i32,
+                            is_monotonic: def.kind == Kind::Counter,
+                        }),
                     }),
-                }),
-                ..Default::default()
+                    ..Default::default()
+                }
             })
             .collect();
         ScopeMetrics {
@@ -137,446 +184,242 @@ impl Metrics {
 
 const MS: u64 = 1_000_000;
 
-fn node_attributes(ctx: &ExportContext) -> Vec<KeyValue> {
-    let mut a = node_attributes_all(ctx);
-    a.retain(|kv| !ctx.groups.drops(&kv.key));
-    a
-}
-
-fn node_attributes_all(ctx: &ExportContext) -> Vec<KeyValue> {
-    let mut a = vec![kv("service.name", ctx.service_name.clone())];
-    a.push(kv("service.version", env!("CARGO_PKG_VERSION")));
+/// The node resource's attributes, then the configured ones that do not name one of them:
+/// the start of every resource's.
+fn node_attributes(ctx: &ExportContext, drop: Dropped) -> Vec<KeyValue> {
+    let mut a = vec![
+        s(Attr::ServiceName, ctx.service_name.clone()),
+        s(Attr::ServiceVersion, env!("CARGO_PKG_VERSION")),
+    ];
     if !ctx.node.host_name.is_empty() {
-        a.push(kv("host.name", ctx.node.host_name.clone()));
+        a.push(s(Attr::HostName, ctx.node.host_name.clone()));
     }
     if let Some(n) = &ctx.node.node_name {
-        a.push(kv("k8s.node.name", n.clone()));
+        a.push(s(Attr::K8sNodeName, n.clone()));
     }
-    for (k, v) in &ctx.resource_attributes {
-        if !a.iter().any(|x| &x.key == k) {
-            a.push(kv(k, v.clone()));
-        }
+    let configured: Vec<KeyValue> = ctx
+        .resource_attributes
+        .iter()
+        .filter(|(k, _)| !a.iter().any(|(x, _)| x.otlp() == k))
+        .filter(|(k, _)| !ctx.groups.drops(Some(k), None))
+        .map(|(k, v)| kv(k, v.clone()))
+        .collect();
+    let mut out = Vec::with_capacity(a.len() + configured.len());
+    encode_onto(&mut out, a, drop);
+    out.extend(configured);
+    out
+}
+
+/// A container (or pod-level cgroup) resource: the node's attributes and its identity.
+fn container_resource(node: &[KeyValue], c: &ContainerUsage, drop: Dropped) -> Resource {
+    let known = [
+        (Attr::ContainerId, c.container_id.as_deref()),
+        (Attr::PodUid, c.pod_uid.as_deref()),
+        (Attr::PodName, c.pod_name.as_deref()),
+        (Attr::Namespace, c.namespace.as_deref()),
+        (Attr::ContainerName, c.container_name.as_deref()),
+        (Attr::Runtime, c.runtime),
+    ];
+    let mut attributes = Vec::with_capacity(node.len() + known.len());
+    attributes.extend_from_slice(node);
+    let identity = known.into_iter().filter_map(|(a, v)| v.map(|v| s(a, v)));
+    encode_onto(&mut attributes, identity, drop);
+    Resource {
+        attributes,
+        ..Default::default()
     }
-    a
 }
 
 /// Resource attributes of one container (or pod-level cgroup).
 pub fn container_attributes(ctx: &ExportContext, c: &ContainerUsage) -> Vec<KeyValue> {
-    let mut a = node_attributes_all(ctx);
-    if let Some(id) = &c.container_id {
-        a.push(kv("container.id", id.clone()));
-    }
-    if let Some(uid) = &c.pod_uid {
-        a.push(kv("k8s.pod.uid", uid.clone()));
-    }
-    if let Some(n) = &c.pod_name {
-        a.push(kv("k8s.pod.name", n.clone()));
-    }
-    if let Some(n) = &c.namespace {
-        a.push(kv("k8s.namespace.name", n.clone()));
-    }
-    if let Some(n) = &c.container_name {
-        a.push(kv("k8s.container.name", n.clone()));
-    }
-    if let Some(r) = c.runtime {
-        a.push(kv("container.runtime.name", r));
-    }
-    a.retain(|kv| !ctx.groups.drops(&kv.key));
-    a
+    let drop = Dropped::of(&ctx.groups);
+    container_resource(&node_attributes(ctx, drop), c, drop).attributes
 }
 
-fn device_attributes(d: &DeviceSample) -> Vec<KeyValue> {
-    vec![
-        kv("hw.id", d.uuid.clone()),
-        kv("hw.type", "gpu"),
-        kv("hw.vendor", "NVIDIA"),
-        kv("hw.model", d.name.clone()),
-        kv_int("hw.gpu.index", d.index as i64),
+fn device_attributes(d: &DeviceSample) -> [Attribute; 5] {
+    [
+        s(Attr::HwId, d.uuid.clone()),
+        s(Attr::HwType, HW_TYPE_GPU),
+        s(Attr::HwVendor, HW_VENDOR_NVIDIA),
+        s(Attr::HwModel, d.name.clone()),
+        int(Attr::GpuIndex, d.index as i64),
     ]
 }
 
-fn with(mut base: Vec<KeyValue>, extra: KeyValue) -> Vec<KeyValue> {
-    base.push(extra);
-    base
-}
-
-fn device_metrics(m: &mut Metrics, snap: &Snapshot, start_ns: u64, t: u64) {
+fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
+    let f = |v: Option<u64>| v.map(|v| v as f64);
+    let pct = |v: Option<u32>| v.map(|v| v as f64 / 100.0);
+    let mhz = |v: Option<u32>| v.map(|v| v as f64 * 1e6);
     for d in &snap.devices {
-        let a = device_attributes(d);
-        let failed = !d.status.is_ok();
-        for (state, v) in [("ok", !failed), ("failed", failed)] {
-            m.point(
-                "hw.status",
-                "1",
-                "Operational state of the GPU (1 for the current state)",
-                Kind::UpDown,
-                v as u8 as f64,
-                with(a.clone(), kv("hw.state", state)),
-                start_ns,
-                t,
-            );
-        }
-        if let Some(v) = d.memory_used_bytes {
-            m.point(
-                "hw.gpu.memory.usage",
-                "By",
-                "GPU memory in use",
-                Kind::UpDown,
-                v as f64,
-                a.clone(),
-                start_ns,
-                t,
-            );
-        }
-        if let Some(v) = d.memory_total_bytes {
-            m.point(
-                "hw.gpu.memory.limit",
-                "By",
-                "GPU memory size",
-                Kind::UpDown,
-                v as f64,
-                a.clone(),
-                start_ns,
-                t,
-            );
-        }
-        if let (Some(u), Some(l)) = (d.memory_used_bytes, d.memory_total_bytes) {
-            if l > 0 {
-                m.point(
-                    "hw.gpu.memory.utilization",
-                    "1",
-                    "Fraction of GPU memory in use",
-                    Kind::Gauge,
-                    u as f64 / l as f64,
-                    a.clone(),
-                    start_ns,
-                    t,
-                );
-            }
-        }
-        for (task, v) in [
-            ("general", d.utilization_gpu),
-            ("memory_controller", d.utilization_memory),
-        ] {
-            if let Some(v) = v {
-                m.point(
-                    "hw.gpu.utilization",
-                    "1",
-                    "Fraction of time the GPU was busy, per task",
-                    Kind::Gauge,
-                    v as f64 / 100.0,
-                    with(a.clone(), kv("hw.gpu.task", task)),
-                    start_ns,
-                    t,
-                );
-            }
-        }
+        let a = m.attrs(device_attributes(d));
+        let ok = d.status.is_ok() as u8 as f64;
+        let [ok_state, failed_state] = HW_STATES;
+        m.points(
+            M::HwStatus,
+            &a,
+            Attr::HwState,
+            [(ok_state, Some(ok)), (failed_state, Some(1.0 - ok))],
+        );
+        memory(m, &a, d.memory_used_bytes, d.memory_total_bytes);
+        let [general, memctl, ..] = GPU_TASKS;
+        m.points(
+            M::HwGpuUtilization,
+            &a,
+            Attr::HwGpuTask,
+            [
+                (general, pct(d.utilization_gpu)),
+                (memctl, pct(d.utilization_memory)),
+            ],
+        );
         if let Some(v) = d.power_mw {
-            m.point(
-                "hw.power",
-                "W",
-                "Power drawn by the GPU",
-                Kind::Gauge,
-                v as f64 / 1000.0,
-                a.clone(),
-                start_ns,
-                t,
-            );
+            m.point(M::HwPower, v as f64 / 1000.0, a.clone());
         }
         if let Some(v) = d.energy_mj {
-            m.point(
-                "hw.energy",
-                "J",
-                "Energy consumed by the GPU since the driver loaded",
-                Kind::Counter,
-                v as f64 / 1000.0,
-                a.clone(),
-                start_ns,
-                t,
-            );
+            m.point(M::HwEnergy, v as f64 / 1000.0, a.clone());
         }
         if let Some(v) = d.temperature_c {
-            m.point(
-                "hw.temperature",
-                "Cel",
-                "GPU temperature",
-                Kind::Gauge,
-                v as f64,
-                a.clone(),
-                start_ns,
-                t,
-            );
+            m.point(M::HwTemperature, v as f64, a.clone());
         }
-        for (ty, v) in [
-            ("corrected", d.ecc_corrected),
-            ("uncorrected", d.ecc_uncorrected),
-        ] {
-            if let Some(v) = v {
-                m.point(
-                    "hw.errors",
-                    "{error}",
-                    "ECC memory errors since the driver loaded",
-                    Kind::Counter,
-                    v as f64,
-                    with(a.clone(), kv("error.type", ty)),
-                    start_ns,
-                    t,
-                );
-            }
-        }
-        for (clock, v) in [("sm", d.sm_clock_mhz), ("memory", d.mem_clock_mhz)] {
-            if let Some(v) = v {
-                m.point(
-                    "hw.gpu.clock",
-                    "Hz",
-                    "Current clock frequency",
-                    Kind::Gauge,
-                    v as f64 * 1e6,
-                    with(a.clone(), kv("clock", clock)),
-                    start_ns,
-                    t,
-                );
-            }
-        }
+        let [corrected, uncorrected] = ECC_ERROR_TYPES;
+        m.points(
+            M::HwErrors,
+            &a,
+            Attr::ErrorType,
+            [
+                (corrected, f(d.ecc_corrected)),
+                (uncorrected, f(d.ecc_uncorrected)),
+            ],
+        );
+        let [sm, memory_clock] = CLOCKS;
+        m.points(
+            M::HwGpuClock,
+            &a,
+            Attr::Clock,
+            [
+                (sm, mhz(d.sm_clock_mhz)),
+                (memory_clock, mhz(d.mem_clock_mhz)),
+            ],
+        );
         for mig in &d.mig_devices {
-            let ma = vec![
-                kv("hw.id", mig.uuid.clone()),
-                kv("hw.type", "gpu"),
-                kv("hw.vendor", "NVIDIA"),
-                kv("hw.model", d.name.clone()),
-                kv("hw.parent", d.uuid.clone()),
-            ];
+            let ma = m.attrs([
+                s(Attr::HwId, mig.uuid.clone()),
+                s(Attr::HwType, HW_TYPE_GPU),
+                s(Attr::HwVendor, HW_VENDOR_NVIDIA),
+                s(Attr::HwModel, d.name.clone()),
+                s(Attr::HwParent, d.uuid.clone()),
+            ]);
+            // NVML tells a MIG device's memory only; no utilization of it.
             if let Some(v) = mig.memory_used_bytes {
-                m.point(
-                    "hw.gpu.memory.usage",
-                    "By",
-                    "GPU memory in use",
-                    Kind::UpDown,
-                    v as f64,
-                    ma.clone(),
-                    start_ns,
-                    t,
-                );
+                m.point(M::HwGpuMemoryUsage, v as f64, ma.clone());
             }
             if let Some(v) = mig.memory_total_bytes {
-                m.point(
-                    "hw.gpu.memory.limit",
-                    "By",
-                    "GPU memory size",
-                    Kind::UpDown,
-                    v as f64,
-                    ma.clone(),
-                    start_ns,
-                    t,
-                );
+                m.point(M::HwGpuMemoryLimit, v as f64, ma);
             }
         }
     }
 }
 
-fn container_metrics(m: &mut Metrics, c: &ContainerUsage, t: u64, start_ns: u64) {
-    for g in &c.gpus {
-        let mut a = vec![kv("hw.id", g.uuid.clone())];
-        if g.gpu_uuid != g.uuid {
-            a.push(kv("hw.parent", g.gpu_uuid.clone()));
+/// A GPU's memory usage, size and their ratio.
+fn memory(m: &mut Metrics, a: &[KeyValue], used: Option<u64>, total: Option<u64>) {
+    if let Some(v) = used {
+        m.point(M::HwGpuMemoryUsage, v as f64, a.to_vec());
+    }
+    if let Some(v) = total {
+        m.point(M::HwGpuMemoryLimit, v as f64, a.to_vec());
+    }
+    if let (Some(u), Some(l)) = (used, total) {
+        if l > 0 {
+            m.point(M::HwGpuMemoryUtilization, u as f64 / l as f64, a.to_vec());
         }
+    }
+}
+
+/// The four engines NVML samples per process, as fractions.
+fn tasks(v: [Option<u32>; 4]) -> [(&'static str, Option<f64>); 4] {
+    let mut out = GPU_TASKS.map(|t| (t, None));
+    for (o, v) in out.iter_mut().zip(v) {
+        o.1 = v.map(|v| v as f64 / 100.0);
+    }
+    out
+}
+
+fn container_metrics(m: &mut Metrics, c: &ContainerUsage) {
+    for g in &c.gpus {
+        let mut a = vec![s(Attr::HwId, g.uuid.clone())];
+        if g.gpu_uuid != g.uuid {
+            a.push(s(Attr::HwParent, g.gpu_uuid.clone()));
+        }
+        let a = m.attrs(a);
         m.point(
-            "container.gpu.memory.usage",
-            "By",
-            "GPU memory held by the container's processes",
-            Kind::UpDown,
+            M::ContainerGpuMemoryUsage,
             g.memory_used_bytes as f64,
             a.clone(),
-            start_ns,
-            t,
         );
-        for (task, v) in [
-            ("general", g.sm_util),
-            ("memory_controller", g.mem_util),
-            ("encoder", g.enc_util),
-            ("decoder", g.dec_util),
-        ] {
-            if let Some(v) = v {
-                m.point("container.gpu.utilization", "1",
-                    "Fraction of the device's time the container's processes kept it busy, per task",
-                    Kind::Gauge, v as f64 / 100.0, with(a.clone(), kv("hw.gpu.task", task)), start_ns, t);
-            }
-        }
+        let util = [g.sm_util, g.mem_util, g.enc_util, g.dec_util];
+        m.points(M::ContainerGpuUtilization, &a, Attr::HwGpuTask, tasks(util));
+        // The counters start when the agent first saw this container on this device.
         let since = if g.counters_since_ms > 0 {
             g.counters_since_ms * MS
         } else {
-            start_ns
+            m.start_ns
         };
-        m.point(
-            "container.gpu.time",
-            "s",
-            "GPU time used: seconds weighted by SM utilization",
-            Kind::Counter,
-            g.gpu_time_seconds,
-            a.clone(),
-            since,
-            t,
-        );
-        m.point(
-            "container.gpu.memory.time",
-            "By.s",
-            "GPU memory held over time (byte-seconds)",
-            Kind::Counter,
+        m.point_since(M::ContainerGpuTime, g.gpu_time_seconds, a.clone(), since);
+        m.point_since(
+            M::ContainerGpuMemoryTime,
             g.memory_byte_seconds,
             a.clone(),
             since,
-            t,
         );
-        m.point(
-            "container.gpu.processes",
-            "{process}",
-            "Processes of the container using the device",
-            Kind::UpDown,
-            g.pids.len() as f64,
-            a,
-            start_ns,
-            t,
-        );
+        m.point(M::ContainerGpuProcesses, g.pids.len() as f64, a);
     }
 }
 
-fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage, t: u64, start_ns: u64) {
+fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage) {
     let idle = c.idle_allocations();
     for u in &c.allocated_gpus {
-        let a = vec![kv("hw.id", u.clone())];
-        m.point(
-            "container.gpu.allocated",
-            "{gpu}",
-            "Devices the kubelet allocated to the container",
-            Kind::UpDown,
-            1.0,
-            a.clone(),
-            start_ns,
-            t,
-        );
-        m.point("container.gpu.allocated.idle", "1",
-            "1 when the container holds this allocated device but used neither its memory nor its SMs this sample",
-            Kind::Gauge, idle.contains(&u.as_str()) as u8 as f64, a, start_ns, t);
+        let a = m.attrs([s(Attr::HwId, u.clone())]);
+        m.point(M::ContainerGpuAllocated, 1.0, a.clone());
+        let is_idle = idle.contains(&u.as_str());
+        m.point(M::ContainerGpuAllocatedIdle, is_idle as u8 as f64, a);
     }
 }
 
-fn process_metrics(m: &mut Metrics, snap: &Snapshot, c: &ContainerUsage, start_ns: u64, t: u64) {
+fn process_metrics(m: &mut Metrics, snap: &Snapshot, c: &ContainerUsage) {
     for p in snap
         .processes
         .iter()
         .filter(|p| p.container_id == c.container_id && p.pod_uid == c.pod_uid)
     {
-        let a = vec![
-            kv_int("process.pid", p.pid as i64),
-            kv("hw.id", p.uuid.clone()),
-        ];
+        let a = m.attrs([
+            int(Attr::ProcessPid, p.pid as i64),
+            s(Attr::HwId, p.uuid.clone()),
+        ]);
         m.point(
-            "process.gpu.memory.usage",
-            "By",
-            "GPU memory held by the process",
-            Kind::UpDown,
+            M::ProcessGpuMemoryUsage,
             p.used_memory_bytes as f64,
             a.clone(),
-            start_ns,
-            t,
         );
-        for (task, v) in [
-            ("general", p.sm_util),
-            ("memory_controller", p.mem_util),
-            ("encoder", p.enc_util),
-            ("decoder", p.dec_util),
-        ] {
-            if let Some(v) = v {
-                m.point(
-                    "process.gpu.utilization",
-                    "1",
-                    "Fraction of the device's time the process kept it busy, per task",
-                    Kind::Gauge,
-                    v as f64 / 100.0,
-                    with(a.clone(), kv("hw.gpu.task", task)),
-                    start_ns,
-                    t,
-                );
-            }
-        }
+        let util = [p.sm_util, p.mem_util, p.enc_util, p.dec_util];
+        m.points(M::ProcessGpuUtilization, &a, Attr::HwGpuTask, tasks(util));
     }
 }
 
-fn self_metrics(m: &mut Metrics, s: &AgentStats, start_ns: u64, t: u64) {
+fn self_metrics(m: &mut Metrics, st: &AgentStats) {
     let counters = [
-        (
-            "gpu_agent.events.received",
-            "Process and cgroup notifications received from the kernel",
-            s.events_received,
-        ),
-        (
-            "gpu_agent.events.lost",
-            "Notifications the kernel could not deliver (ring buffer full)",
-            s.events_lost,
-        ),
-        (
-            "gpu_agent.resyncs",
-            "Resyncs of the process cache from the kernel map",
-            s.resyncs,
-        ),
-        (
-            "gpu_agent.procfs.fallback_lookups",
-            "Single-PID /proc lookups",
-            s.procfs_fallback_lookups,
-        ),
-        (
-            "gpu_agent.export.failures",
-            "Failed OTLP export attempts",
-            s.export_failures,
-        ),
-        (
-            "gpu_agent.export.dropped_batches",
-            "Export batches dropped (queue full or rejected)",
-            s.export_dropped_batches,
-        ),
+        (M::EventsReceived, st.events_received),
+        (M::EventsLost, st.events_lost),
+        (M::Resyncs, st.resyncs),
+        (M::ProcfsFallbackLookups, st.procfs_fallback_lookups),
+        (M::ExportFailures, st.export_failures),
+        (M::ExportDroppedBatches, st.export_dropped_batches),
+        (M::CachedProcesses, st.cached_processes),
     ];
-    for (name, description, v) in counters {
-        m.point(
-            name,
-            "1",
-            description,
-            Kind::Counter,
-            v as f64,
-            vec![],
-            start_ns,
-            t,
-        );
+    for (id, v) in counters {
+        m.point(id, v as f64, vec![]);
     }
-    m.point(
-        "gpu_agent.cache.processes",
-        "{process}",
-        "Live processes in the cache",
-        Kind::UpDown,
-        s.cached_processes as f64,
-        vec![],
-        start_ns,
-        t,
-    );
-    m.point(
-        "gpu_agent.nvml.up",
-        "1",
-        "1 when NVML answers",
-        Kind::Gauge,
-        s.nvml.is_ok() as u8 as f64,
-        vec![],
-        start_ns,
-        t,
-    );
-    m.point(
-        "gpu_agent.mode",
-        "1",
-        "Process tracking mode (1 for the current one)",
-        Kind::Gauge,
-        1.0,
-        vec![kv("mode", s.mode.as_str())],
-        start_ns,
-        t,
-    );
+    m.point(M::NvmlUp, st.nvml.is_ok() as u8 as f64, vec![]);
+    let mode = m.attrs([s(Attr::Mode, st.mode.as_str())]);
+    m.point(M::Mode, 1.0, mode);
 }
 
 /// Builds the request for one export. `now_ms` stamps it when the snapshot has no time yet.
@@ -591,18 +434,16 @@ pub fn build_request(
     } else {
         now_ms
     } * MS;
-    let start_ns = stats.started_ms.max(1) * MS;
-    let fresh = || Metrics {
-        drop: ctx.groups.drop_attributes.clone(),
-        ..Default::default()
-    };
+    let drop = Dropped::of(&ctx.groups);
+    let fresh = || Metrics::new(stats.started_ms.max(1) * MS, t, drop);
     let mut node = fresh();
     if ctx.groups.device {
-        device_metrics(&mut node, snap, start_ns, t);
+        device_metrics(&mut node, snap);
     }
     if ctx.groups.self_metrics {
-        self_metrics(&mut node, stats, start_ns, t);
+        self_metrics(&mut node, stats);
     }
+    let node_resource = node_attributes(ctx, drop);
     let mut resource_metrics = vec![];
     for c in &snap.containers {
         let host = c.container_id.is_none() && c.pod_uid.is_none();
@@ -610,18 +451,15 @@ pub fn build_request(
         let mut m = fresh();
         let target = if host { &mut node } else { &mut m };
         if ctx.groups.container {
-            container_metrics(target, c, t, start_ns);
-            allocation_metrics(target, c, t, start_ns);
+            container_metrics(target, c);
+            allocation_metrics(target, c);
         }
         if ctx.groups.process {
-            process_metrics(target, snap, c, start_ns, t);
+            process_metrics(target, snap, c);
         }
         if !host && !m.is_empty() {
             resource_metrics.push(ResourceMetrics {
-                resource: Some(Resource {
-                    attributes: container_attributes(ctx, c),
-                    ..Default::default()
-                }),
+                resource: Some(container_resource(&node_resource, c, drop)),
                 scope_metrics: vec![m.into_scope()],
                 ..Default::default()
             });
@@ -632,7 +470,7 @@ pub fn build_request(
             0,
             ResourceMetrics {
                 resource: Some(Resource {
-                    attributes: node_attributes(ctx),
+                    attributes: node_resource,
                     ..Default::default()
                 }),
                 scope_metrics: vec![node.into_scope()],

@@ -4,11 +4,17 @@
 //! in By -> `hw_gpu_memory_usage_bytes`), so that the two sinks can be joined in queries.
 //! Every family has HELP and TYPE and passes `promtool check metrics`; the one exception is
 //! dcgm-exporter's own `modelName` label in the compatibility families (see `dcgm`).
-use std::{collections::HashMap, fmt::Write};
+use std::{cmp::Ordering, fmt::Write};
 
 use gpu_model::{AgentStats, ContainerUsage, DeviceSample, Snapshot};
 
-use crate::{Groups, NodeIdentity};
+use crate::{
+    catalogue::{
+        Attr, Dropped, MetricId as M, MetricId, CATALOGUE, CLOCKS, ECC_ERROR_TYPES, GPU_TASKS,
+        HW_STATES, OWNERS,
+    },
+    Groups, NodeIdentity,
+};
 
 #[derive(Debug, Clone, Default)]
 pub struct PromOptions {
@@ -18,109 +24,54 @@ pub struct PromOptions {
     pub dcgm_compat: bool,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
-    Gauge,
-    Counter,
-}
-use Kind::{Counter, Gauge};
+type Labels = Vec<(Attr, String)>;
 
-/// Every family, in output order. One table, so HELP/TYPE are written once per name and
-/// the order does not depend on which values a snapshot happens to have.
-const FAMILIES: &[(&str, Kind, &str)] = &[
-    // Device group.
-    ("hw_gpu_memory_usage_bytes", Gauge, "GPU memory in use, bytes."),
-    ("hw_gpu_memory_limit_bytes", Gauge, "GPU memory size, bytes."),
-    ("hw_gpu_memory_utilization_ratio", Gauge, "GPU memory in use over its size (0-1)."),
-    ("hw_gpu_utilization_ratio", Gauge, "Fraction of the last sample period the GPU was busy (general: a kernel ran; memory_controller: memory was read or written)."),
-    ("hw_power_watts", Gauge, "GPU power draw, watts."),
-    ("hw_energy_joules_total", Counter, "GPU energy consumed since the driver loaded, joules."),
-    ("hw_temperature_celsius", Gauge, "GPU core temperature, degrees Celsius."),
-    ("hw_errors_total", Counter, "GPU memory ECC errors since the driver loaded."),
-    ("hw_status", Gauge, "1 for the GPU's current state (ok, or failed when lost or unreachable), 0 for the other."),
-    ("hw_gpu_clock_hertz", Gauge, "GPU clock frequency, hertz."),
-    // Container group.
-    ("container_gpu_memory_usage_bytes", Gauge, "GPU memory held by the owner's processes on the device, bytes."),
-    ("container_gpu_utilization_ratio", Gauge, "The owner's share of the device's engines over the last sample period (0-1), summed over its processes."),
-    ("container_gpu_time_seconds_total", Counter, "GPU time used by the owner on the device, SM-utilization-weighted seconds."),
-    ("container_gpu_memory_byte_seconds_total", Counter, "GPU memory held by the owner on the device integrated over time, byte-seconds."),
-    ("container_gpu_processes", Gauge, "Processes of the owner on the device."),
-    ("container_gpu_allocated", Gauge, "1 for each device the kubelet allocated to the container."),
-    ("container_gpu_allocated_idle", Gauge, "1 when the container holds this allocated device but used neither its memory nor its SMs."),
-    // Process group.
-    ("process_gpu_memory_usage_bytes", Gauge, "GPU memory held by the process on the device, bytes."),
-    ("process_gpu_utilization_ratio", Gauge, "The process's share of the device's engines over the last sample period (0-1)."),
-    // Self group.
-    ("gpu_agent_events_received_total", Counter, "Kernel events received."),
-    ("gpu_agent_events_lost_total", Counter, "Kernel events lost (ring buffer full)."),
-    ("gpu_agent_resyncs_total", Counter, "Full rescans of /proc after lost events."),
-    ("gpu_agent_procfs_fallback_lookups_total", Counter, "Processes looked up in /proc because no event described them."),
-    ("gpu_agent_cached_processes", Gauge, "Processes in the agent's cache."),
-    ("gpu_agent_export_failures_total", Counter, "OTLP exports that failed."),
-    ("gpu_agent_export_dropped_batches_total", Counter, "OTLP batches dropped after retries or a full queue."),
-    ("gpu_agent_mode", Gauge, "1 for the agent's current process-tracking mode."),
-    ("gpu_agent_nvml_up", Gauge, "1 when NVML answers, 0 otherwise."),
-    ("gpu_agent_info", Gauge, "The agent's version, value 1."),
-    // dcgm-exporter compatibility (DCGM field names and units).
-    ("DCGM_FI_DEV_FB_USED", Gauge, "Framebuffer memory used (in MiB); with pod labels, that container's memory on the device."),
-    ("DCGM_FI_DEV_FB_FREE", Gauge, "Framebuffer memory free (in MiB)."),
-    ("DCGM_FI_DEV_GPU_UTIL", Gauge, "GPU utilization (in %); with pod labels, that container's SM utilization."),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", Gauge, "Memory utilization (in %); with pod labels, that container's."),
-    ("DCGM_FI_DEV_POWER_USAGE", Gauge, "Power draw (in W)."),
-    ("DCGM_FI_DEV_GPU_TEMP", Gauge, "GPU temperature (in C)."),
-    ("DCGM_FI_DEV_SM_CLOCK", Gauge, "SM clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_MEM_CLOCK", Gauge, "Memory clock frequency (in MHz)."),
-];
-
-type Labels = Vec<(&'static str, String)>;
-
-#[derive(Default)]
+/// The series of each family, indexed by [`MetricId`]: families render in catalogue order,
+/// so the output does not depend on which values a snapshot happens to have.
 struct Out {
-    series: HashMap<&'static str, Vec<(Labels, f64)>>,
+    series: Vec<Vec<(Labels, f64)>>,
     /// Labels configured away (metrics.drop_attributes).
-    drop: Vec<String>,
+    drop: Dropped,
 }
 
 impl Out {
-    fn add(&mut self, name: &'static str, mut labels: Labels, value: f64) {
-        if !self.drop.is_empty() {
-            labels.retain(|(k, _)| {
-                !self
-                    .drop
-                    .iter()
-                    .any(|d| d == k || d.replace('.', "_") == *k)
-            });
+    fn new(drop: Dropped) -> Out {
+        Out {
+            series: vec![vec![]; CATALOGUE.len()],
+            drop,
         }
+    }
+
+    fn add(&mut self, id: MetricId, mut labels: Labels, value: f64) {
         debug_assert!(
-            FAMILIES.iter().any(|f| f.0 == name),
-            "{name} is not in FAMILIES"
+            labels.iter().all(|(a, _)| id.def().carries_label(*a)),
+            "{id:?}: {labels:?} not all in the catalogue"
         );
-        self.series.entry(name).or_default().push((labels, value));
+        if !self.drop.is_empty() {
+            labels.retain(|(a, _)| !self.drop.contains(*a));
+        }
+        self.series[id as usize].push((labels, value));
     }
 
     /// Skips unknown values: an absent series, not a made-up 0.
-    fn opt(&mut self, name: &'static str, labels: &Labels, value: Option<f64>) {
+    fn opt(&mut self, id: MetricId, labels: &Labels, value: Option<f64>) {
         if let Some(v) = value {
-            self.add(name, labels.clone(), v);
+            self.add(id, labels.clone(), v);
         }
     }
 
-    fn render(mut self) -> String {
+    fn render(self) -> String {
         let mut s = String::new();
-        for &(name, kind, help) in FAMILIES {
-            let Some(mut series) = self.series.remove(name) else {
+        for (def, mut series) in CATALOGUE.iter().zip(self.series) {
+            let Some(name) = def.prometheus.filter(|_| !series.is_empty()) else {
                 continue;
             };
             // Sorted for stable output; a repeated label set would make Prometheus reject
             // the whole scrape, so only its first value is kept.
-            series.sort_by(|a, b| a.0.cmp(&b.0));
+            series.sort_by(|a, b| cmp_labels(&a.0, &b.0));
             series.dedup_by(|a, b| a.0 == b.0);
-            let kind = match kind {
-                Gauge => "gauge",
-                Counter => "counter",
-            };
-            let _ = writeln!(s, "# HELP {name} {}", escape_help(help));
-            let _ = writeln!(s, "# TYPE {name} {kind}");
+            let _ = writeln!(s, "# HELP {name} {}", escape_help(def.help));
+            let _ = writeln!(s, "# TYPE {name} {}", def.kind.prometheus_type());
             for (labels, value) in series {
                 s.push_str(name);
                 if !labels.is_empty() {
@@ -129,7 +80,7 @@ impl Out {
                         if i > 0 {
                             s.push(',');
                         }
-                        let _ = write!(s, "{k}=\"{}\"", escape_label(v));
+                        let _ = write!(s, "{}=\"{}\"", k.label(), escape_label(v));
                     }
                     s.push('}');
                 }
@@ -140,8 +91,24 @@ impl Out {
     }
 }
 
-fn with(base: &Labels, extra: &[(&'static str, &str)]) -> Labels {
-    let mut l = base.clone();
+/// Orders label sets as their text would sort: by name, then value, pair by pair.
+fn cmp_labels(a: &Labels, b: &Labels) -> Ordering {
+    for ((ka, va), (kb, vb)) in a.iter().zip(b) {
+        // Label names are unique per attribute: different attributes, different names.
+        if ka != kb {
+            return ka.label().cmp(kb.label());
+        }
+        let o = va.cmp(vb);
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+fn with(base: &Labels, extra: &[(Attr, &str)]) -> Labels {
+    let mut l = Vec::with_capacity(base.len() + extra.len());
+    l.extend_from_slice(base);
     l.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
     l
 }
@@ -197,10 +164,7 @@ pub fn render(snap: &Snapshot, stats: &AgentStats, opts: &PromOptions) -> String
         .node_name
         .as_deref()
         .unwrap_or(&opts.node.host_name);
-    let mut out = Out {
-        drop: opts.groups.drop_attributes.clone(),
-        ..Default::default()
-    };
+    let mut out = Out::new(Dropped::of(&opts.groups));
     if opts.groups.device {
         devices(&mut out, snap, node);
     }
@@ -220,88 +184,69 @@ pub fn render(snap: &Snapshot, stats: &AgentStats, opts: &PromOptions) -> String
 }
 
 fn devices(out: &mut Out, snap: &Snapshot, node: &str) {
+    let f = |v: Option<u64>| v.map(|v| v as f64);
+    let mhz = |v: Option<u32>| v.map(|v| v as f64 * 1e6);
     for d in &snap.devices {
         let l: Labels = vec![
-            ("hw_id", d.uuid.clone()),
-            ("gpu", d.index.to_string()),
-            ("model", d.name.clone()),
-            ("pci_bus_id", d.pci_bus_id.clone().unwrap_or_default()),
-            ("node", node.to_string()),
+            (Attr::HwId, d.uuid.clone()),
+            (Attr::GpuIndex, d.index.to_string()),
+            (Attr::HwModel, d.name.clone()),
+            (Attr::PciBusId, d.pci_bus_id.clone().unwrap_or_default()),
+            (Attr::Node, node.to_string()),
         ];
-        let used = d.memory_used_bytes;
-        let total = d.memory_total_bytes;
-        out.opt("hw_gpu_memory_usage_bytes", &l, used.map(|v| v as f64));
-        out.opt("hw_gpu_memory_limit_bytes", &l, total.map(|v| v as f64));
-        out.opt("hw_gpu_memory_utilization_ratio", &l, ratio(used, total));
-        let general = with(&l, &[("hw_gpu_task", "general")]);
-        let memctl = with(&l, &[("hw_gpu_task", "memory_controller")]);
-        out.opt("hw_gpu_utilization_ratio", &general, pct(d.utilization_gpu));
+        memory(out, &l, d.memory_used_bytes, d.memory_total_bytes);
+        let [general, memctl, ..] = GPU_TASKS;
+        let task = |t| with(&l, &[(Attr::HwGpuTask, t)]);
+        out.opt(M::HwGpuUtilization, &task(general), pct(d.utilization_gpu));
         out.opt(
-            "hw_gpu_utilization_ratio",
-            &memctl,
+            M::HwGpuUtilization,
+            &task(memctl),
             pct(d.utilization_memory),
         );
-        out.opt("hw_power_watts", &l, d.power_mw.map(|v| v as f64 / 1000.0));
-        out.opt(
-            "hw_energy_joules_total",
-            &l,
-            d.energy_mj.map(|v| v as f64 / 1000.0),
-        );
-        out.opt("hw_temperature_celsius", &l, d.temperature_c.map(f64::from));
-        let corrected = with(&l, &[("error_type", "corrected")]);
-        let uncorrected = with(&l, &[("error_type", "uncorrected")]);
-        out.opt(
-            "hw_errors_total",
-            &corrected,
-            d.ecc_corrected.map(|v| v as f64),
-        );
-        out.opt(
-            "hw_errors_total",
-            &uncorrected,
-            d.ecc_uncorrected.map(|v| v as f64),
-        );
+        out.opt(M::HwPower, &l, d.power_mw.map(|v| v as f64 / 1000.0));
+        out.opt(M::HwEnergy, &l, d.energy_mj.map(|v| v as f64 / 1000.0));
+        out.opt(M::HwTemperature, &l, d.temperature_c.map(f64::from));
+        let [corrected, uncorrected] = ECC_ERROR_TYPES;
+        let error = |t| with(&l, &[(Attr::ErrorType, t)]);
+        out.opt(M::HwErrors, &error(corrected), f(d.ecc_corrected));
+        out.opt(M::HwErrors, &error(uncorrected), f(d.ecc_uncorrected));
         // "lost" and "error: ..." (no handle) both mean the device cannot be used.
-        let ok = d.status.is_ok();
+        let ok = d.status.is_ok() as u8 as f64;
+        let [ok_state, failed_state] = HW_STATES;
+        out.add(M::HwStatus, with(&l, &[(Attr::HwState, ok_state)]), ok);
         out.add(
-            "hw_status",
-            with(&l, &[("hw_state", "ok")]),
-            ok as u8 as f64,
+            M::HwStatus,
+            with(&l, &[(Attr::HwState, failed_state)]),
+            1.0 - ok,
         );
-        out.add(
-            "hw_status",
-            with(&l, &[("hw_state", "failed")]),
-            !ok as u8 as f64,
-        );
-        let mhz = |v: Option<u32>| v.map(|v| v as f64 * 1e6);
-        out.opt(
-            "hw_gpu_clock_hertz",
-            &with(&l, &[("clock", "sm")]),
-            mhz(d.sm_clock_mhz),
-        );
-        out.opt(
-            "hw_gpu_clock_hertz",
-            &with(&l, &[("clock", "memory")]),
-            mhz(d.mem_clock_mhz),
-        );
+        let [sm, memory_clock] = CLOCKS;
+        let clock = |c| with(&l, &[(Attr::Clock, c)]);
+        out.opt(M::HwGpuClock, &clock(sm), mhz(d.sm_clock_mhz));
+        out.opt(M::HwGpuClock, &clock(memory_clock), mhz(d.mem_clock_mhz));
         // MIG devices: NVML tells only their memory; the rest is the parent's.
         for m in &d.mig_devices {
             let mut ml = l.clone();
             ml[0].1 = m.uuid.clone();
-            ml.push(("hw_parent", d.uuid.clone()));
-            let (used, total) = (m.memory_used_bytes, m.memory_total_bytes);
-            out.opt("hw_gpu_memory_usage_bytes", &ml, used.map(|v| v as f64));
-            out.opt("hw_gpu_memory_limit_bytes", &ml, total.map(|v| v as f64));
-            out.opt("hw_gpu_memory_utilization_ratio", &ml, ratio(used, total));
+            ml.push((Attr::HwParent, d.uuid.clone()));
+            memory(out, &ml, m.memory_used_bytes, m.memory_total_bytes);
         }
     }
 }
 
-/// "container", "pod" (a pod-level cgroup) or "host" (outside any container).
+/// A device's memory usage, size and their ratio.
+fn memory(out: &mut Out, l: &Labels, used: Option<u64>, total: Option<u64>) {
+    out.opt(M::HwGpuMemoryUsage, l, used.map(|v| v as f64));
+    out.opt(M::HwGpuMemoryLimit, l, total.map(|v| v as f64));
+    out.opt(M::HwGpuMemoryUtilization, l, ratio(used, total));
+}
+
+/// A container, a pod-level cgroup, or the host (outside any container).
 fn owner(c: &ContainerUsage) -> &'static str {
+    let [container, pod, host] = OWNERS;
     match (&c.container_id, &c.pod_uid) {
-        (Some(_), _) => "container",
-        (None, Some(_)) => "pod",
-        (None, None) => "host",
+        (Some(_), _) => container,
+        (None, Some(_)) => pod,
+        (None, None) => host,
     }
 }
 
@@ -313,120 +258,88 @@ fn containers(out: &mut Out, snap: &Snapshot, node: &str) {
     for c in &snap.containers {
         for g in &c.gpus {
             let l: Labels = vec![
-                ("container_id", s(&c.container_id)),
-                ("pod_uid", s(&c.pod_uid)),
-                ("namespace", s(&c.namespace)),
-                ("pod", s(&c.pod_name)),
-                ("container", s(&c.container_name)),
-                ("qos", c.qos.unwrap_or_default().to_string()),
-                ("runtime", c.runtime.unwrap_or_default().to_string()),
-                ("hw_id", g.uuid.clone()),
-                ("gpu_uuid", g.gpu_uuid.clone()),
-                ("node", node.to_string()),
-                ("owner", owner(c).to_string()),
+                (Attr::ContainerId, s(&c.container_id)),
+                (Attr::PodUid, s(&c.pod_uid)),
+                (Attr::Namespace, s(&c.namespace)),
+                (Attr::PodName, s(&c.pod_name)),
+                (Attr::ContainerName, s(&c.container_name)),
+                (Attr::Qos, c.qos.unwrap_or_default().to_string()),
+                (Attr::Runtime, c.runtime.unwrap_or_default().to_string()),
+                (Attr::HwId, g.uuid.clone()),
+                (Attr::GpuUuid, g.gpu_uuid.clone()),
+                (Attr::Node, node.to_string()),
+                (Attr::Owner, owner(c).to_string()),
             ];
-            out.add(
-                "container_gpu_memory_usage_bytes",
-                l.clone(),
-                g.memory_used_bytes as f64,
-            );
-            utilizations(
-                out,
-                "container_gpu_utilization_ratio",
-                &l,
-                [g.sm_util, g.mem_util, g.enc_util, g.dec_util],
-            );
-            out.add(
-                "container_gpu_time_seconds_total",
-                l.clone(),
-                g.gpu_time_seconds,
-            );
-            out.add(
-                "container_gpu_memory_byte_seconds_total",
-                l.clone(),
-                g.memory_byte_seconds,
-            );
-            out.add("container_gpu_processes", l, g.pids.len() as f64);
+            let memory = g.memory_used_bytes as f64;
+            out.add(M::ContainerGpuMemoryUsage, l.clone(), memory);
+            let util = [g.sm_util, g.mem_util, g.enc_util, g.dec_util];
+            utilizations(out, M::ContainerGpuUtilization, &l, util);
+            out.add(M::ContainerGpuTime, l.clone(), g.gpu_time_seconds);
+            out.add(M::ContainerGpuMemoryTime, l.clone(), g.memory_byte_seconds);
+            out.add(M::ContainerGpuProcesses, l, g.pids.len() as f64);
         }
         let idle = c.idle_allocations();
         for u in &c.allocated_gpus {
             let l: Labels = vec![
-                ("container_id", s(&c.container_id)),
-                ("pod_uid", s(&c.pod_uid)),
-                ("namespace", s(&c.namespace)),
-                ("pod", s(&c.pod_name)),
-                ("container", s(&c.container_name)),
-                ("hw_id", u.clone()),
-                ("node", node.to_string()),
+                (Attr::ContainerId, s(&c.container_id)),
+                (Attr::PodUid, s(&c.pod_uid)),
+                (Attr::Namespace, s(&c.namespace)),
+                (Attr::PodName, s(&c.pod_name)),
+                (Attr::ContainerName, s(&c.container_name)),
+                (Attr::HwId, u.clone()),
+                (Attr::Node, node.to_string()),
             ];
-            out.add("container_gpu_allocated", l.clone(), 1.0);
-            out.add(
-                "container_gpu_allocated_idle",
-                l,
-                idle.contains(&u.as_str()) as u8 as f64,
-            );
+            out.add(M::ContainerGpuAllocated, l.clone(), 1.0);
+            let is_idle = idle.contains(&u.as_str()) as u8 as f64;
+            out.add(M::ContainerGpuAllocatedIdle, l, is_idle);
         }
     }
 }
 
 /// The four engines NVML samples per process: SM, memory controller, encoder, decoder.
-fn utilizations(out: &mut Out, name: &'static str, l: &Labels, v: [Option<u32>; 4]) {
-    const TASKS: [&str; 4] = ["general", "memory_controller", "encoder", "decoder"];
-    for (task, v) in TASKS.into_iter().zip(v) {
-        out.opt(name, &with(l, &[("hw_gpu_task", task)]), pct(v));
+fn utilizations(out: &mut Out, id: MetricId, l: &Labels, v: [Option<u32>; 4]) {
+    for (task, v) in GPU_TASKS.into_iter().zip(v) {
+        out.opt(id, &with(l, &[(Attr::HwGpuTask, task)]), pct(v));
     }
 }
 
 fn processes(out: &mut Out, snap: &Snapshot, node: &str) {
     for p in &snap.processes {
         let l: Labels = vec![
-            ("pid", p.pid.to_string()),
-            ("comm", s(&p.comm)),
-            ("container_id", s(&p.container_id)),
-            ("pod_uid", s(&p.pod_uid)),
-            ("hw_id", p.uuid.clone()),
-            ("node", node.to_string()),
+            (Attr::ProcessPid, p.pid.to_string()),
+            (Attr::Comm, s(&p.comm)),
+            (Attr::ContainerId, s(&p.container_id)),
+            (Attr::PodUid, s(&p.pod_uid)),
+            (Attr::HwId, p.uuid.clone()),
+            (Attr::Node, node.to_string()),
         ];
         out.add(
-            "process_gpu_memory_usage_bytes",
+            M::ProcessGpuMemoryUsage,
             l.clone(),
             p.used_memory_bytes as f64,
         );
-        utilizations(
-            out,
-            "process_gpu_utilization_ratio",
-            &l,
-            [p.sm_util, p.mem_util, p.enc_util, p.dec_util],
-        );
+        let util = [p.sm_util, p.mem_util, p.enc_util, p.dec_util];
+        utilizations(out, M::ProcessGpuUtilization, &l, util);
     }
 }
 
 fn self_metrics(out: &mut Out, st: &AgentStats) {
     let counters = [
-        ("gpu_agent_events_received_total", st.events_received),
-        ("gpu_agent_events_lost_total", st.events_lost),
-        ("gpu_agent_resyncs_total", st.resyncs),
-        (
-            "gpu_agent_procfs_fallback_lookups_total",
-            st.procfs_fallback_lookups,
-        ),
-        ("gpu_agent_cached_processes", st.cached_processes),
-        ("gpu_agent_export_failures_total", st.export_failures),
-        (
-            "gpu_agent_export_dropped_batches_total",
-            st.export_dropped_batches,
-        ),
+        (M::EventsReceived, st.events_received),
+        (M::EventsLost, st.events_lost),
+        (M::Resyncs, st.resyncs),
+        (M::ProcfsFallbackLookups, st.procfs_fallback_lookups),
+        (M::CachedProcesses, st.cached_processes),
+        (M::ExportFailures, st.export_failures),
+        (M::ExportDroppedBatches, st.export_dropped_batches),
     ];
-    for (name, v) in counters {
-        out.add(name, vec![], v as f64);
+    for (id, v) in counters {
+        out.add(id, vec![], v as f64);
     }
-    out.add("gpu_agent_mode", vec![("mode", st.mode.to_string())], 1.0);
-    out.add("gpu_agent_nvml_up", vec![], st.nvml.is_ok() as u8 as f64);
-    out.add(
-        "gpu_agent_info",
-        vec![("version", env!("CARGO_PKG_VERSION").to_string())],
-        1.0,
-    );
+    out.add(M::Mode, vec![(Attr::Mode, st.mode.to_string())], 1.0);
+    out.add(M::NvmlUp, vec![], st.nvml.is_ok() as u8 as f64);
+    let version = env!("CARGO_PKG_VERSION").to_string();
+    out.add(M::Info, vec![(Attr::Version, version)], 1.0);
 }
 
 /// dcgm-exporter's labels for a device: `gpu`, `UUID` (the physical GPU's, also on MIG
@@ -436,19 +349,19 @@ fn self_metrics(out: &mut Out, st: &AgentStats) {
 /// flags; it is kept so that existing queries by it keep working.
 fn dcgm_device_labels(d: &DeviceSample, gi: Option<u32>, node: &str, driver: &str) -> Labels {
     let mut l: Labels = vec![
-        ("gpu", d.index.to_string()),
-        ("UUID", d.uuid.clone()),
-        ("pci_bus_id", d.pci_bus_id.clone().unwrap_or_default()),
-        ("device", format!("nvidia{}", d.index)),
-        ("modelName", d.name.clone()),
+        (Attr::GpuIndex, d.index.to_string()),
+        (Attr::DcgmUuid, d.uuid.clone()),
+        (Attr::PciBusId, d.pci_bus_id.clone().unwrap_or_default()),
+        (Attr::DcgmDevice, format!("nvidia{}", d.index)),
+        (Attr::DcgmModelName, d.name.clone()),
     ];
     // No GPU_I_PROFILE: the snapshot does not carry the MIG profile name.
     if let Some(gi) = gi {
-        l.push(("GPU_I_ID", gi.to_string()));
+        l.push((Attr::DcgmGpuInstance, gi.to_string()));
     }
-    l.push(("Hostname", node.to_string()));
+    l.push((Attr::DcgmHostname, node.to_string()));
     if !driver.is_empty() {
-        l.push(("DCGM_FI_DRIVER_VERSION", driver.to_string()));
+        l.push((Attr::DcgmDriverVersion, driver.to_string()));
     }
     l
 }
@@ -469,39 +382,14 @@ fn dcgm_device_labels(d: &DeviceSample, gi: Option<u32>, node: &str, driver: &st
 /// only. FB_FREE is total - used (NVML's reserved memory is not in the snapshot).
 fn dcgm(out: &mut Out, snap: &Snapshot, node: &str, groups: &Groups) {
     let driver = snap.driver_version.as_deref().unwrap_or_default();
-    let mib = |b: u64| b as f64 / MIB;
     if groups.device {
         for d in &snap.devices {
-            let l = dcgm_device_labels(d, None, node, driver);
-            let l = with(&l, &[("container", ""), ("namespace", ""), ("pod", "")]);
-            let (used, total) = (d.memory_used_bytes, d.memory_total_bytes);
-            out.opt("DCGM_FI_DEV_FB_USED", &l, used.map(mib));
-            let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
-            out.opt("DCGM_FI_DEV_FB_FREE", &l, free);
-            out.opt("DCGM_FI_DEV_GPU_UTIL", &l, d.utilization_gpu.map(f64::from));
-            let mem_util = d.utilization_memory.map(f64::from);
-            out.opt("DCGM_FI_DEV_MEM_COPY_UTIL", &l, mem_util);
-            out.opt(
-                "DCGM_FI_DEV_POWER_USAGE",
-                &l,
-                d.power_mw.map(|v| v as f64 / 1000.0),
-            );
-            out.opt("DCGM_FI_DEV_GPU_TEMP", &l, d.temperature_c.map(f64::from));
-            out.opt("DCGM_FI_DEV_SM_CLOCK", &l, d.sm_clock_mhz.map(f64::from));
-            out.opt("DCGM_FI_DEV_MEM_CLOCK", &l, d.mem_clock_mhz.map(f64::from));
-            for m in &d.mig_devices {
-                let ml = dcgm_device_labels(d, Some(m.gpu_instance_id), node, driver);
-                let ml = with(&ml, &[("container", ""), ("namespace", ""), ("pod", "")]);
-                let (used, total) = (m.memory_used_bytes, m.memory_total_bytes);
-                out.opt("DCGM_FI_DEV_FB_USED", &ml, used.map(mib));
-                let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
-                out.opt("DCGM_FI_DEV_FB_FREE", &ml, free);
-            }
+            dcgm_device(out, d, node, driver);
         }
     }
     if groups.container {
         for c in &snap.containers {
-            if owner(c) == "host" {
+            if c.container_id.is_none() && c.pod_uid.is_none() {
                 continue; // not a container: already in the device series
             }
             for g in &c.gpus {
@@ -518,18 +406,50 @@ fn dcgm(out: &mut Out, snap: &Snapshot, node: &str, groups: &Groups) {
                 let l = with(
                     &l,
                     &[
-                        ("container", &s(&c.container_name)),
-                        ("namespace", &s(&c.namespace)),
-                        ("pod", &s(&c.pod_name)),
-                        ("pod_uid", &s(&c.pod_uid)),
-                        ("container_id", &s(&c.container_id)),
+                        (Attr::ContainerName, &s(&c.container_name)),
+                        (Attr::Namespace, &s(&c.namespace)),
+                        (Attr::PodName, &s(&c.pod_name)),
+                        (Attr::PodUid, &s(&c.pod_uid)),
+                        (Attr::ContainerId, &s(&c.container_id)),
                     ],
                 );
-                out.add("DCGM_FI_DEV_FB_USED", l.clone(), mib(g.memory_used_bytes));
-                out.opt("DCGM_FI_DEV_GPU_UTIL", &l, g.sm_util.map(f64::from));
-                out.opt("DCGM_FI_DEV_MEM_COPY_UTIL", &l, g.mem_util.map(f64::from));
+                out.add(M::DcgmFbUsed, l.clone(), mib(g.memory_used_bytes));
+                out.opt(M::DcgmGpuUtil, &l, g.sm_util.map(f64::from));
+                out.opt(M::DcgmMemCopyUtil, &l, g.mem_util.map(f64::from));
             }
         }
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / MIB
+}
+
+/// One GPU's dcgm series, and its MIG devices' memory, with empty pod labels.
+fn dcgm_device(out: &mut Out, d: &DeviceSample, node: &str, driver: &str) {
+    let no_pod = [
+        (Attr::ContainerName, ""),
+        (Attr::Namespace, ""),
+        (Attr::PodName, ""),
+    ];
+    let l = with(&dcgm_device_labels(d, None, node, driver), &no_pod);
+    let (used, total) = (d.memory_used_bytes, d.memory_total_bytes);
+    out.opt(M::DcgmFbUsed, &l, used.map(mib));
+    let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
+    out.opt(M::DcgmFbFree, &l, free);
+    out.opt(M::DcgmGpuUtil, &l, d.utilization_gpu.map(f64::from));
+    out.opt(M::DcgmMemCopyUtil, &l, d.utilization_memory.map(f64::from));
+    out.opt(M::DcgmPowerUsage, &l, d.power_mw.map(|v| v as f64 / 1000.0));
+    out.opt(M::DcgmGpuTemp, &l, d.temperature_c.map(f64::from));
+    out.opt(M::DcgmSmClock, &l, d.sm_clock_mhz.map(f64::from));
+    out.opt(M::DcgmMemClock, &l, d.mem_clock_mhz.map(f64::from));
+    for m in &d.mig_devices {
+        let gi = Some(m.gpu_instance_id);
+        let ml = with(&dcgm_device_labels(d, gi, node, driver), &no_pod);
+        let (used, total) = (m.memory_used_bytes, m.memory_total_bytes);
+        out.opt(M::DcgmFbUsed, &ml, used.map(mib));
+        let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
+        out.opt(M::DcgmFbFree, &ml, free);
     }
 }
 
@@ -881,7 +801,11 @@ mod tests {
             }
         }
         // Every family in the table appears with this snapshot.
-        assert_eq!(seen.len(), FAMILIES.len(), "{seen:?}");
+        assert_eq!(
+            seen.len(),
+            crate::catalogue::prometheus_names().count(),
+            "{seen:?}"
+        );
         // Deterministic.
         assert_eq!(t, render(&snapshot(), &stats(), &o));
     }
@@ -1017,6 +941,75 @@ mod tests {
         assert_eq!(format_value(f64::INFINITY), "+Inf");
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(pct(Some(7)).map(format_value).as_deref(), Some("0.07"));
+    }
+
+    /// The value of the first series of `family` whose labels contain every one of `with`.
+    fn value_of(text: &str, family: &str, with: &[String]) -> f64 {
+        let line = lines_of(text, family)
+            .into_iter()
+            .find(|l| with.iter().all(|w| l.contains(w.as_str())))
+            .unwrap_or_else(|| panic!("no {family} series with {with:?} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    /// The catalogue's account of each dcgm field (docs/metrics.md prints it) is what the
+    /// text holds: each dcgm series restates its source, converted to the dcgm unit.
+    #[test]
+    fn dcgm_series_restate_their_catalogue_source() {
+        use crate::catalogue::{Source, CATALOGUE};
+        let mut o = opts();
+        o.dcgm_compat = true;
+        let t = render(&snapshot(), &stats(), &o);
+        let source = |src: &Source, scope: &[String]| -> f64 {
+            let one = |id: MetricId, sel: Option<(Attr, &str)>| {
+                let mut with = scope.to_vec();
+                with.extend(sel.map(|(a, v)| format!("{}=\"{v}\"", a.label())));
+                value_of(&t, id.prometheus(), &with)
+            };
+            match *src {
+                Source::Metric(id, sel) => one(id, sel),
+                Source::Difference(a, b) => one(a, None) - one(b, None),
+            }
+        };
+        let device = [r#"hw_id="GPU-a""#.to_string()];
+        let dcgm_device = [r#"UUID="GPU-a""#.to_string(), r#"pod=""}"#.to_string()];
+        let container = [
+            r#"hw_id="GPU-a""#.to_string(),
+            format!(r#"container_id="{CID}""#),
+        ];
+        let dcgm_container = [
+            r#"UUID="GPU-a""#.to_string(),
+            format!(r#"container_id="{CID}""#),
+        ];
+        let mut checked = 0;
+        for m in CATALOGUE.iter() {
+            let Some(d) = &m.dcgm else { continue };
+            let per_unit = match m.unit {
+                "MiB" => MIB,
+                "%" => 0.01,
+                "MHz" => 1e6,
+                "W" | "C" => 1.0,
+                u => panic!("{u}: add its conversion"),
+            };
+            let name = m.prometheus.unwrap();
+            let want = source(&d.device, &device) / per_unit;
+            let got = value_of(&t, name, &dcgm_device);
+            assert!((got - want).abs() < 1e-9, "{name}: {got} != {want}");
+            if let Some(c) = &d.container {
+                let want = source(c, &container) / per_unit;
+                let got = value_of(&t, name, &dcgm_container);
+                assert!(
+                    (got - want).abs() < 1e-9,
+                    "{name} of the container: {got} != {want}"
+                );
+            } else {
+                assert!(!lines_of(&t, name)
+                    .iter()
+                    .any(|l| l.contains(&dcgm_container[1])));
+            }
+            checked += 1;
+        }
+        assert_eq!(checked, 8);
     }
 }
 

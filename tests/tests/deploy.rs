@@ -53,38 +53,12 @@ const CRD_API_GROUP: &str = "monitoring.coreos.com/";
 const TYPESCRIPT: &str = "5.9.3";
 const GRAFANA_SCHEMA: &str = "13.2.3";
 
-// Replaced by the metric catalogue (otel::catalogue) once it lands.
-/// Prometheus names the agent emits: the backticked names of every "Prometheus name" column
-/// of docs/metrics.md and its DCGM_ compatibility names, and the allocation metrics that
-/// otel/src/prometheus.rs serves and the doc does not list yet.
+/// Every Prometheus family the agent can emit, from the metric catalogue that drives both
+/// sinks.
 fn emitted_metric_names() -> BTreeSet<String> {
-    let text = fs::read_to_string(root().join("docs/metrics.md")).expect("docs/metrics.md");
-    let mut out = BTreeSet::from(
-        ["container_gpu_allocated", "container_gpu_allocated_idle"].map(String::from),
-    );
-    let mut column = None;
-    for line in text.lines().map(str::trim) {
-        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
-        let dcgm = cells[0].contains("DCGM_").then_some(0);
-        if !line.starts_with('|') {
-            column = None;
-        } else if let Some(i) = cells.iter().position(|c| *c == "Prometheus name") {
-            column = Some(i);
-        } else if let Some(cell) = column.or(dcgm).and_then(|i| cells.get(i)) {
-            let names = cell
-                .split('`')
-                .skip(1)
-                .step_by(2)
-                .map(|n| n.split('{').next().unwrap());
-            out.extend(
-                names
-                    .filter(|n| !n.is_empty() && n.bytes().all(is_ident))
-                    .map(String::from),
-            );
-        }
-    }
-    assert!(out.len() > 10, "docs/metrics.md: no Prometheus names found");
-    out
+    otel::catalogue::prometheus_names()
+        .map(String::from)
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 //! pod cgroups, and NVML answered by the fake libnvidia-ml.so (loaded through nvml-wrapper
 //! exactly as the real one is) driven by a scenario file the test writes and edits.
 use std::{
-    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
@@ -10,37 +9,12 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     cgroups::{first_child, sleeper, systemd_container, Proc, TestCgroup},
-    fake_nvml_lib, random_hex, random_uid, Agent,
+    fake_nvml_lib,
+    nvml::Scenario,
+    random_hex, random_uid, Agent,
 };
 
 const GIB: u64 = 1 << 30;
-
-struct Scenario(PathBuf);
-
-impl Scenario {
-    fn new(v: &Value) -> Scenario {
-        let s = Scenario(std::env::temp_dir().join(format!("fake-nvml-{}.json", random_hex(12))));
-        s.write(v);
-        s
-    }
-
-    /// Atomic replace, so the library never reads half a file.
-    fn write(&self, v: &Value) {
-        let tmp = self.0.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(v).unwrap()).unwrap();
-        std::fs::rename(&tmp, &self.0).unwrap();
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn gpu(uuid: &str, processes: Value) -> Value {
     json!({

@@ -13,29 +13,15 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
-    fake_nvml_lib, http, random_hex, random_uid, Agent,
+    fake_nvml_lib, http,
+    nvml::Scenario,
+    random_hex, random_uid, Agent,
 };
 
 const GIB: u64 = 1 << 30;
 const INSTALL: &str = "apt-get install -y --no-install-recommends prometheus";
 
 /// A scenario file for the fake NVML library, removed on drop.
-struct Scenario(PathBuf);
-
-impl Scenario {
-    fn new(v: &Value) -> Scenario {
-        let path = std::env::temp_dir().join(format!("fake-nvml-{}.json", random_hex(12)));
-        std::fs::write(&path, serde_json::to_vec_pretty(v).unwrap()).unwrap();
-        Scenario(path)
-    }
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// A Prometheus server scraping one target every second; killed, and its data removed,
 /// on drop.
 struct Prometheus {
@@ -250,7 +236,7 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
             "--prometheus-compat",
             "dcgm",
         ],
-        &[("FAKE_NVML_SCENARIO", sc.0.to_str().unwrap())],
+        &[("FAKE_NVML_SCENARIO", sc.path())],
     );
 
     // The container's memory, summed over its two processes.

@@ -12,33 +12,15 @@ use serde_json::{json, Value};
 use tests::{
     agent_binary,
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
-    fake_nvml_lib, random_hex, random_uid,
+    fake_nvml_lib,
+    nvml::Scenario,
+    random_hex, random_uid,
 };
 
 const GIB: u64 = 1 << 30;
 const GPU_NAME: &str = "NVIDIA H100 80GB HBM3";
 
 /// A scenario file, removed on drop.
-struct Scenario(PathBuf);
-
-impl Scenario {
-    fn new(v: &Value) -> Scenario {
-        let p = std::env::temp_dir().join(format!("fake-nvml-top-{}.json", random_hex(12)));
-        std::fs::write(&p, serde_json::to_vec_pretty(v).unwrap()).unwrap();
-        Scenario(p)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 fn p(pid: u32, mem: u64, sm: u32) -> Value {
     json!({"pid": pid, "used_memory": mem, "sm_util": sm, "mem_util": 3, "enc_util": 0, "dec_util": 0})
 }

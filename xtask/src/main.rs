@@ -3,6 +3,7 @@ mod bench;
 mod e2e;
 mod ebpf;
 mod image;
+mod metrics_doc;
 mod overhead;
 mod test;
 mod tools;
@@ -82,6 +83,13 @@ enum Cmd {
         #[arg(long)]
         release: bool,
     },
+    /// Regenerate the tables of docs/metrics.md from the metric catalogue
+    /// (otel/src/catalogue.rs).
+    MetricsDoc {
+        /// Write nothing; fail, naming each stale table, when the file is out of date.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -125,6 +133,7 @@ fn main() -> Result<()> {
             base,
         }),
         Cmd::E2eContainer { release } => e2e::run(release),
+        Cmd::MetricsDoc { check } => metrics_doc::run(check),
     }
 }
 

@@ -52,7 +52,7 @@ pub fn decode(bytes: &[u8]) -> Option<KernelEvent> {
     match kind {
         EVENT_EXEC | EVENT_FORK | EVENT_EXIT => {
             let ev: ProcEvent = read(bytes)?;
-            let comm = || comm_str(&ev.comm);
+            let comm = || comm_str(&ev.info.comm);
             Some(match kind {
                 EVENT_FORK => KernelEvent::Fork {
                     tgid: ev.tgid,
@@ -119,25 +119,13 @@ mod tests {
         unsafe { std::slice::from_raw_parts(v as *const T as *const u8, size_of::<T>()) }.to_vec()
     }
 
-    fn comm(s: &str) -> [u8; 16] {
-        let mut c = [0u8; 16];
-        c[..s.len()].copy_from_slice(s.as_bytes());
-        c
-    }
-
     #[test]
     fn process_records() {
-        let info = ProcInfo {
-            cgroup_id: 7,
-            start_ns: 9,
-            ppid: 1,
-            ..Default::default()
-        };
+        let info = ProcInfo::new(Some(7), None, Some(9), 1).with_comm(b"python");
         let mut ev = ProcEvent {
             kind: EVENT_FORK,
             tgid: 42,
             info,
-            comm: comm("python"),
         };
         let fork = KernelEvent::Fork {
             tgid: 42,

@@ -45,6 +45,7 @@ pub struct EbpfSource {
     counters: PerCpuArray<MapData, u64>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     _stats: Option<OwnedFd>,
+    capacity: u32,
     pub load_time: Duration,
 }
 
@@ -92,7 +93,7 @@ impl EbpfSource {
 
         let mut ebpf = EbpfLoader::new()
             .override_global(CONFIG_GLOBAL, &kcfg, true)
-            .map_max_entries(PROCS_MAP, cfg.max_processes)
+            .map_max_entries(PROCS_MAP, cfg.capacity())
             .map_max_entries(EVENTS_MAP, cfg.ring_buffer_bytes)
             .load(OBJECT)
             .map_err(|e| format!("loading the eBPF object: {e:#}"))?;
@@ -126,8 +127,14 @@ impl EbpfSource {
             counters,
             logger,
             _stats: stats,
+            capacity: cfg.capacity(),
             load_time: started.elapsed(),
         })
+    }
+
+    /// How many processes the kernel map holds at most.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
     }
 
     /// Appends the queued notifications to `out`, decoded. Returns how many records were

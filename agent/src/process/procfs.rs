@@ -71,6 +71,12 @@ impl Procfs {
         })
     }
 
+    /// The command name of a process, from /proc/PID/comm.
+    pub fn comm(&self, pid: u32) -> Option<String> {
+        let comm = fs::read_to_string(self.root.join(pid.to_string()).join("comm")).ok()?;
+        Some(comm.trim_end_matches('\n').to_string())
+    }
+
     /// The thread-group id of a task id, from /proc/TID/status.
     pub fn tgid_of(&self, tid: u32) -> Option<u32> {
         let status = fs::read_to_string(self.root.join(tid.to_string()).join("status")).ok()?;
@@ -140,6 +146,7 @@ mod tests {
         assert!(me.start_ns > 0);
         assert!(me.cgroup_path(0).is_some());
         assert_eq!(p.tgid_of(std::process::id()), Some(std::process::id()));
+        assert_eq!(p.comm(std::process::id()), Some(me.comm.clone()));
         assert!(p.pids().contains(&std::process::id()));
     }
 }

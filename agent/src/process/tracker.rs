@@ -8,6 +8,7 @@ use std::{
 };
 
 use agent_common::ProcInfo;
+use gpu_model::TrackingMode;
 
 use super::{
     cache::{ProcessCache, ProcessEntry},
@@ -16,12 +17,21 @@ use super::{
     state::State,
 };
 use crate::{
+    config::CacheConfig,
     ebpf::{events::KernelEvent, EbpfSource},
     stats::Stats,
 };
 
 /// A cgroup id nobody told us about triggers at most one walk of its hierarchy this often.
 const WALK_INTERVAL: Duration = Duration::from_secs(1);
+/// A kernel map that keeps filling up is said again at most this often.
+const MAP_FULL_REPEAT: Duration = Duration::from_secs(60);
+
+/// /proc gives start times in clock ticks, the kernel in nanoseconds: the same process
+/// if they agree within two ticks (or one side does not know).
+fn same_start(a: u64, b: u64) -> bool {
+    a == 0 || b == 0 || a.abs_diff(b) <= 20_000_000
+}
 
 pub struct Tracker {
     state: Arc<RwLock<State>>,
@@ -33,6 +43,10 @@ pub struct Tracker {
     last_lost: u64,
     last_walk: HashMap<u32, Instant>,
     tombstone: Duration,
+    /// Processes the start-up walk could not put in the kernel map (full).
+    seed_failures: u64,
+    /// The failed inserts last said in the log, and when.
+    map_full_said: (u64, Option<Instant>),
 }
 
 impl Tracker {
@@ -40,11 +54,12 @@ impl Tracker {
         hierarchies: Hierarchies,
         procfs: Procfs,
         source: Option<EbpfSource>,
-        tombstone: Duration,
+        cfg: &CacheConfig,
         stats: Arc<Stats>,
     ) -> Tracker {
+        let tombstone = cfg.tombstone();
         let state = State {
-            cache: ProcessCache::new(tombstone),
+            cache: ProcessCache::new(tombstone, cfg.max_tombstones),
             registry: CgroupRegistry::default(),
             hierarchies,
         };
@@ -57,6 +72,8 @@ impl Tracker {
             last_lost: 0,
             last_walk: HashMap::new(),
             tombstone,
+            seed_failures: 0,
+            map_full_said: (0, None),
         }
     }
 
@@ -99,9 +116,9 @@ impl Tracker {
             };
             let entry = entry_from_record(&mut st.registry, &hier, &rec);
             if let Some(src) = self.source.as_mut() {
-                if let Err(e) = src.insert_if_absent(pid, kernel_info(&entry)) {
+                if src.insert_if_absent(pid, kernel_info(&entry)).is_err() {
                     // Map full: the cache still knows it; lookups fall back to /proc.
-                    tracing::debug!(pid, "seeding the kernel map: {e}");
+                    self.seed_failures += 1;
                 }
             }
             // The cache keeps what only /proc knows (comm); the resync below makes the rest
@@ -110,6 +127,7 @@ impl Tracker {
         }
         drop(guard);
         if self.source.is_some() {
+            self.read_counters();
             self.resync_from_kernel();
         }
         self.publish_gauges();
@@ -152,13 +170,12 @@ impl Tracker {
         let mut events = std::mem::take(&mut self.events);
         let n = src.read_events(&mut events);
         let mut attaches: Vec<(u32, u32, u64)> = vec![];
-        let mut need_walk: HashSet<u32> = HashSet::new();
+        let mut unknown: HashSet<(u32, u64)> = HashSet::new();
         {
             let mut guard = self.state.write().unwrap();
             let st = &mut *guard;
-            let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
             for ev in events.drain(..) {
-                apply(st, ev, v1_id, &mut attaches, &mut need_walk);
+                apply(st, ev, &mut attaches, &mut unknown);
             }
         }
         self.events = events;
@@ -166,28 +183,48 @@ impl Tracker {
         for (pid, hierarchy, id) in attaches {
             self.apply_attach(pid, hierarchy, id);
         }
-        for h in need_walk {
-            self.walk_hierarchy(h);
-        }
+        self.learn_cgroups(unknown, false);
         if let Some(src) = self.source.as_mut() {
             src.flush_logs();
         }
         n
     }
 
-    /// The kernel's drop counters, copied into the stats.
-    fn read_counters(&self) -> crate::ebpf::KernelCounters {
+    /// The kernel's drop counters, copied into the stats; a full map is said loudly.
+    fn read_counters(&mut self) -> crate::ebpf::KernelCounters {
         let counters = self
             .source
             .as_ref()
             .map(|s| s.counters())
             .unwrap_or_default();
         self.stats.events_lost.store(counters.ringbuf_lost, Relaxed);
-        self.stats.kernel_map_full.store(counters.map_full, Relaxed);
+        let map_full = counters.map_full + self.seed_failures;
+        self.stats.kernel_map_full.store(map_full, Relaxed);
         self.stats
             .kernel_read_errors
             .store(counters.read_errors, Relaxed);
+        if map_full > self.map_full_said.0
+            && self
+                .map_full_said
+                .1
+                .is_none_or(|t| t.elapsed() >= MAP_FULL_REPEAT)
+        {
+            self.map_full_said = (map_full, Some(Instant::now()));
+            let capacity = self.source.as_ref().map_or(0, |s| s.capacity());
+            let reason = format!(
+                "the kernel process map is full: {map_full} inserts failed at \
+                 ebpf.max_processes = {capacity}; processes beyond it are looked up in /proc \
+                 one at a time (raise ebpf.max_processes)"
+            );
+            tracing::warn!("{reason}");
+            self.stats.set_mode(TrackingMode::Ebpf, Some(reason));
+        }
         counters
+    }
+
+    /// Whether some processes could not be put in the kernel map.
+    fn map_overflowed(&self) -> bool {
+        self.map_full_said.0 > 0
     }
 
     /// A migration: the cache follows it, and the kernel entry too when the program found
@@ -241,9 +278,25 @@ impl Tracker {
         let now = Instant::now();
         let (v1_tracked, v2_tracked) = {
             let mut st = self.state.write().unwrap();
-            let live: HashSet<u32> = snapshot.iter().map(|(k, _)| *k).collect();
+            let mut live: HashSet<u32> = snapshot.iter().map(|(k, _)| *k).collect();
             for (tgid, info) in &snapshot {
                 st.cache.upsert_kernel(*tgid, &info.trusted());
+            }
+            if self.map_overflowed() {
+                // Missing from a full map is not gone: ask /proc before retiring.
+                let procfs = &self.procfs;
+                let alive: Vec<u32> = st
+                    .cache
+                    .iter()
+                    .filter(|e| e.is_live() && !live.contains(&e.pid))
+                    .filter(|e| {
+                        procfs
+                            .read(e.pid)
+                            .is_some_and(|r| same_start(r.start_ns, e.start_ns))
+                    })
+                    .map(|e| e.pid)
+                    .collect();
+                live.extend(alive);
             }
             st.cache.retire_missing(&live, now);
             (st.hierarchies.v1.is_some(), st.hierarchies.v2.is_some())
@@ -266,6 +319,71 @@ impl Tracker {
                 }
                 self.state.write().unwrap().cache.on_exit(pid, now);
             }
+        }
+        self.fill_what_was_missed();
+    }
+
+    /// After lost notifications: the cgroups nobody announced are looked up by id, and
+    /// the commands of processes the cache only knows from the kernel map are read.
+    fn fill_what_was_missed(&mut self) {
+        let (unknown, no_comm) = {
+            let st = self.state.read().unwrap();
+            let mut unknown = HashSet::new();
+            let mut no_comm = vec![];
+            let v1 = st.hierarchies.v1.as_ref().map(|h| h.id);
+            for e in st.cache.iter().filter(|e| e.is_live()) {
+                for (h, id) in [(Some(0), e.cgroup_v2), (v1, e.cgroup_v1)] {
+                    if let (Some(h), Some(id)) = (h, id) {
+                        if !st.registry.contains(h, id) {
+                            unknown.insert((h, id));
+                        }
+                    }
+                }
+                if e.comm.is_empty() {
+                    no_comm.push(e.pid);
+                }
+            }
+            (unknown, no_comm)
+        };
+        self.learn_cgroups(unknown, true);
+        let comms: Vec<(u32, String)> = no_comm
+            .into_iter()
+            .filter_map(|pid| Some((pid, self.procfs.comm(pid)?)))
+            .collect();
+        let mut st = self.state.write().unwrap();
+        for (pid, comm) in comms {
+            if let Some(e) = st.cache.get_mut(pid).filter(|e| e.is_live()) {
+                e.comm = comm;
+            }
+        }
+    }
+
+    /// Registers cgroups the registry does not know, by id: asked of the kernel one by one
+    /// (`Hierarchy::path_of_id`), else by a walk of their hierarchy (at most once a second
+    /// unless `now`).
+    fn learn_cgroups(&mut self, unknown: HashSet<(u32, u64)>, now: bool) {
+        let mut walk: HashSet<u32> = HashSet::new();
+        for (h, id) in unknown {
+            let hierarchy = {
+                let st = self.state.read().unwrap();
+                if st.registry.contains(h, id) {
+                    continue;
+                }
+                st.hierarchies.by_id(h).cloned()
+            };
+            let Some(hierarchy) = hierarchy else {
+                continue;
+            };
+            self.stats.cgroup_lookups.fetch_add(1, Relaxed);
+            match hierarchy.path_of_id(id) {
+                Some(path) => self.state.write().unwrap().registry.insert(h, id, &path),
+                None => {
+                    walk.insert(h);
+                }
+            }
+        }
+        for h in walk {
+            self.walk_hierarchy(h, now);
         }
     }
 
@@ -312,12 +430,15 @@ impl Tracker {
         self.state.read().unwrap().cache.get(pid).cloned()
     }
 
-    fn walk_hierarchy(&mut self, id: u32) {
+    /// A cgroup nobody told us about, that its id could not name: walk its hierarchy, at
+    /// most once a second unless `force`.
+    fn walk_hierarchy(&mut self, id: u32, force: bool) {
         let now = Instant::now();
-        if self
-            .last_walk
-            .get(&id)
-            .is_some_and(|t| now.duration_since(*t) < WALK_INTERVAL)
+        if !force
+            && self
+                .last_walk
+                .get(&id)
+                .is_some_and(|t| now.duration_since(*t) < WALK_INTERVAL)
         {
             return;
         }
@@ -329,25 +450,29 @@ impl Tracker {
         }
     }
 
-    pub fn gc(&mut self) {
+    /// Forgets expired tombstones and removed cgroups. Returns the containers whose last
+    /// cgroup went.
+    pub fn gc(&mut self) -> Vec<String> {
         let now = Instant::now();
         let mut st = self.state.write().unwrap();
         st.cache.gc(now);
-        st.registry.gc(self.tombstone * 2);
+        let gone = st.registry.gc(self.tombstone.saturating_mul(2));
         drop(st);
         if let Some(src) = self.source.as_ref().filter(|s| s.stats_enabled()) {
             *self.stats.programs.write().unwrap() = src.program_stats();
         }
         self.publish_gauges();
+        gone
     }
 
     fn publish_gauges(&self) {
         let st = self.state.read().unwrap();
         let live = st.cache.live_count();
         self.stats.cached_processes.store(live as u64, Relaxed);
-        self.stats
-            .tombstones
-            .store((st.cache.len() - live) as u64, Relaxed);
+        let tombstones = st.cache.tombstone_count() as u64;
+        self.stats.tombstones.store(tombstones, Relaxed);
+        let evicted = st.cache.evicted();
+        self.stats.tombstones_evicted.store(evicted, Relaxed);
         self.stats
             .cgroups_known
             .store(st.registry.len() as u64, Relaxed);
@@ -376,32 +501,36 @@ fn entry_from_record(
 }
 
 fn kernel_info(e: &ProcessEntry) -> ProcInfo {
-    ProcInfo::new(e.cgroup_v2, e.cgroup_v1, Some(e.start_ns), e.ppid)
+    ProcInfo::new(e.cgroup_v2, e.cgroup_v1, Some(e.start_ns), e.ppid).with_comm(e.comm.as_bytes())
 }
 
-/// One notification applied to the state. Attaches and cgroups the registry cannot name
-/// yet are collected: they need the kernel map or a walk, after the lock.
+/// One notification applied to the state. Attaches, and cgroups the registry cannot name
+/// yet, are collected: they need the kernel map or a lookup, after the lock.
 fn apply(
     st: &mut State,
     ev: KernelEvent,
-    v1_id: Option<u32>,
     attaches: &mut Vec<(u32, u32, u64)>,
-    need_walk: &mut HashSet<u32>,
+    unknown: &mut HashSet<(u32, u64)>,
 ) {
-    let unknown_v2 =
-        |st: &State, info: &ProcInfo| info.v2_known() && !st.registry.contains(0, info.cgroup_id);
+    let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
+    let mut note = |st: &State, info: &ProcInfo| {
+        if info.v2_known() && !st.registry.contains(0, info.cgroup_id) {
+            unknown.insert((0, info.cgroup_id));
+        }
+        if let Some(v1) = v1_id.filter(|_| info.v1_known()) {
+            if !st.registry.contains(v1, info.cgroup_v1_id) {
+                unknown.insert((v1, info.cgroup_v1_id));
+            }
+        }
+    };
     match ev {
         KernelEvent::Fork { tgid, info, comm } => {
             st.cache.on_fork(tgid, &info, comm);
-            if unknown_v2(st, &info) {
-                need_walk.insert(0);
-            }
+            note(st, &info);
         }
         KernelEvent::Exec { tgid, info, comm } => {
             st.cache.on_exec(tgid, &info, comm);
-            if unknown_v2(st, &info) {
-                need_walk.insert(0);
-            }
+            note(st, &info);
         }
         KernelEvent::Exit { tgid } => st.cache.on_exit(tgid, Instant::now()),
         KernelEvent::CgroupRmdir { hierarchy, id } => st.registry.mark_removed(hierarchy, id),
@@ -412,7 +541,7 @@ fn apply(
         } => match path {
             Some(p) => st.registry.insert(hierarchy, id, &p),
             None => {
-                need_walk.insert(hierarchy);
+                unknown.insert((hierarchy, id));
             }
         },
         KernelEvent::CgroupAttach {
@@ -424,7 +553,7 @@ fn apply(
             match path {
                 Some(p) => st.registry.insert(hierarchy, id, &p),
                 None => {
-                    need_walk.insert(hierarchy);
+                    unknown.insert((hierarchy, id));
                 }
             }
             if hierarchy == 0 || Some(hierarchy) == v1_id {

@@ -4,7 +4,10 @@ pub mod parse;
 
 use std::{
     collections::HashMap,
-    os::unix::fs::MetadataExt,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -33,6 +36,43 @@ impl Hierarchy {
     pub fn dir_of(&self, path: &str) -> Option<PathBuf> {
         let rel = Path::new(path).strip_prefix(&self.mount_root).ok()?;
         Some(self.mount_point.join(rel))
+    }
+
+    /// The path of cgroup `id`, asked of the kernel: a cgroup id is its kernfs file handle,
+    /// so `open_by_handle_at` on the hierarchy's mount opens its directory without a walk.
+    /// Needs CAP_DAC_READ_SEARCH; None when the cgroup is gone or the call is refused.
+    pub fn path_of_id(&self, id: u64) -> Option<String> {
+        /// `struct file_handle` with the 8 bytes of a kernfs handle.
+        #[repr(C)]
+        struct KernfsHandle {
+            handle_bytes: u32,
+            handle_type: i32,
+            id: u64,
+        }
+        const FILEID_KERNFS: i32 = 0xfe;
+        let mount = std::fs::File::open(&self.mount_point).ok()?;
+        let mut handle = KernfsHandle {
+            handle_bytes: 8,
+            handle_type: FILEID_KERNFS,
+            id,
+        };
+        // SAFETY: `handle` is a valid file_handle header followed by its 8 bytes, and
+        // `mount` an open directory.
+        let fd = unsafe {
+            libc::open_by_handle_at(
+                mount.as_raw_fd(),
+                (&mut handle as *mut KernfsHandle).cast(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a new fd we own.
+        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).ok()?;
+        let rel = link.strip_prefix(&self.mount_point).ok()?;
+        Some(self.mount_root.join(rel).to_string_lossy().into_owned())
     }
 }
 
@@ -203,10 +243,30 @@ impl CgroupRegistry {
         self.nodes.is_empty()
     }
 
-    pub fn gc(&mut self, keep: Duration) {
+    /// Forgets cgroups removed longer than `keep` ago. Returns the containers that no longer
+    /// have any cgroup here: they are gone.
+    pub fn gc(&mut self, keep: Duration) -> Vec<String> {
         let now = Instant::now();
-        self.nodes
-            .retain(|_, n| n.removed_at.is_none_or(|t| now.duration_since(t) < keep));
+        let mut gone = vec![];
+        self.nodes.retain(|_, n| {
+            let keep = n.removed_at.is_none_or(|t| now.duration_since(t) < keep);
+            if !keep {
+                if let Some(id) = n.container.as_ref().and_then(|c| c.container_id.clone()) {
+                    gone.push(id);
+                }
+            }
+            keep
+        });
+        // A container has a cgroup in each hierarchy: gone once none is left.
+        gone.sort_unstable();
+        gone.dedup();
+        gone.retain(|id| {
+            !self
+                .nodes
+                .values()
+                .any(|n| n.container.as_ref().and_then(|c| c.container_id.as_deref()) == Some(id))
+        });
+        gone
     }
 
     /// One walk of a hierarchy's cgroup filesystem (start-up, or a cgroup id nobody told us
@@ -332,5 +392,24 @@ mod tests {
     fn unescapes_mountinfo() {
         assert_eq!(unescape("/a\\040b"), "/a b");
         assert_eq!(unescape("/plain"), "/plain");
+    }
+
+    #[test]
+    fn a_cgroup_id_opens_its_path() {
+        let h = Hierarchies::detect(Path::new("/proc"), "none");
+        let Some(v2) = h.v2 else {
+            return; // no cgroup2 mount: nothing to look up
+        };
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let path = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+        let Some(dir) = v2.dir_of(path) else {
+            return; // our cgroup is outside this mount (a container's own namespace)
+        };
+        let id = std::fs::metadata(dir).unwrap().ino();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            assert_eq!(v2.path_of_id(id).as_deref(), Some(path));
+        }
+        assert_eq!(v2.path_of_id(u64::MAX - 7), None);
     }
 }

@@ -354,6 +354,12 @@ pub fn notices(snap: &Snapshot, stats: &AgentStats) -> Vec<Notice> {
             ),
         });
     }
+    if let (TrackingMode::Ebpf, Some(reason)) = (stats.mode, &stats.degraded_reason) {
+        out.push(Notice {
+            level: Level::Warn,
+            text: format!("degraded: {reason}"),
+        });
+    }
     if stats.mode == TrackingMode::Procfs {
         let reason = stats.degraded_reason.as_deref().unwrap_or("unknown reason");
         out.push(Notice {

@@ -1,0 +1,399 @@
+//! `cargo xtask metrics-doc [--check]`: the tables of docs/metrics.md, generated from the
+//! metric catalogue (otel/src/catalogue.rs). Each table sits between a pair of markers,
+//!
+//! ```text
+//! <!-- BEGIN GENERATED device: cargo xtask metrics-doc, from otel/src/catalogue.rs -->
+//! <!-- END GENERATED device -->
+//! ```
+//!
+//! and the prose around them is left alone. `--check` writes nothing and fails, naming
+//! each stale table, when the file differs from what the command would write.
+use std::{fmt::Write, fs, path::Path};
+
+use anyhow::{bail, Context, Result};
+use otel::catalogue::{
+    dcgm_fields_of, Attr, AttrSet, Attribute, Group, Metric, MetricId, Place, Source, ATTRIBUTES,
+    CATALOGUE,
+};
+
+use crate::workspace_root;
+
+const DOC: &str = "docs/metrics.md";
+
+pub fn run(check: bool) -> Result<()> {
+    let path = workspace_root().join(DOC);
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let tables = tables(&CATALOGUE, &ATTRIBUTES);
+    if check {
+        self::check(&text, &tables)?;
+        println!("{DOC}: every table matches the catalogue");
+        return Ok(());
+    }
+    let (new, stale) = splice(&text, &tables)?;
+    if stale.is_empty() {
+        println!("{DOC}: up to date");
+        return Ok(());
+    }
+    write_file(&path, &new)?;
+    println!("{DOC}: regenerated {}", stale.join(", "));
+    Ok(())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Fails, naming the stale tables, when `text` is not what [`splice`] would make of it.
+pub fn check(text: &str, tables: &[(&'static str, String)]) -> Result<()> {
+    let (_, stale) = splice(text, tables)?;
+    if !stale.is_empty() {
+        bail!(
+            "{DOC} is stale: table(s) {} differ from otel/src/catalogue.rs; run `cargo xtask metrics-doc`",
+            stale.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn begin(name: &str) -> String {
+    format!("<!-- BEGIN GENERATED {name}: cargo xtask metrics-doc, from otel/src/catalogue.rs -->")
+}
+
+fn end(name: &str) -> String {
+    format!("<!-- END GENERATED {name} -->")
+}
+
+/// `text` with every generated table replaced, and the names of those that changed. Each
+/// table must have exactly one pair of markers, and every marker must name a table.
+pub fn splice(
+    text: &str,
+    tables: &[(&'static str, String)],
+) -> Result<(String, Vec<&'static str>)> {
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("<!-- BEGIN GENERATED ") {
+            let name = rest.split(':').next().unwrap_or_default();
+            if !tables.iter().any(|(n, _)| *n == name) {
+                bail!(
+                    "{DOC}: marker {line:?} names no table (tables: {})",
+                    names(tables)
+                );
+            }
+        }
+    }
+    let mut out = text.to_string();
+    let mut stale = vec![];
+    for (name, body) in tables {
+        let (b, e) = (begin(name), end(name));
+        let at = |m: &str| -> Result<usize> {
+            let mut found = out.match_indices(m);
+            match (found.next(), found.next()) {
+                (Some((i, _)), None) => Ok(i),
+                (None, _) => bail!("{DOC}: no marker for table `{name}`; add the lines\n{b}\n{e}"),
+                (Some(_), Some(_)) => bail!("{DOC}: marker {m:?} twice"),
+            }
+        };
+        let (start, stop) = (at(&b)? + b.len(), at(&e)?);
+        if stop < start {
+            bail!("{DOC}: the END marker of table `{name}` comes before its BEGIN");
+        }
+        let want = format!("\n{body}");
+        if out[start..stop] != want {
+            stale.push(*name);
+            out.replace_range(start..stop, &want);
+        }
+    }
+    Ok((out, stale))
+}
+
+fn names(tables: &[(&'static str, String)]) -> String {
+    tables.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
+}
+
+/// Every generated table, by marker name, rendered from `metrics` and `attributes` (the
+/// catalogue, or a modified copy of it in tests).
+pub fn tables(metrics: &[Metric], attributes: &[Attribute]) -> Vec<(&'static str, String)> {
+    let doc = Doc {
+        metrics,
+        attributes,
+    };
+    vec![
+        ("attributes", doc.attributes()),
+        ("device", doc.group(Group::Device)),
+        ("container", doc.group(Group::Container)),
+        ("process", doc.group(Group::Process)),
+        ("self", doc.group(Group::SelfMetrics)),
+        ("dcgm", doc.dcgm()),
+    ]
+}
+
+struct Doc<'a> {
+    metrics: &'a [Metric],
+    attributes: &'a [Attribute],
+}
+
+/// `name` in backticks; `—` for none.
+fn code(name: Option<&str>) -> String {
+    name.map_or_else(|| "—".to_string(), |n| format!("`{n}`"))
+}
+
+fn codes<'s>(names: impl IntoIterator<Item = &'s str>) -> String {
+    let v: Vec<String> = names.into_iter().map(|n| format!("`{n}`")).collect();
+    v.join(", ")
+}
+
+/// A table cell: no line breaks, pipes escaped.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+impl Doc<'_> {
+    fn attr(&self, a: Attr) -> &Attribute {
+        &self.attributes[a as usize]
+    }
+
+    fn metric(&self, id: MetricId) -> &Metric {
+        &self.metrics[id as usize]
+    }
+
+    fn attributes(&self) -> String {
+        let mut s = String::from(
+            "| OTLP attribute | in OTLP | Prometheus label | value |\n| --- | --- | --- | --- |\n",
+        );
+        for a in self.attributes {
+            let place = match a.place {
+                Place::EveryResource => "every resource",
+                Place::ContainerResource => "container resource",
+                Place::DataPoint => "data point",
+                Place::PrometheusOnly => "—",
+            };
+            let mut value = a.doc.to_string();
+            if !a.values.is_empty() {
+                let sep = if value.is_empty() { "" } else { "; one of " };
+                value = format!("{value}{sep}{}", codes(a.values.iter().copied()));
+            }
+            let _ = writeln!(
+                s,
+                "| {} | {place} | {} | {} |",
+                code(a.otlp),
+                code(a.prometheus),
+                cell(&value)
+            );
+        }
+        s
+    }
+
+    /// One line per attribute set the group's metrics share.
+    fn sets(&self, group: Group) -> String {
+        let mut seen: Vec<&str> = vec![];
+        let mut s = String::new();
+        for m in self.metrics.iter().filter(|m| m.group == group) {
+            let set = m.base;
+            if (set.otlp.is_empty() && set.prometheus.is_empty()) || seen.contains(&set.name) {
+                continue;
+            }
+            seen.push(set.name);
+            let _ = writeln!(s, "{}\n", self.set_line(set));
+        }
+        s
+    }
+
+    fn set_line(&self, set: AttrSet) -> String {
+        let defs = |list: &'static [Attr]| list.iter().map(|&a| self.attr(a));
+        let otlp = |place: Place| {
+            let keys = defs(set.otlp).filter(|d| d.place == place);
+            codes(keys.filter_map(|d| d.otlp))
+        };
+        let mut parts = vec![];
+        for (what, place) in [
+            ("OTLP resource", Place::ContainerResource),
+            ("OTLP data point", Place::DataPoint),
+        ] {
+            let names = otlp(place);
+            if !names.is_empty() {
+                parts.push(format!("{what}: {names}"));
+            }
+        }
+        let labels = codes(defs(set.prometheus).filter_map(|d| d.prometheus));
+        if !labels.is_empty() {
+            parts.push(format!("Prometheus labels: {labels}"));
+        }
+        format!("**{}** attributes. {}.", set.name, parts.join("; "))
+    }
+
+    /// The attributes column: the shared set's name, then those that tell points apart.
+    fn attrs_cell(&self, m: &Metric) -> String {
+        let mut parts = vec![];
+        if !(m.base.otlp.is_empty() && m.base.prometheus.is_empty()) {
+            parts.push(m.base.name.to_string());
+        }
+        for &a in m.extra {
+            let d = self.attr(a);
+            let name = code(d.otlp.or(d.prometheus));
+            let values: Vec<String> = d.values.iter().map(|v| format!("`{v}`")).collect();
+            parts.push(if values.is_empty() {
+                name
+            } else {
+                format!("{name} = {}", values.join(" / "))
+            });
+        }
+        parts.join(" + ")
+    }
+
+    fn group(&self, group: Group) -> String {
+        let ids: Vec<MetricId> = MetricId::ALL
+            .iter()
+            .copied()
+            .filter(|&id| self.metric(id).group == group)
+            .collect();
+        let dcgm = ids
+            .iter()
+            .any(|&id| !dcgm_fields_of(self.metrics, id).is_empty());
+        let mut s = self.sets(group);
+        s.push_str("| OTLP name | Prometheus name | type | unit | attributes |");
+        s.push_str(if dcgm {
+            " dcgm-exporter | what |\n"
+        } else {
+            " what |\n"
+        });
+        s.push_str("| --- | --- | --- | --- | --- |");
+        s.push_str(if dcgm { " --- | --- |\n" } else { " --- |\n" });
+        for id in ids {
+            let m = self.metric(id);
+            let _ = write!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                code(m.otlp),
+                code(m.prometheus),
+                m.kind.otlp_name(),
+                m.unit,
+                self.attrs_cell(m)
+            );
+            if dcgm {
+                let _ = write!(s, " {} |", codes(dcgm_fields_of(self.metrics, id)));
+            }
+            let _ = writeln!(s, " {} |", cell(&what(m)));
+        }
+        s
+    }
+
+    /// A dcgm series' source, in Prometheus terms (the dcgm names are Prometheus only).
+    fn source(&self, src: Option<&Source>) -> String {
+        let name = |id: MetricId| self.metric(id).prometheus.unwrap_or("?");
+        match src {
+            None => String::new(),
+            Some(Source::Metric(id, None)) => format!("`{}`", name(*id)),
+            Some(Source::Metric(id, Some((a, v)))) => {
+                let label = self.attr(*a).prometheus.unwrap_or("?");
+                format!("`{}{{{label}=\"{v}\"}}`", name(*id))
+            }
+            Some(Source::Difference(a, b)) => format!("`{}` - `{}`", name(*a), name(*b)),
+        }
+    }
+
+    fn dcgm(&self) -> String {
+        let mut s = self.sets(Group::Dcgm);
+        s.push_str(
+            "| name | type | unit | device series: from | per-container series: from | what |\n",
+        );
+        s.push_str("| --- | --- | --- | --- | --- | --- |\n");
+        for m in self.metrics.iter().filter(|m| m.group == Group::Dcgm) {
+            let Some(d) = &m.dcgm else { continue };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} |",
+                code(m.prometheus),
+                m.kind.prometheus_type(),
+                m.unit,
+                self.source(Some(&d.device)),
+                self.source(d.container.as_ref()),
+                cell(&what(m))
+            );
+        }
+        s
+    }
+}
+
+/// The help text, and the note when there is one.
+fn what(m: &Metric) -> String {
+    match m.note {
+        "" => m.help.to_string(),
+        note => format!("{} {note}.", m.help),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repository_doc() -> String {
+        fs::read_to_string(workspace_root().join(DOC)).unwrap()
+    }
+
+    /// `cargo xtask test` runs this: a catalogue change without `cargo xtask metrics-doc`
+    /// fails the build.
+    #[test]
+    fn docs_metrics_md_matches_the_catalogue() {
+        let tables = tables(&CATALOGUE, &ATTRIBUTES);
+        if let Err(e) = check(&repository_doc(), &tables) {
+            panic!("{e:#}");
+        }
+    }
+
+    #[test]
+    fn a_changed_entry_makes_its_table_stale() {
+        let mut metrics = CATALOGUE.to_vec();
+        metrics[MetricId::HwPower as usize].help = "Something else.";
+        let err = check(&repository_doc(), &tables(&metrics, &ATTRIBUTES)).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("table(s) device differ"), "{msg}");
+
+        let mut attributes = ATTRIBUTES.to_vec();
+        attributes[Attr::Node as usize].prometheus = Some("node_name");
+        let err = check(&repository_doc(), &tables(&CATALOGUE, &attributes)).unwrap_err();
+        let msg = format!("{err:#}");
+        // The label is listed in the attribute table and in every set that has it.
+        for t in ["attributes", "device", "container", "process"] {
+            assert!(msg.contains(t), "{t}: {msg}");
+        }
+        assert!(!msg.contains("self"), "{msg}");
+    }
+
+    #[test]
+    fn regenerating_replaces_only_the_tables() {
+        let mut metrics = CATALOGUE.to_vec();
+        metrics[MetricId::DcgmGpuTemp as usize].unit = "F";
+        let t = tables(&metrics, &ATTRIBUTES);
+        let doc = repository_doc();
+        let (new, stale) = splice(&doc, &t).unwrap();
+        assert_eq!(stale, ["dcgm"]);
+        assert!(
+            new.contains("| `DCGM_FI_DEV_GPU_TEMP` | gauge | F |"),
+            "{new}"
+        );
+        check(&new, &t).unwrap();
+        // Outside the dcgm table, line for line the same.
+        let outside = |s: &str| {
+            let (b, e) = (begin("dcgm"), end("dcgm"));
+            let (i, j) = (s.find(&b).unwrap(), s.find(&e).unwrap());
+            format!("{}{}", &s[..i], &s[j..])
+        };
+        assert_eq!(outside(&new), outside(&doc));
+    }
+
+    #[test]
+    fn markers_are_checked() {
+        let t = tables(&CATALOGUE, &ATTRIBUTES);
+        let err = splice("# Metrics\n", &t).unwrap_err();
+        assert!(
+            format!("{err}").contains("no marker for table `attributes`"),
+            "{err}"
+        );
+        let doc = repository_doc();
+        let unknown = format!("{doc}\n<!-- BEGIN GENERATED nonsense: x -->\n");
+        let err = splice(&unknown, &t).unwrap_err();
+        assert!(format!("{err}").contains("names no table"), "{err}");
+        let twice = format!("{doc}\n{}\n", end("self"));
+        let err = splice(&twice, &t).unwrap_err();
+        assert!(format!("{err}").contains("twice"), "{err}");
+    }
+}
