@@ -211,6 +211,8 @@ pub fn cargo_command() -> Command {
                 "CARGO_CRATE_NAME",
                 "CARGO_BIN_NAME",
                 "CARGO_PRIMARY_PACKAGE",
+                // xtask's own (it has a build script); ring's build script records it.
+                "OUT_DIR",
             ]
             .contains(&&*k)
         {

@@ -148,14 +148,17 @@ pub fn run(release: bool) -> Result<()> {
     // kubectl (or kustomize) renders the manifest: the venv's when the host has none.
     Tools::ensure().apply_to_self();
     let agent = if release {
-        release_agent()?
+        let a = release_agent()?;
+        cargo(&["build", "-p", "fake-nvml"])?;
+        a
     } else {
         ebpf::build()?;
-        cargo(&["build", "-p", "agent"])?;
+        // Exactly `cargo xtask test`'s build: built apart, the two packages unify their
+        // dependencies' features differently and the agent would be compiled again.
+        cargo(&["build", "-p", "agent", "-p", "fake-nvml"])?;
         workspace_root().join("target/debug/gpu-agent")
     };
     eprintln!("e2e: the image's agent: {}", agent.display());
-    cargo(&["build", "-p", "fake-nvml"])?;
     let nvml = workspace_root().join("target/debug/libnvidia_ml.so");
     let spec = manifest::agent_spec()?;
     proc::check_interrupt()?;
