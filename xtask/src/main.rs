@@ -1,6 +1,8 @@
 //! `cargo xtask <command>`: the project's chores.
 mod bench;
+mod e2e;
 mod ebpf;
+mod image;
 mod kernels;
 mod metrics_doc;
 mod overhead;
@@ -63,6 +65,29 @@ enum Cmd {
     /// boot each under qemu and run the process-cache tests and an end-to-end agent check
     /// in it, and the same on the host kernel (docs/compatibility.md).
     KernelMatrix(kernels::Args),
+    /// Build the agent's image with a dockerd of its own (root): `cargo xtask build`, a
+    /// Debian bookworm base from debootstrap (cached) unless --base, deploy/Dockerfile's
+    /// `prebuilt` stage; saved to target/image/<name>-<tag>.tar.
+    Image {
+        /// The image's name and tag.
+        #[arg(long, default_value_t = image::default_tag())]
+        tag: String,
+        /// Rebuild the cached debootstrap base (target/image/debian-bookworm-minbase.tar).
+        #[arg(long)]
+        refresh_base: bool,
+        /// A base image to build on instead (pulled: pin it by digest).
+        #[arg(long)]
+        base: Option<String>,
+    },
+    /// The image run for real (root): under dockerd with the rendered DaemonSet's
+    /// securityContext and mounts, attributing docker, containerd (CRI) and podman
+    /// containers on /metrics and OTLP; ends with `RESULT e2e-container passed=N failed=M`.
+    E2eContainer {
+        /// Put the release agent in the image (what `cargo xtask image` ships) instead of
+        /// the debug one `cargo xtask test` built: a release build of everything first.
+        #[arg(long)]
+        release: bool,
+    },
     /// Regenerate the tables of docs/metrics.md from the metric catalogue
     /// (otel/src/catalogue.rs).
     MetricsDoc {
@@ -104,6 +129,16 @@ fn main() -> Result<()> {
             cargo(&["test", "-p", "tests", "--test", "deploy"])
         }
         Cmd::KernelMatrix(args) => kernels::run(args),
+        Cmd::Image {
+            tag,
+            refresh_base,
+            base,
+        } => image::run(&image::Options {
+            tag,
+            refresh_base,
+            base,
+        }),
+        Cmd::E2eContainer { release } => e2e::run(release),
         Cmd::MetricsDoc { check } => metrics_doc::run(check),
     }
 }
@@ -182,6 +217,8 @@ pub fn cargo_command() -> Command {
                 "CARGO_CRATE_NAME",
                 "CARGO_BIN_NAME",
                 "CARGO_PRIMARY_PACKAGE",
+                // xtask's own (it has a build script); ring's build script records it.
+                "OUT_DIR",
             ]
             .contains(&&*k)
         {
