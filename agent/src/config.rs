@@ -1,8 +1,11 @@
 //! Agent configuration: a TOML file, overridden by flags. Unknown or invalid fields are
 //! errors that name the field.
-use std::{net::SocketAddr, path::PathBuf};
+use std::path::PathBuf;
 
 use serde::Deserialize;
+
+mod http;
+pub use http::{AuthConfig, ClientAuthType, HttpConfig, TlsConfig};
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -89,13 +92,6 @@ impl Default for NvmlConfig {
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct HttpConfig {
-    /// Address of the local endpoints (/healthz, /readyz, /debug/*).
-    pub addr: SocketAddr,
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
 pub struct EbpfConfig {
     /// false: run in /proc mode without trying eBPF.
     pub enabled: bool,
@@ -132,14 +128,6 @@ pub struct CgroupConfig {
     pub v1_hierarchy: String,
     /// Where /proc is read from.
     pub proc_root: PathBuf,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            addr: "127.0.0.1:9464".parse().unwrap(),
-        }
-    }
 }
 
 impl Default for EbpfConfig {
@@ -283,6 +271,7 @@ impl Config {
                 message: message.into(),
             })
         };
+        self.http.validate()?;
         let page = page_size();
         let rb = self.ebpf.ring_buffer_bytes;
         if !rb.is_power_of_two() || rb < page {
@@ -370,7 +359,7 @@ mod tests {
 
     #[test]
     fn yaml_works_and_names_bad_fields() {
-        let c = Config::from_yaml("http:\n  addr: 0.0.0.0:1\notlp:\n  endpoint: http://c:4318\n")
+        let c = Config::from_yaml("http:\n  addr: 127.0.0.1:1\notlp:\n  endpoint: http://c:4318\n")
             .unwrap();
         assert_eq!(c.http.addr.port(), 1);
         assert_eq!(c.otlp.endpoint.as_deref(), Some("http://c:4318"));
@@ -381,7 +370,7 @@ mod tests {
     #[test]
     fn overrides_parse() {
         let c = Config::from_toml(
-            "[http]\naddr = \"0.0.0.0:1234\"\n[ebpf]\nring_buffer_bytes = 8192\nwakeup_bytes = 0\n",
+            "[http]\naddr = \"127.0.0.1:1234\"\n[ebpf]\nring_buffer_bytes = 8192\nwakeup_bytes = 0\n",
         )
         .unwrap();
         assert_eq!(c.http.addr.port(), 1234);
