@@ -51,7 +51,7 @@ impl Default for HttpConfig {
             metrics_addr: None,
             expose_debug: false,
             max_connections: 256,
-            max_concurrent_requests: 4,
+            max_concurrent_requests: 2,
             header_read_timeout_ms: 5_000,
             max_request_header_bytes: 16 << 10,
             request_timeout_ms: 30_000,

@@ -36,11 +36,18 @@ pub struct Gate {
     pub timeout: Duration,
 }
 
-/// A turn at the gate; held until the answer's last byte is written (or given up).
+/// A turn at the gate, shared by the answer's body and the work behind it (a blocking
+/// serialiser): the next request waits until both are done, so a client that leaves early
+/// does not let more work start than the gate allows.
+#[derive(Clone)]
 pub struct Turn {
+    _held: Arc<Held>,
+    pub deadline: Instant,
+}
+
+struct Held {
     permit: Option<OwnedSemaphorePermit>,
     gate: Gate,
-    pub deadline: Instant,
 }
 
 impl Gate {
@@ -58,9 +65,12 @@ impl Gate {
             .await
             .ok()?
             .ok()?;
-        Some(Turn {
+        let held = Held {
             permit: Some(permit),
             gate: self.clone(),
+        };
+        Some(Turn {
+            _held: Arc::new(held),
             deadline,
         })
     }
@@ -81,7 +91,7 @@ impl Gate {
     }
 }
 
-impl Drop for Turn {
+impl Drop for Held {
     fn drop(&mut self) {
         drop(self.permit.take());
         // The last expensive answer is done: hand the pages its buffers used back to the
@@ -145,15 +155,17 @@ pub fn guarded(response: Response, turn: Turn) -> Response {
     })
 }
 
-/// JSON of what `produce` returns, serialised on a blocking thread into chunks that are sent
-/// as the client reads: one chunk in hand and two queued, never the whole document.
-pub fn json_stream<T, F>(produce: F) -> Response
+/// JSON of what `produce` returns, serialised on a blocking thread (holding `turn`) into
+/// chunks that are sent as the client reads: one chunk in hand and two queued, never the
+/// whole document.
+pub fn json_stream<T, F>(turn: Turn, produce: F) -> Response
 where
     T: Serialize,
     F: FnOnce() -> T + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Bytes>(2);
     tokio::task::spawn_blocking(move || {
+        let _turn = turn;
         let value = produce();
         let mut w = ChunkWriter {
             tx,
@@ -233,7 +245,12 @@ mod tests {
     async fn json_streams_in_chunks_and_parses_whole() {
         let rows: Vec<u32> = (0..100_000).collect();
         let expect = rows.clone();
-        let resp = json_stream(move || rows);
+        let gate = Gate::new(1, Duration::from_secs(5));
+        let turn = gate.enter(Instant::now() + gate.timeout).await.unwrap();
+        let resp = json_stream(turn.clone(), move || rows);
+        drop(turn);
+        // The serialiser holds the turn until it is done.
+        assert!(gate.enter(Instant::now()).await.is_none());
         let mut body = resp.into_body();
         let (mut frames, mut all) = (0, Vec::new());
         while let Some(f) = body.frame().await {
@@ -244,6 +261,9 @@ mod tests {
         }
         assert!(frames > 10, "{frames} frames");
         assert_eq!(serde_json::from_slice::<Vec<u32>>(&all).unwrap(), expect);
+        drop(body);
+        tokio::task::yield_now().await;
+        assert!(gate.enter(Instant::now() + gate.timeout).await.is_some());
     }
 
     #[tokio::test]

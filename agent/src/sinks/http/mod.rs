@@ -16,7 +16,7 @@ use std::{
 };
 
 use axum::{
-    extract::{Query, Request, State as AxState},
+    extract::{Extension, Query, Request, State as AxState},
     http::{header, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Json, Response},
@@ -25,6 +25,7 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
+use self::body::Turn;
 pub use self::{
     auth::Auth,
     body::Gate,
@@ -118,11 +119,13 @@ fn health() -> Router<AppState> {
 
 /// A turn at the gate, then the handler, all within the gate's timeout; the answer's body
 /// keeps the turn until it is written.
-async fn expensive(AxState(gate): AxState<Gate>, req: Request, next: Next) -> Response {
+async fn expensive(AxState(gate): AxState<Gate>, mut req: Request, next: Next) -> Response {
     let deadline = tokio::time::Instant::now() + gate.timeout;
     let Some(turn) = gate.enter(deadline).await else {
         return gate.busy();
     };
+    // For the handler's blocking work, which keeps the turn too.
+    req.extensions_mut().insert(turn.clone());
     match tokio::time::timeout_at(deadline, next.run(req)).await {
         Ok(response) => body::guarded(response, turn),
         Err(_) => gate.busy(),
@@ -156,8 +159,12 @@ struct ProcessesQuery {
     all: bool,
 }
 
-async fn processes(AxState(app): AxState<AppState>, Query(q): Query<ProcessesQuery>) -> Response {
-    body::json_stream(move || app.state.read().unwrap().views(q.all))
+async fn processes(
+    AxState(app): AxState<AppState>,
+    Extension(turn): Extension<Turn>,
+    Query(q): Query<ProcessesQuery>,
+) -> Response {
+    body::json_stream(turn, move || app.state.read().unwrap().views(q.all))
 }
 
 async fn stats(AxState(app): AxState<AppState>) -> impl IntoResponse {
@@ -174,13 +181,13 @@ impl<T: Serialize> Serialize for Shared<T> {
     }
 }
 
-async fn snapshot(AxState(app): AxState<AppState>) -> Response {
+async fn snapshot(AxState(app): AxState<AppState>, Extension(turn): Extension<Turn>) -> Response {
     // The snapshot is immutable: serialised outside any lock.
     let snap = app.snapshot.borrow().clone();
-    body::json_stream(move || Shared(snap))
+    body::json_stream(turn, move || Shared(snap))
 }
 
-async fn metrics(AxState(app): AxState<AppState>) -> Response {
+async fn metrics(AxState(app): AxState<AppState>, Extension(turn): Extension<Turn>) -> Response {
     let Some(opts) = app.prometheus.clone() else {
         return (
             StatusCode::NOT_FOUND,
@@ -190,7 +197,10 @@ async fn metrics(AxState(app): AxState<AppState>) -> Response {
     };
     let snap = app.snapshot.borrow().clone();
     let stats = app.stats.report(&snap.nvml);
-    let render = move || otel::prometheus::render(&snap, &stats, &opts);
+    let render = move || {
+        let _turn = turn;
+        otel::prometheus::render(&snap, &stats, &opts)
+    };
     let Ok(text) = tokio::task::spawn_blocking(render).await else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };

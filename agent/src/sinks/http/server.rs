@@ -93,6 +93,9 @@ pub fn spawn(
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .thread_name("http-blocking")
+                // The blocking threads serialise the expensive answers: they yield the CPU
+                // to the event loop, so /healthz is answered first.
+                .on_thread_start(lower_priority)
                 .max_blocking_threads(16)
                 .thread_keep_alive(Duration::from_secs(10))
                 .build();
@@ -114,6 +117,15 @@ pub fn spawn(
             });
             rt.shutdown_timeout(Duration::from_secs(1));
         })
+}
+
+/// nice +10 for the calling thread (Linux: setpriority on a thread id is per thread).
+fn lower_priority() {
+    // SAFETY: gettid and setpriority on this thread only.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
 }
 
 async fn accept_loop(l: Listener, stop: CancellationToken) {
