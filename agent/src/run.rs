@@ -289,11 +289,19 @@ fn http_listeners(
     Ok(listeners)
 }
 
+/// A listening socket with a deep accept queue: under a connection flood, the kubelet's
+/// probe waits in it for a moment instead of having its SYN dropped (a 1 s retransmit).
 fn bind(addr: std::net::SocketAddr, field: &str) -> Result<std::net::TcpListener> {
-    let socket =
-        std::net::TcpListener::bind(addr).with_context(|| format!("binding {field} {addr}"))?;
-    socket.set_nonblocking(true)?;
-    Ok(socket)
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }?;
+    socket.set_reuseaddr(true)?;
+    let listener = socket
+        .bind(addr)
+        .and_then(|()| socket.listen(1024))
+        .with_context(|| format!("binding {field} {addr}"))?;
+    Ok(listener.into_std()?)
 }
 
 /// File capabilities granted without the effective bit (`setcap ...+p`, as the image

@@ -103,13 +103,13 @@ impl Drop for Held {
 }
 
 #[cfg(target_env = "gnu")]
-fn trim_heap() {
+pub(super) fn trim_heap() {
     // SAFETY: malloc_trim has no preconditions.
     unsafe { libc::malloc_trim(0) };
 }
 
 #[cfg(not(target_env = "gnu"))]
-fn trim_heap() {}
+pub(super) fn trim_heap() {}
 
 /// A response body that keeps its turn until the last byte is written, and is abandoned
 /// (the connection closed) when the deadline passes first.

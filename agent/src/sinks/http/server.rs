@@ -8,7 +8,7 @@ use std::{
     convert::Infallible,
     pin::Pin,
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     task::{Context, Poll},
@@ -107,6 +107,7 @@ pub fn spawn(
                 }
             };
             rt.block_on(async move {
+                tokio::spawn(trim_after_bursts(stop.clone()));
                 let loops: Vec<_> = listeners
                     .into_iter()
                     .map(|l| tokio::spawn(accept_loop(l, stop.clone())))
@@ -117,6 +118,27 @@ pub fn spawn(
             });
             rt.shutdown_timeout(Duration::from_secs(1));
         })
+}
+
+/// Connections admitted so far, on every address.
+static ADMITTED: AtomicU64 = AtomicU64::new(0);
+
+/// Every 10 s after connections came and went: what their buffers used goes back to the
+/// system (glibc keeps freed memory otherwise, and RSS stays at a flood's peak).
+async fn trim_after_bursts(stop: CancellationToken) {
+    let mut seen = 0;
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = ADMITTED.load(Ordering::Relaxed);
+        if now != seen {
+            seen = now;
+            super::body::trim_heap();
+        }
+    }
 }
 
 /// nice +10 for the calling thread (Linux: setpriority on a thread id is per thread).
@@ -347,6 +369,7 @@ impl Connections {
         }
         let id = t.next_id;
         t.next_id += 1;
+        ADMITTED.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
             busy: Arc::new(AtomicUsize::new(0)),
             evict: CancellationToken::new(),
