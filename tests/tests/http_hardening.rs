@@ -18,7 +18,7 @@ use std::{
 
 use hardening::{
     attack_heavy_requests, attack_huge_headers, attack_slowloris, start_agent, Population, Prober,
-    Report, Storm, PROCESSES,
+    Report, PROCESSES,
 };
 use tests::http;
 
@@ -84,14 +84,7 @@ fn heavy_debug_requests_during_a_fork_storm_keep_memory_bounded() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let _population = Population::grow_to(PROCESSES);
     let agent = start_agent(None);
-    let report = attack_heavy_requests(
-        &agent,
-        std::env::var("HH_CLIENTS")
-            .map(|v| v.parse().unwrap())
-            .unwrap_or(200),
-        Duration::from_secs(10),
-        true,
-    );
+    let report = attack_heavy_requests(&agent, 200, Duration::from_secs(10), true);
     assert!(
         report.requests_ok > 0,
         "no /debug/processes?all=true answered at all: {report}"
