@@ -235,15 +235,33 @@ pub fn held_open(addr: &str, request: &str, max: Duration) -> bool {
     }
 }
 
-/// GET `path`, reading and dropping the body: (status, body bytes).
-pub fn get_discard(addr: &str, path: &str, timeout: Duration) -> std::io::Result<(u16, u64)> {
+/// GET `path`, reading and dropping the body, 16 KiB at most every `pace` (a slow reader
+/// leaves the answer in the server's hands): (status, body bytes).
+pub fn get_discard(
+    addr: &str,
+    path: &str,
+    timeout: Duration,
+    pace: Duration,
+) -> std::io::Result<(u16, u64)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(timeout))?;
+    // A small receive buffer, so that the kernel does not read ahead for us.
+    let size: libc::c_int = 16 << 10;
+    // SAFETY: setsockopt on our own socket with a valid int.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )?;
-    let mut buf = vec![0u8; 64 << 10];
+    let mut buf = vec![0u8; 16 << 10];
     let (mut head, mut total) = (Vec::new(), 0u64);
     loop {
         let n = s.read(&mut buf)?;
@@ -254,6 +272,7 @@ pub fn get_discard(addr: &str, path: &str, timeout: Duration) -> std::io::Result
             head.extend_from_slice(&buf[..n.min(64)]);
         }
         total += n as u64;
+        std::thread::sleep(pace);
     }
     let text = String::from_utf8_lossy(&head);
     let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok());
@@ -451,7 +470,8 @@ fn measured(
 }
 
 /// `clients` threads asking `GET /debug/processes?all=true` over and over until the
-/// deadline, on `http.addr` (the only address with /debug).
+/// deadline, on `http.addr` (the only address with /debug), each reading its answer at about
+/// 1.6 MB/s.
 pub fn attack_heavy_requests(
     s: &Started,
     clients: usize,
@@ -476,6 +496,7 @@ pub fn attack_heavy_requests(
                             &addr,
                             "/debug/processes?all=true",
                             Duration::from_secs(30),
+                            Duration::from_millis(10),
                         ) {
                             Ok((200, n)) => {
                                 bytes.fetch_add(n, Ordering::Relaxed);

@@ -190,6 +190,10 @@ async fn accept_loop(l: Listener, stop: CancellationToken) {
                 _ = evicted.cancelled() => {}
             }
         });
+        // Let the new connection read its request before the next accept: a probe that
+        // arrives in a flood is then being answered, not the oldest idle connection that
+        // the flood closes to make room.
+        tokio::task::yield_now().await;
     }
     // Stopped: each connection finishes its answer (graceful shutdown), briefly.
     let deadline = Instant::now() + Duration::from_secs(2);
