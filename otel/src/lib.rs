@@ -5,6 +5,7 @@ pub mod catalogue;
 pub mod export;
 pub mod otlp;
 pub mod prometheus;
+pub mod settings;
 
 /// Which metric groups a sink emits (dcgm-exporter's field lists, coarser).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
