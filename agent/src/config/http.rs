@@ -120,8 +120,20 @@ impl AuthConfig {
     }
 }
 
+/// Certificates, keys and tokens are a few KiB: a path to a device or a huge file
+/// (`/dev/zero`) must not hang or exhaust `check-config` or the agent at start.
 fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    use std::io::Read;
+    const MAX: u64 = 1 << 20;
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| fail(&e))?;
+    let meta = file.metadata().map_err(|e| fail(&e))?;
+    if !meta.is_file() || meta.len() > MAX {
+        return Err(fail(&format!("not a regular file of at most {MAX} bytes")));
+    }
+    let mut out = Vec::new();
+    file.take(MAX).read_to_end(&mut out).map_err(|e| fail(&e))?;
+    Ok(out)
 }
 
 impl TlsConfig {
@@ -358,6 +370,23 @@ mod tests {
     fn check(toml_text: &str) -> Result<HttpConfig, String> {
         let c: HttpConfig = toml::from_str(toml_text).map_err(|e| e.to_string())?;
         c.validate().map(|_| c).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_device_or_directory_as_a_tls_or_token_file_is_refused_without_reading_it() {
+        let tls = "metrics_addr = \"127.0.0.1:1\"\n[tls]\ncert_file = \"/dev/zero\"\n\
+                   key_file = \"/dev/zero\"\n";
+        let e = check(tls).unwrap_err();
+        assert!(
+            e.contains("http.tls.cert_file") && e.contains("not a regular file"),
+            "{e}"
+        );
+        let token = "metrics_addr = \"127.0.0.1:1\"\n[auth]\nbearer_token_file = \"/\"\n";
+        let e = check(token).unwrap_err();
+        assert!(
+            e.contains("http.auth.bearer_token_file") && e.contains("not a regular file"),
+            "{e}"
+        );
     }
 
     #[test]
