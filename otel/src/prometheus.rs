@@ -11,7 +11,7 @@ use gpu_model::{AgentStats, ContainerUsage, DeviceSample, Snapshot};
 use crate::{
     catalogue::{
         Attr, Dropped, MetricId as M, MetricId, CATALOGUE, CLOCKS, ECC_ERROR_TYPES, GPU_TASKS,
-        HW_STATES, OWNERS,
+        HW_STATES, OWNERS, OWNER_IDLE,
     },
     Groups, NodeIdentity,
 };
@@ -255,6 +255,7 @@ fn s(v: &Option<String>) -> String {
 }
 
 fn containers(out: &mut Out, snap: &Snapshot, node: &str) {
+    accounts(out, snap, node);
     for c in &snap.containers {
         for g in &c.gpus {
             let l: Labels = vec![
@@ -296,6 +297,63 @@ fn containers(out: &mut Out, snap: &Snapshot, node: &str) {
     }
 }
 
+/// Energy, peak memory, limits and NVML accounting per container and device, and each
+/// GPU's idle energy under `owner="idle"`.
+fn accounts(out: &mut Out, snap: &Snapshot, node: &str) {
+    let labels = |c: &ContainerUsage, uuid: &str, gpu: &str, owner: &str| -> Labels {
+        vec![
+            (Attr::ContainerId, s(&c.container_id)),
+            (Attr::PodUid, s(&c.pod_uid)),
+            (Attr::Namespace, s(&c.namespace)),
+            (Attr::PodName, s(&c.pod_name)),
+            (Attr::ContainerName, s(&c.container_name)),
+            (Attr::Qos, c.qos.unwrap_or_default().to_string()),
+            (Attr::Runtime, c.runtime.unwrap_or_default().to_string()),
+            (Attr::HwId, uuid.to_string()),
+            (Attr::GpuUuid, gpu.to_string()),
+            (Attr::Node, node.to_string()),
+            (Attr::Owner, owner.to_string()),
+        ]
+    };
+    for c in &snap.containers {
+        for a in &c.accounts {
+            let l = labels(c, &a.uuid, &a.gpu_uuid, owner(c));
+            if a.energy_since_ms > 0 {
+                out.add(M::ContainerGpuEnergy, l.clone(), a.energy_joules);
+            }
+            out.opt(
+                M::ContainerGpuMemoryPeak,
+                &l,
+                a.memory_peak_bytes.map(|v| v as f64),
+            );
+            if let (Some(v), Some(src)) = (a.memory_limit_bytes, a.memory_limit_source) {
+                let ll = with(&l, &[(Attr::LimitSource, src.as_str())]);
+                out.add(M::ContainerGpuMemoryLimit, ll, v as f64);
+            }
+            out.opt(M::ContainerGpuUtilizationLimit, &l, pct(a.sm_limit_percent));
+            if a.accounted_processes > 0 {
+                out.add(
+                    M::ContainerGpuAccountingTime,
+                    l.clone(),
+                    a.accounted_gpu_seconds,
+                );
+                let n = a.accounted_processes as f64;
+                out.add(M::ContainerGpuAccountingProcesses, l, n);
+            }
+        }
+    }
+    let nobody = ContainerUsage::default();
+    for d in &snap.devices {
+        if let Some(j) = d.sharing.idle_energy_joules {
+            out.add(
+                M::ContainerGpuEnergy,
+                labels(&nobody, &d.uuid, &d.uuid, OWNER_IDLE),
+                j,
+            );
+        }
+    }
+}
+
 /// The four engines NVML samples per process: SM, memory controller, encoder, decoder.
 fn utilizations(out: &mut Out, id: MetricId, l: &Labels, v: [Option<u32>; 4]) {
     for (task, v) in GPU_TASKS.into_iter().zip(v) {
@@ -332,6 +390,8 @@ fn self_metrics(out: &mut Out, st: &AgentStats) {
         (M::CachedProcesses, st.cached_processes),
         (M::ExportFailures, st.export_failures),
         (M::ExportDroppedBatches, st.export_dropped_batches),
+        (M::UsageRecordsEmitted, st.usage_records),
+        (M::UsageRecordsDropped, st.usage_records_dropped),
     ];
     for (id, v) in counters {
         out.add(id, vec![], v as f64);
@@ -456,7 +516,8 @@ fn dcgm_device(out: &mut Out, d: &DeviceSample, node: &str, driver: &str) {
 #[cfg(test)]
 mod tests {
     use gpu_model::{
-        ContainerGpu, DeviceStatus, MigSample, ProcessUsage, SourceStatus, TrackingMode,
+        ContainerGpu, DeviceStatus, GpuAccount, LimitSource, MigSample, ProcessUsage, SourceStatus,
+        TrackingMode,
     };
 
     use super::*;
@@ -507,6 +568,7 @@ mod tests {
         a.mem_clock_mhz = Some(2619);
         a.ecc_corrected = Some(2);
         a.ecc_uncorrected = Some(0);
+        a.sharing.idle_energy_joules = Some(250.5);
         let mut b = gpu(1, "GPU-b", "NVIDIA A100-SXM4-80GB");
         b.memory_total_bytes = Some(80 * GIB);
         b.memory_used_bytes = Some(5 * GIB);
@@ -538,6 +600,27 @@ mod tests {
                     gpus: vec![
                         cgpu("GPU-a", "GPU-a", 3 * GIB / 2, Some(50), &[10, 11]),
                         cgpu("MIG-c", "GPU-b", 5 * GIB, None, &[12]),
+                    ],
+                    accounts: vec![
+                        GpuAccount {
+                            uuid: "GPU-a".into(),
+                            gpu_uuid: "GPU-a".into(),
+                            energy_joules: 1000.25,
+                            energy_since_ms: 1,
+                            memory_peak_bytes: Some(2 * GIB),
+                            memory_limit_bytes: Some(4 * GIB),
+                            memory_limit_source: Some(LimitSource::Hami),
+                            sm_limit_percent: Some(50),
+                            accounted_processes: 3,
+                            accounted_gpu_seconds: 0.75,
+                        },
+                        GpuAccount {
+                            uuid: "MIG-c".into(),
+                            gpu_uuid: "GPU-b".into(),
+                            memory_limit_bytes: Some(20 * GIB),
+                            memory_limit_source: Some(LimitSource::Mig),
+                            ..Default::default()
+                        },
                     ],
                     ..Default::default()
                 },
@@ -775,6 +858,58 @@ mod tests {
         has(
             &render(&Snapshot::default(), &down, &opts()),
             "gpu_agent_nvml_up 0",
+        );
+    }
+
+    #[test]
+    fn energy_limits_peaks_and_accounting_series() {
+        let t = render(&snapshot(), &stats(), &opts());
+        let c = format!(
+            r#"container_id="{CID}",pod_uid="uid-1",namespace="ml",pod="trainer",container="main",qos="burstable",runtime="containerd""#
+        );
+        let on_a = format!(r#"{c},hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="container""#);
+        has(
+            &t,
+            &format!("container_gpu_energy_joules_total{{{on_a}}} 1000.25"),
+        );
+        has(
+            &t,
+            &format!("container_gpu_memory_peak_bytes{{{on_a}}} 2147483648"),
+        );
+        has(
+            &t,
+            &format!(
+                r#"container_gpu_memory_limit_bytes{{{on_a},limit_source="hami"}} 4294967296"#
+            ),
+        );
+        let on_mig =
+            format!(r#"{c},hw_id="MIG-c",gpu_uuid="GPU-b",node="node-a",owner="container""#);
+        has(
+            &t,
+            &format!(
+                r#"container_gpu_memory_limit_bytes{{{on_mig},limit_source="mig"}} 21474836480"#
+            ),
+        );
+        has(
+            &t,
+            &format!("container_gpu_utilization_limit_ratio{{{on_a}}} 0.5"),
+        );
+        has(
+            &t,
+            &format!("container_gpu_accounting_time_seconds_total{{{on_a}}} 0.75"),
+        );
+        has(
+            &t,
+            &format!("container_gpu_accounting_processes_total{{{on_a}}} 3"),
+        );
+        // No energy charged on the MIG device yet: no series rather than a 0.
+        assert!(
+            !t.contains(&format!("container_gpu_energy_joules_total{{{on_mig}}}")),
+            "{t}"
+        );
+        has(
+            &t,
+            r#"container_gpu_energy_joules_total{container_id="",pod_uid="",namespace="",pod="",container="",qos="",runtime="",hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="idle"} 250.5"#,
         );
     }
 
