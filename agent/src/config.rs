@@ -1,8 +1,11 @@
 //! Agent configuration: a TOML file, overridden by flags. Unknown or invalid fields are
 //! errors that name the field.
-use std::{net::SocketAddr, path::PathBuf};
+use std::path::PathBuf;
 
 use serde::Deserialize;
+
+mod http;
+pub use http::{AuthConfig, ClientAuthType, HttpConfig, TlsConfig};
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -91,13 +94,6 @@ impl Default for NvmlConfig {
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct HttpConfig {
-    /// Address of the local endpoints (/healthz, /readyz, /debug/*).
-    pub addr: SocketAddr,
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
 pub struct EbpfConfig {
     /// false: run in /proc mode without trying eBPF.
     pub enabled: bool,
@@ -136,14 +132,6 @@ pub struct CgroupConfig {
     pub v1_hierarchy: String,
     /// Where /proc is read from.
     pub proc_root: PathBuf,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            addr: "127.0.0.1:9464".parse().unwrap(),
-        }
-    }
 }
 
 impl Default for EbpfConfig {
@@ -320,6 +308,7 @@ impl Config {
         self.cgroup.validate()?;
         self.metadata.validate()?;
         self.prometheus.validate()?;
+        self.http.validate()?;
         self.usage.validate()?;
         Ok(())
     }
@@ -583,7 +572,7 @@ mod tests {
 
     #[test]
     fn yaml_works_and_names_bad_fields() {
-        let c = Config::from_yaml("http:\n  addr: 0.0.0.0:1\notlp:\n  endpoint: http://c:4318\n")
+        let c = Config::from_yaml("http:\n  addr: 127.0.0.1:1\notlp:\n  endpoint: http://c:4318\n")
             .unwrap();
         assert_eq!(c.http.addr.port(), 1);
         assert_eq!(c.otlp.endpoint.as_deref(), Some("http://c:4318"));
@@ -594,7 +583,7 @@ mod tests {
     #[test]
     fn overrides_parse() {
         let c = Config::from_toml(
-            "[http]\naddr = \"0.0.0.0:1234\"\n[ebpf]\nring_buffer_bytes = 8192\nwakeup_bytes = 0\n",
+            "[http]\naddr = \"127.0.0.1:1234\"\n[ebpf]\nring_buffer_bytes = 8192\nwakeup_bytes = 0\n",
         )
         .unwrap();
         assert_eq!(c.http.addr.port(), 1234);

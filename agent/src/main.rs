@@ -80,9 +80,14 @@ struct SourceArgs {
 struct RunArgs {
     #[command(flatten)]
     sources: SourceArgs,
-    /// Address of /healthz, /readyz and /debug/* [default: 127.0.0.1:9464]
+    /// Address of every endpoint (/healthz, /readyz, /metrics, /debug/*); loopback only
+    /// unless http.expose_debug [default: 127.0.0.1:9464]
     #[arg(long)]
     http_addr: Option<std::net::SocketAddr>,
+    /// Address of /metrics, /healthz and /readyz only (http.metrics_addr): the one to expose
+    /// to Prometheus and the kubelet's probes [default: none]
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Serve Prometheus text at /metrics on the HTTP address.
     #[arg(long)]
     prometheus: bool,
@@ -129,6 +134,9 @@ fn load_config(sources: &SourceArgs, run: Option<&RunArgs>) -> Result<Loaded, Co
         if let Some(addr) = args.http_addr {
             config.http.addr = addr;
         }
+        if let Some(addr) = args.metrics_addr {
+            config.http.metrics_addr = Some(addr);
+        }
         if args.prometheus || args.prometheus_compat.is_some() {
             config.prometheus.enabled = true;
         }
@@ -142,6 +150,14 @@ fn load_config(sources: &SourceArgs, run: Option<&RunArgs>) -> Result<Loaded, Co
 /// Before any thread exists: unshare(CLONE_NEWNS) refuses multi-threaded callers.
 /// Returns why tracefs could not be prepared, if so.
 fn prepare_tracefs(config: &Config) -> Option<String> {
+    // First, so that a non-root agent's file capabilities count for all that follows.
+    match gpu_agent::run::raise_permitted_capabilities() {
+        Ok(raised) if !raised.is_empty() => {
+            tracing::info!(?raised, "file capabilities put in effect")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("putting permitted capabilities in effect: {e}"),
+    }
     // Any mode reads cgroup paths: they must be the host's, not the pod's relative ones.
     match gpu_agent::ebpf::tracefs::join_host_cgroup_namespace() {
         Ok(Some(done)) => tracing::info!("{done}"),

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use gpu_model::{ExportTarget, Snapshot, SourceStatus, TrackingMode};
-use tokio::{net::TcpListener, signal::unix::SignalKind, sync::watch, task::JoinHandle};
+use tokio::{signal::unix::SignalKind, sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -239,6 +239,9 @@ async fn join_all(tasks: Vec<JoinHandle<()>>) {
     }
 }
 
+/// Binds `http.addr` (every endpoint) and `http.metrics_addr` (/metrics, /healthz,
+/// /readyz) and serves them on a thread of their own; the returned task keeps the heartbeat
+/// that /healthz checks, and ends once that thread has stopped.
 async fn serve_http(
     config: &Config,
     handles: &Handles,
@@ -253,25 +256,154 @@ async fn serve_http(
             dcgm_compat: config.prometheus.compat.as_deref() == Some("dcgm"),
         })
     });
-    let app = http::router(http::AppState {
+    let heartbeat = Arc::new(http::Heartbeat::default());
+    heartbeat.beat();
+    let app = http::AppState {
         state: handles.state.clone(),
         stats: handles.stats.clone(),
         ready,
         snapshot: handles.snapshot.clone(),
         prometheus,
-    });
-    let addr = config.http.addr;
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the HTTP endpoint {addr}"))?;
-    tracing::info!(addr = %listener.local_addr()?, "http server listening");
+        heartbeat: heartbeat.clone(),
+    };
+    let listeners = http_listeners(&config.http, app)?;
+    let thread = http::spawn(listeners, stop.clone())?;
     let stop = stop.clone();
     Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
-        if let Err(e) = served.await {
-            tracing::error!("http server: {e}");
+        // Beats on this runtime, the agent's main loop: /healthz fails when it stalls.
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => heartbeat.beat(),
+            }
         }
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }))
+}
+
+/// The bound addresses with their routers, limits and (for the metrics address) TLS and
+/// credentials. Binding here, on the caller's thread, makes a taken port an error of `run`.
+fn http_listeners(
+    cfg: &crate::config::HttpConfig,
+    app: http::AppState,
+) -> Result<Vec<http::Listener>> {
+    let count = 1 + usize::from(cfg.metrics_addr.is_some());
+    let (max_connections, nofile) = http::connection_budget(cfg.max_connections, count);
+    if max_connections < cfg.max_connections as usize {
+        tracing::warn!(
+            max_connections,
+            nofile,
+            "http.max_connections lowered to fit the descriptor limit (RLIMIT_NOFILE)"
+        );
+    }
+    let limits = http::Limits {
+        max_connections,
+        header_read_timeout: cfg.header_read_timeout(),
+        max_header_bytes: cfg.max_request_header_bytes as usize,
+    };
+    let gate = || http::Gate::new(cfg.max_concurrent_requests as usize, cfg.request_timeout());
+    let socket = bind(cfg.addr, "http.addr")?;
+    // The tests read the address from this line: keep `addr` its last field.
+    tracing::info!(addr = %socket.local_addr()?, "http server listening");
+    let mut listeners = vec![http::Listener {
+        socket,
+        exposure: http::Exposure::All,
+        router: http::full_router(app.clone(), gate()),
+        tls: None,
+        limits: limits.clone(),
+    }];
+    if let Some(addr) = cfg.metrics_addr {
+        let tls = cfg.tls.as_ref().map(|t| t.server_config()).transpose();
+        let tls = tls.map_err(|(field, e)| anyhow::anyhow!("{field}: {e}"))?;
+        let auth = http::Auth::new(&cfg.auth)
+            .map_err(|e| anyhow::anyhow!("http.auth.bearer_token_file: {e}"))?;
+        let socket = bind(addr, "http.metrics_addr")?;
+        tracing::info!(tls = tls.is_some(), auth = auth.is_some(),
+            addr = %socket.local_addr()?, "metrics server listening");
+        listeners.push(http::Listener {
+            socket,
+            exposure: http::Exposure::Metrics,
+            router: http::metrics_router(app, gate(), auth),
+            tls,
+            limits,
+        });
+    }
+    Ok(listeners)
+}
+
+/// A listening socket with a deep accept queue: under a connection flood, the kubelet's
+/// probe waits in it for a moment instead of having its SYN dropped (a 1 s retransmit).
+fn bind(addr: std::net::SocketAddr, field: &str) -> Result<std::net::TcpListener> {
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }?;
+    socket.set_reuseaddr(true)?;
+    let listener = socket
+        .bind(addr)
+        .and_then(|()| socket.listen(1024))
+        .with_context(|| format!("binding {field} {addr}"))?;
+    Ok(listener.into_std()?)
+}
+
+/// File capabilities granted without the effective bit (`setcap ...+p`, as the image
+/// does, so that a container without them still starts) are permitted but not in effect:
+/// puts every permitted capability in effect. Returns the ones it raised (none as root).
+pub fn raise_permitted_capabilities() -> Result<Vec<String>, String> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    let word =
+        |d: &[Data; 2], f: fn(&Data) -> u32| (u64::from(f(&d[1])) << 32) | u64::from(f(&d[0]));
+    // SAFETY: capget/capset with a v3 header and two data structs, as the ABI wants.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
+        return Err(format!("capget: {}", std::io::Error::last_os_error()));
+    }
+    let before = word(&data, |d| d.effective);
+    for d in &mut data {
+        d.effective = d.permitted;
+    }
+    let after = word(&data, |d| d.effective);
+    if after == before {
+        return Ok(vec![]);
+    }
+    // SAFETY: as above.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
+        return Err(format!("capset: {}", std::io::Error::last_os_error()));
+    }
+    const NAMES: [(u32, &str); 5] = [
+        (2, "DAC_READ_SEARCH"),
+        (21, "SYS_ADMIN"),
+        (24, "SYS_RESOURCE"),
+        (38, "PERFMON"),
+        (39, "BPF"),
+    ];
+    let raised = after & !before;
+    let mut names: Vec<String> = (0..64)
+        .filter(|bit| raised & (1u64 << bit) != 0)
+        .map(|bit| match NAMES.iter().find(|(b, _)| *b == bit) {
+            Some((_, n)) => n.to_string(),
+            None => format!("capability {bit}"),
+        })
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 fn start_exporter(

@@ -24,18 +24,20 @@ const AGENT_CAPS: [(&str, &str); 5] = [
     ("BPF", "load the eBPF programs and maps"),
     ("PERFMON", "attach them to tracepoints (perf_event_open)"),
     (
-        "SYS_ADMIN",
-        "mount tracefs when the host has none; bpf() itself before 5.8",
+        "DAC_READ_SEARCH",
+        "open_by_handle_at on cgroup ids; read tracefs and every process's /proc entries",
+    ),
+    (
+        "DAC_OVERRIDE",
+        "connect to the root-owned CRI and kubelet sockets as a non-root user",
     ),
     (
         "SYS_RESOURCE",
         "raise RLIMIT_MEMLOCK for the maps before 5.11",
     ),
-    (
-        "DAC_READ_SEARCH",
-        "read every process's /proc entries whatever their owner",
-    ),
 ];
+/// Only with components/tracefs-mount: mounting tracefs where the host has none.
+const TRACEFS_MOUNT_CAP: &str = "SYS_ADMIN";
 /// The agent's http.addr when its config has none (README.md, "Configuration").
 const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
 const CLUSTER_SCOPED: [&str; 5] = [
@@ -421,25 +423,75 @@ fn every_rendered_object_has_its_kustomizations_namespace() {
     assert_none(renders().iter().flat_map(namespace_problems).collect());
 }
 
-/// The probes and the container port are on the agent's http.addr, which listens on the pod
-/// IP; a ServiceMonitor reaches that port through its Service and keeps the workload labels.
+/// An address of the agent: from its flag, else its config key, else `default`:
+/// (address, where it came from).
+fn agent_addr(
+    r: &Rendered,
+    pod: &Value,
+    c: &Value,
+    flag: &str,
+    key: &str,
+    default: Option<&str>,
+) -> Result<Option<(String, String)>, String> {
+    if let Some(a) = arg_after(c, flag) {
+        return Ok(Some((a.to_string(), flag.to_string())));
+    }
+    let (path, cfg) = agent_config(r, pod, c)?;
+    let found = get(&cfg, "http", key).or(default);
+    Ok(found.map(|a| (a.to_string(), format!("http.{key} in {path}"))))
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr.starts_with("127.") || addr.starts_with("[::1]:") || addr.starts_with("localhost:")
+}
+
+/// The agent's metrics address (--metrics-addr, or http.metrics_addr): (address, source).
+fn metrics_addr(r: &Rendered, pod: &Value, c: &Value) -> Result<(String, String), String> {
+    let found = agent_addr(r, pod, c, "--metrics-addr", "metrics_addr", None)?;
+    found.ok_or_else(|| {
+        format!(
+            "{}: the agent has no --metrics-addr or http.metrics_addr: the probes and \
+            Prometheus need /metrics, /healthz and /readyz on the pod IP",
+            r.name
+        )
+    })
+}
+
+/// The agent's http.addr (every endpoint, /debug/* included) stays on loopback and has no
+/// containerPort; its metrics address listens on the pod IP, and the probes and the container
+/// port are on it; a ServiceMonitor reaches that port through its Service and keeps the
+/// workload labels.
 fn port_problems(r: &Rendered) -> Vec<String> {
     let Some((ds, pod, c)) = agent(r) else {
         return vec![];
     };
-    let (addr, from) = match arg_after(c, "--http-addr") {
-        Some(a) => (a.to_string(), "--http-addr".to_string()),
-        None => match agent_config(r, pod, c) {
-            Ok((path, cfg)) => (
-                get(&cfg, "http", "addr")
-                    .unwrap_or(DEFAULT_HTTP_ADDR)
-                    .into(),
-                format!("http.addr in {path}"),
-            ),
-            Err(e) => return vec![e],
-        },
+    let (at, mut p) = (r.at(ds), vec![]);
+    match agent_addr(r, pod, c, "--http-addr", "addr", Some(DEFAULT_HTTP_ADDR)) {
+        Ok(Some((debug, from))) => {
+            flag!(
+                p,
+                !is_loopback(&debug),
+                "{at}: {from} is {debug}: it serves /debug/* (every process on the host), \
+                which must stay on the pod's loopback; the network gets the metrics address"
+            );
+            let port = port_of(&debug);
+            let exposed = seq(&c["ports"])
+                .iter()
+                .any(|cp| cp["containerPort"].as_u64() == port);
+            flag!(
+                p,
+                exposed,
+                "{at}: a containerPort is {from}'s port ({debug}), which listens on loopback only"
+            );
+        }
+        Ok(None) => {}
+        Err(e) => return vec![e],
+    }
+    let (addr, from) = match metrics_addr(r, pod, c) {
+        Ok(a) => a,
+        Err(e) => return vec![e],
     };
-    let (at, port, mut p) = (r.at(ds), port_of(&addr), vec![]);
+    let port = port_of(&addr);
     let all = addr.starts_with("0.0.0.0:") || addr.starts_with("[::]:");
     flag!(
         p,
@@ -461,6 +513,19 @@ fn port_problems(r: &Rendered) -> Vec<String> {
             {from}'s port ({addr})"
         );
     }
+    p.extend(service_monitor_problems(r, ds, c, port, &addr, &from));
+    p
+}
+
+fn service_monitor_problems(
+    r: &Rendered,
+    ds: &Value,
+    c: &Value,
+    port: Option<u64>,
+    addr: &str,
+    from: &str,
+) -> Vec<String> {
+    let mut p = vec![];
     let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
     for sm in r.of_kind("ServiceMonitor") {
         let sel = &sm["spec"]["selector"]["matchLabels"];
@@ -510,7 +575,7 @@ fn port_problems(r: &Rendered) -> Vec<String> {
 }
 
 #[test]
-fn probes_container_port_and_service_monitor_are_on_the_agents_http_addr() {
+fn probes_container_port_and_service_monitor_are_on_the_agents_metrics_addr() {
     let agents = renders().iter().filter(|r| agent(r).is_some()).count();
     assert!(
         agents >= 4,
@@ -523,6 +588,74 @@ fn probes_container_port_and_service_monitor_are_on_the_agents_http_addr() {
         "no ServiceMonitor"
     );
     assert_none(renders().iter().flat_map(port_problems).collect());
+}
+
+/// A NetworkPolicy selects the agent's pods, restricts their ingress, and admits traffic only
+/// to the metrics port and only from a selected namespace (Prometheus's), never from
+/// everywhere.
+fn network_policy_problems(r: &Rendered) -> Vec<String> {
+    let Some((ds, pod, c)) = agent(r) else {
+        return vec![];
+    };
+    let at = r.at(ds);
+    let port = match metrics_addr(r, pod, c) {
+        Ok((addr, _)) => port_of(&addr),
+        Err(e) => return vec![e],
+    };
+    let labels = &ds["spec"]["template"]["metadata"]["labels"];
+    let policies: Vec<&Value> = r
+        .of_kind("NetworkPolicy")
+        .filter(|np| labels_match(&np["spec"]["podSelector"]["matchLabels"], labels))
+        .collect();
+    if policies.is_empty() {
+        return vec![format!(
+            "{at}: no NetworkPolicy selects the agent's pods: any pod may scrape them"
+        )];
+    }
+    let mut p = vec![];
+    for np in policies {
+        let npat = r.at(np);
+        let ingress = seq(&np["spec"]["policyTypes"])
+            .iter()
+            .any(|t| t == "Ingress");
+        flag!(
+            p,
+            !ingress,
+            "{npat}: policyTypes lacks Ingress: it restricts nothing coming in"
+        );
+        for (i, rule) in seq(&np["spec"]["ingress"]).iter().enumerate() {
+            let from = seq(&rule["from"]);
+            let open = from.is_empty()
+                || from.iter().any(|f| {
+                    f["namespaceSelector"].is_null() && f["podSelector"].is_null()
+                        || f["namespaceSelector"]
+                            .as_mapping()
+                            .is_some_and(|m| m.is_empty())
+                });
+            flag!(
+                p,
+                open,
+                "{npat}: ingress[{i}] admits every namespace: name Prometheus's in from[].namespaceSelector"
+            );
+            let ports = seq(&rule["ports"]);
+            let only_metrics = !ports.is_empty()
+                && ports
+                    .iter()
+                    .all(|pp| container_port(c, &pp["port"]) == port);
+            flag!(
+                p,
+                !only_metrics,
+                "{npat}: ingress[{i}].ports must be the metrics port only ({})",
+                port.map_or("none".into(), |n| n.to_string())
+            );
+        }
+    }
+    p
+}
+
+#[test]
+fn a_network_policy_admits_only_prometheus_to_the_metrics_port() {
+    assert_none(renders().iter().flat_map(network_policy_problems).collect());
 }
 
 /// No GPU taken from workloads; hostPID; host paths read-only; the capabilities the agent
@@ -573,6 +706,73 @@ fn privilege_problems(r: &Rendered) -> Vec<String> {
             "{at}: securityContext.capabilities.add lacks {cap} ({why}), and it is not privileged"
         );
     }
+    if sc["privileged"] != true {
+        p.extend(non_root_problems(r, &at, sc, &added));
+    }
+    p
+}
+
+/// The capabilities the image's binary carries (deploy/Dockerfile's `setcap CAPS+p`).
+fn image_file_caps() -> BTreeSet<String> {
+    let text = fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
+    let spec = text
+        .split_whitespace()
+        .skip_while(|w| *w != "setcap")
+        .nth(1)
+        .expect("deploy/Dockerfile: no setcap line");
+    let caps = spec.split('+').next().unwrap();
+    caps.split(',')
+        .map(|c| c.trim_start_matches("cap_").to_ascii_uppercase())
+        .collect()
+}
+
+/// Unless privileged: a non-root user, no privilege escalation (unless SYS_ADMIN, which the
+/// API server refuses with it), capabilities the image's file capabilities carry (a non-root
+/// process gets no other), and SYS_ADMIN and AppArmor unconfined only where
+/// components/tracefs-mount asks for them.
+fn non_root_problems(r: &Rendered, at: &str, sc: &Value, added: &BTreeSet<&str>) -> Vec<String> {
+    let mut p = vec![];
+    let root = sc["runAsUser"].as_u64().is_none_or(|u| u == 0);
+    flag!(
+        p,
+        root || sc["runAsNonRoot"] != true,
+        "{at}: securityContext runs as root (runAsUser {}, runAsNonRoot {}): the image's file \
+        capabilities give a non-root user what it needs",
+        scalar(&sc["runAsUser"]),
+        scalar(&sc["runAsNonRoot"])
+    );
+    let sys_admin = added.contains(TRACEFS_MOUNT_CAP);
+    flag!(
+        p,
+        !sys_admin && sc["allowPrivilegeEscalation"] != false,
+        "{at}: securityContext.allowPrivilegeEscalation must be false"
+    );
+    flag!(
+        p,
+        sys_admin && sc["allowPrivilegeEscalation"] == false,
+        "{at}: allowPrivilegeEscalation: false with {TRACEFS_MOUNT_CAP}: the API server \
+        refuses the pod"
+    );
+    let file_caps = image_file_caps();
+    for cap in added.iter().filter(|c| !file_caps.contains(**c)) {
+        p.push(format!(
+            "{at}: capabilities.add {cap} is not in deploy/Dockerfile's setcap: the non-root \
+            agent never gets it"
+        ));
+    }
+    let tracefs_mount = r.name.ends_with("components/tracefs-mount");
+    let unconfined = sc["appArmorProfile"]["type"] == "Unconfined";
+    flag!(
+        p,
+        !tracefs_mount && (sys_admin || unconfined),
+        "{at}: {TRACEFS_MOUNT_CAP} or AppArmor Unconfined outside \
+        components/tracefs-mount: only mounting tracefs needs them"
+    );
+    flag!(
+        p,
+        tracefs_mount && !(sys_admin && unconfined),
+        "{at}: components/tracefs-mount must add {TRACEFS_MOUNT_CAP} and AppArmor Unconfined"
+    );
     p
 }
 
@@ -981,30 +1181,39 @@ fn namespace_check_catches_objects_without_their_namespace() {
 }
 
 #[test]
-fn port_check_catches_a_moved_http_addr_and_lost_workload_labels() {
-    let r = edited(
-        "deploy/overlays/prometheus-operator",
-        "ConfigMap",
-        "gpu-agent-config",
-        |o| {
-            o["data"]["config.toml"] = s(&o["data"]["config.toml"])
-                .replace(":9464", ":9000")
-                .into();
-        },
-    );
-    let p = port_problems(&r);
+fn port_check_catches_a_moved_metrics_addr_an_exposed_http_addr_and_lost_workload_labels() {
+    let config = |from: &'static str, to: &'static str| {
+        edited(
+            "deploy/overlays/prometheus-operator",
+            "ConfigMap",
+            "gpu-agent-config",
+            move |o| {
+                o["data"]["config.toml"] = s(&o["data"]["config.toml"]).replace(from, to).into();
+            },
+        )
+    };
+    let p = port_problems(&config(":9464\"", ":9000\""));
+    let from = "http.metrics_addr in /etc/gpu-agent/config.toml";
+    assert_found(&p, &format!("no containerPort for {from} (0.0.0.0:9000)"));
     assert_found(
         &p,
-        "no containerPort for http.addr in /etc/gpu-agent/config.toml (0.0.0.0:9000)",
-    );
-    assert_found(
-        &p,
-        "livenessProbe.httpGet is /healthz on port http, not /healthz on http.addr",
+        &format!("livenessProbe.httpGet is /healthz on port metrics, not /healthz on {from}"),
     );
     assert_found(
         &p,
         "endpoints[0].port http-metrics does not reach the agent's pods",
     );
+    let p = port_problems(&config(
+        "addr = \"127.0.0.1:9465\"",
+        "addr = \"0.0.0.0:9465\"",
+    ));
+    assert_found(
+        &p,
+        "http.addr in /etc/gpu-agent/config.toml is 0.0.0.0:9465: it serves /debug/*",
+    );
+    assert_eq!(p.len(), 1, "{p:#?}");
+    let p = port_problems(&config("metrics_addr = \"0.0.0.0:9464\"", ""));
+    assert_found(&p, "the agent has no --metrics-addr or http.metrics_addr");
     let r = edited(
         "deploy/overlays/prometheus-operator",
         "ServiceMonitor",
@@ -1025,7 +1234,7 @@ fn privilege_check_catches_a_gpu_request_no_host_pid_a_writable_mount_missing_ca
         c["resources"]["limits"]["nvidia.com/gpu"] = 1.into();
         c["volumeMounts"][1]["readOnly"] = false.into();
         c["securityContext"]["capabilities"]["add"] =
-            serde_yaml::from_str("[PERFMON, SYS_ADMIN]").unwrap();
+            serde_yaml::from_str("[PERFMON, DAC_READ_SEARCH, DAC_OVERRIDE, SYS_RESOURCE]").unwrap();
     });
     let p = privilege_problems(&r);
     assert_found(&p, "hostPID must be true");
@@ -1035,7 +1244,72 @@ fn privilege_check_catches_a_gpu_request_no_host_pid_a_writable_mount_missing_ca
     );
     assert_found(&p, "hostPath mount /sys/fs/cgroup must be readOnly");
     assert_found(&p, "lacks BPF (load the eBPF programs and maps)");
-    assert_eq!(p.len(), 6, "{p:#?}");
+    assert_eq!(p.len(), 4, "{p:#?}");
+}
+
+#[test]
+fn privilege_check_catches_root_escalation_sys_admin_and_caps_the_image_lacks() {
+    let r = edited("deploy/kubernetes", "DaemonSet", "gpu-agent", |ds| {
+        let sc = &mut ds["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+        sc["runAsUser"] = 0.into();
+        sc["runAsNonRoot"] = false.into();
+        sc.as_mapping_mut()
+            .unwrap()
+            .remove("allowPrivilegeEscalation");
+        sc["capabilities"]["add"] = serde_yaml::from_str(
+            "[BPF, PERFMON, DAC_READ_SEARCH, DAC_OVERRIDE, SYS_RESOURCE, NET_ADMIN]",
+        )
+        .unwrap();
+    });
+    let p = privilege_problems(&r);
+    assert_found(
+        &p,
+        "securityContext runs as root (runAsUser 0, runAsNonRoot false)",
+    );
+    assert_found(&p, "allowPrivilegeEscalation must be false");
+    assert_found(
+        &p,
+        "capabilities.add NET_ADMIN is not in deploy/Dockerfile's setcap",
+    );
+    assert_eq!(p.len(), 3, "{p:#?}");
+    let r = edited("deploy/kubernetes", "DaemonSet", "gpu-agent", |ds| {
+        let sc = &mut ds["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+        let add = sc["capabilities"]["add"].as_sequence_mut().unwrap();
+        add.push("SYS_ADMIN".into());
+    });
+    let p = privilege_problems(&r);
+    assert_found(&p, "allowPrivilegeEscalation: false with SYS_ADMIN");
+    assert_found(
+        &p,
+        "SYS_ADMIN or AppArmor Unconfined outside components/tracefs-mount",
+    );
+    assert_eq!(p.len(), 2, "{p:#?}");
+    // The component itself passes.
+    assert_none(privilege_problems(render(
+        "deploy/kubernetes + components/tracefs-mount",
+    )));
+}
+
+#[test]
+fn network_policy_check_catches_an_open_source_another_port_and_no_policy() {
+    let r = edited("deploy/kubernetes", "NetworkPolicy", "gpu-agent", |np| {
+        let rule = &mut np["spec"]["ingress"][0];
+        rule.as_mapping_mut().unwrap().remove("from");
+        rule["ports"][0]["port"] = 9465.into();
+    });
+    let p = network_policy_problems(&r);
+    assert_found(
+        &p,
+        "NetworkPolicy gpu-agent: ingress[0] admits every namespace",
+    );
+    assert_found(&p, "ingress[0].ports must be the metrics port only (9464)");
+    assert_eq!(p.len(), 2, "{p:#?}");
+    let mut r = render("deploy/kubernetes").clone();
+    r.objs.retain(|o| o["kind"] != "NetworkPolicy");
+    assert_found(
+        &network_policy_problems(&r),
+        "no NetworkPolicy selects the agent's pods",
+    );
 }
 
 #[test]

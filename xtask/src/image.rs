@@ -99,6 +99,9 @@ pub fn build(dockerd: &Dockerd, bin: &Path, opts: &Options) -> Result<()> {
     let _ = std::fs::remove_file(&log);
     let mut cmd = dockerd.cmd(&[
         "build",
+        // RUN steps (setcap) need a network namespace, and this dockerd has no bridge.
+        "--network",
+        "host",
         "--target",
         "prebuilt",
         "--build-arg",
@@ -139,7 +142,8 @@ fn stage_context(bin: &Path) -> Result<PathBuf> {
 pub fn ensure_base_rootfs(refresh: bool) -> Result<PathBuf> {
     let dir = workspace_root().join("target/image");
     std::fs::create_dir_all(&dir)?;
-    let tar = dir.join(format!("debian-{SUITE}-minbase.tar"));
+    // "-setcap": a base cached before libcap2-bin was included is not reused.
+    let tar = dir.join(format!("debian-{SUITE}-minbase-setcap.tar"));
     if tar.is_file() && !refresh {
         eprintln!(
             "xtask: base root filesystem {} (cached; --refresh-base rebuilds it)",
@@ -158,7 +162,8 @@ pub fn ensure_base_rootfs(refresh: bool) -> Result<PathBuf> {
     );
     proc::logged(
         Command::new("debootstrap")
-            .args(["--variant=minbase", SUITE])
+            // setcap, for the Dockerfile's file capabilities, without reaching Debian at build time.
+            .args(["--variant=minbase", "--include=libcap2-bin", SUITE])
             .arg(&root)
             .arg(MIRROR),
         &log,

@@ -72,7 +72,7 @@ enum Cmd {
         /// The image's name and tag.
         #[arg(long, default_value_t = image::default_tag())]
         tag: String,
-        /// Rebuild the cached debootstrap base (target/image/debian-bookworm-minbase.tar).
+        /// Rebuild the cached debootstrap base (target/image/debian-bookworm-minbase-setcap.tar).
         #[arg(long)]
         refresh_base: bool,
         /// A base image to build on instead (pulled: pin it by digest).
