@@ -315,6 +315,8 @@ pub struct Placement {
     pub extra_env: Vec<(String, String)>,
     /// Appended to the container's args.
     pub extra_args: Vec<String>,
+    /// `--user` instead of the pod's runAsUser/runAsGroup (None: the pod's).
+    pub user: Option<String>,
 }
 
 impl AgentSpec {
@@ -365,6 +367,7 @@ impl AgentSpec {
             }
         }
         match (self.run_as_user, self.run_as_group) {
+            _ if p.user.is_some() => a.push(format!("--user={}", p.user.as_deref().unwrap())),
             (Some(u), Some(g)) => a.push(format!("--user={u}:{g}")),
             (Some(u), None) => a.push(format!("--user={u}")),
             _ => {}
@@ -544,6 +547,7 @@ spec:
             extra_flags: vec![],
             extra_env: vec![],
             extra_args: vec!["--x".into()],
+            user: None,
         }
     }
 

@@ -180,6 +180,7 @@ pub fn run(release: bool) -> Result<()> {
         nvml: &nvml,
         deadline,
     };
+    let tracefs = HostTracefs::ensure()?;
     let r = session(&mut tally, &work, &inputs, &mut fleet);
     if let Err(e) = &r {
         tally.case("harness", "ran to the end", Err(format!("{e:#}")));
@@ -187,6 +188,7 @@ pub fn run(release: bool) -> Result<()> {
     let work_path = work.path.clone();
     work.remove();
     leftovers.remove();
+    tracefs.restore();
     tally.case(
         "cleanup",
         "no container, cgroup, mount, process or directory left",
@@ -201,6 +203,42 @@ pub fn run(release: bool) -> Result<()> {
 
 /// The runtimes of the run. Dropped in field order: podman's containers, containerd's
 /// pods (and their cgroups), then dockerd with the agent and the docker containers.
+/// tracefs on the host's /sys/kernel/tracing, as systemd mounts it at boot on a node: the
+/// DaemonSet mounts that path read-only and no longer carries CAP_SYS_ADMIN to mount it
+/// itself (components/tracefs-mount does). Mounted here only when missing, and unmounted
+/// after.
+struct HostTracefs {
+    mounted_here: bool,
+}
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+impl HostTracefs {
+    fn ensure() -> Result<HostTracefs> {
+        let mounted = std::fs::read_to_string("/proc/self/mountinfo")?
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(TRACEFS) && l.contains(" - tracefs "));
+        if mounted {
+            return Ok(HostTracefs {
+                mounted_here: false,
+            });
+        }
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tracefs", "tracefs", TRACEFS])
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "mount -t tracefs tracefs {TRACEFS} failed");
+        eprintln!("e2e: mounted tracefs on {TRACEFS} (as systemd does on a node); unmounted after");
+        Ok(HostTracefs { mounted_here: true })
+    }
+
+    fn restore(self) {
+        if self.mounted_here {
+            let _ = std::process::Command::new("umount").arg(TRACEFS).status();
+        }
+    }
+}
+
 struct Runtimes {
     podman: Option<Podman>,
     ctd: Option<Containerd>,
@@ -547,7 +585,8 @@ fn run_agent(t: &mut Tally, r: &AgentRun) -> Result<AgentContainer> {
     workloads::write_caps_wrapper(r.oci_dir, &unnamed)?;
     let mut left_out = unnamed.clone();
     left_out.extend(not_here.iter().cloned());
-    let placement = e2e_placement(r, port, &left_out, !unnamed.is_empty())?;
+    // Always the wrapper: it grants capabilities the way a CRI runtime does (see there).
+    let placement = e2e_placement(r, port, &left_out, true)?;
     let mut cli = vec!["run".to_string()];
     cli.extend(r.spec.docker_run_args(&placement)?);
     eprintln!("e2e: docker {}", plain::shell_words(&cli));
@@ -693,6 +732,7 @@ fn e2e_placement(
             "--nvml-lib".into(),
             "/opt/fake-nvml/libnvidia_ml.so".into(),
         ],
+        user: None,
     })
 }
 

@@ -58,6 +58,11 @@ mod t {
             ],
             extra_env: vec![],
             extra_args: vec![],
+            // Root, with the same capability set: Docker (20.10.14 and later) gives a
+            // non-root container its added capabilities in the bounding set only, and
+            // no-new-privileges then keeps the binary's file capabilities from taking
+            // effect. containerd and CRI-O, under the DaemonSet, grant them as permitted.
+            user: Some("0:0".into()),
         }
     }
 

@@ -130,10 +130,10 @@ pub fn caps_unknown_to(dockerd: &Dockerd, caps: &[String]) -> Vec<String> {
 }
 
 /// An OCI runtime (runc behind a small wrapper) that adds `caps` to the bounding,
-/// effective and permitted sets of the container it creates, as the DaemonSet's
-/// `capabilities.add` would through containerd or CRI-O. The agent's container runs with
-/// it only where dockerd cannot name a capability itself; the harness then checks the
-/// process's capability sets in /proc against the manifest.
+/// effective and permitted sets of the container it creates, and grants a non-root
+/// container its bounding set as permitted, as the DaemonSet's `capabilities.add` does
+/// through containerd or CRI-O. The agent's container always runs with it; the harness
+/// then checks the process's capability sets in /proc against the manifest.
 pub fn write_caps_wrapper(dir: &Path, caps: &[String]) -> Result<PathBuf> {
     // Rewritten in place (dockerd knows it by path): write a new file and rename it.
     let runc = on_path("runc").context("runc is not installed: apt-get install runc")?;
@@ -164,6 +164,13 @@ if "create" in args and bundle:
     for kind in ("bounding", "effective", "permitted"):
         have = caps.setdefault(kind, [])
         have.extend(c for c in ADD if c not in have)
+    # containerd and CRI-O grant a non-root container its added capabilities as permitted
+    # (what the image's file capabilities then keep under no-new-privileges); dockerd
+    # 20.10.14+ puts them in the bounding set only. Do as the CRI runtimes do.
+    if spec["process"].get("user", {{}}).get("uid", 0) != 0:
+        for kind in ("effective", "permitted"):
+            have = caps.setdefault(kind, [])
+            have.extend(c for c in caps["bounding"] if c not in have)
     with open(path + ".tmp", "w") as f:
         json.dump(spec, f)
     os.rename(path + ".tmp", path)
