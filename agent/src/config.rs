@@ -20,6 +20,9 @@ pub struct Config {
     /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
     pub node_name: Option<String>,
     pub metadata: MetadataConfig,
+    /// dcgm-exporter compatibility and XID events: see [`DcgmConfig`], [`XidConfig`].
+    pub dcgm: DcgmConfig,
+    pub xid: XidConfig,
 }
 
 /// The node's sockets for names and GPU allocations.
@@ -310,14 +313,7 @@ impl Config {
         if !(100..=60_000).contains(&self.nvml.interval_ms) {
             return invalid("nvml.interval_ms", "must be between 100 and 60000");
         }
-        if let Some(c) = &self.prometheus.compat {
-            if c != "dcgm" {
-                return invalid(
-                    "prometheus.compat",
-                    "the only compatibility mode is \"dcgm\"",
-                );
-            }
-        }
+        self.validate_dcgm()?;
         if self.metadata.allocation_interval_secs == 0 {
             return invalid("metadata.allocation_interval_secs", "must be at least 1");
         }
@@ -337,6 +333,79 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// dcgm-exporter compatibility (`--prometheus-compat dcgm` or `dcgm-virtual-gpus`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DcgmConfig {
+    /// A dcgm-exporter counters CSV (`-f`, `--collectors`): the DCGM fields to serve, with
+    /// their types and help. dcgm-exporter's default counters when unset.
+    pub collectors: Option<PathBuf>,
+}
+
+/// XID errors: NVML's event API counts them per GPU; the kernel log names the process.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct XidConfig {
+    /// Where the kernel log is read to charge an XID to the process (and container) it
+    /// names; "" does not read it. Needs CAP_SYSLOG (or kernel.dmesg_restrict=0).
+    pub kmsg: PathBuf,
+}
+
+impl Default for XidConfig {
+    fn default() -> Self {
+        XidConfig {
+            kmsg: PathBuf::from("/dev/kmsg"),
+        }
+    }
+}
+
+impl XidConfig {
+    pub fn kmsg_path(&self) -> Option<PathBuf> {
+        (!self.kmsg.as_os_str().is_empty()).then(|| self.kmsg.clone())
+    }
+}
+
+impl Config {
+    /// `prometheus.compat` and `dcgm.collectors`: a counters CSV that names a field gpu-agent
+    /// cannot serve is refused, naming the line.
+    fn validate_dcgm(&self) -> Result<(), ConfigError> {
+        self.dcgm_compat().map(|_| ())
+    }
+
+    /// What `--prometheus-compat` serves, with the counters CSV read; None without it.
+    pub fn dcgm_compat(&self) -> Result<Option<otel::dcgm::DcgmCompat>, ConfigError> {
+        use otel::dcgm::{DcgmCompat, Mode};
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let Some(c) = &self.prometheus.compat else {
+            if self.dcgm.collectors.is_some() {
+                return Err(invalid(
+                    "dcgm.collectors",
+                    "needs prometheus.compat (\"dcgm\" or \"dcgm-virtual-gpus\")".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let mode = Mode::parse(c).ok_or_else(|| {
+            invalid(
+                "prometheus.compat",
+                format!("expected \"dcgm\" or \"dcgm-virtual-gpus\", got {c:?}"),
+            )
+        })?;
+        let Some(path) = &self.dcgm.collectors else {
+            return Ok(Some(DcgmCompat::defaults(mode)));
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            invalid(
+                "dcgm.collectors",
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        DcgmCompat::from_csv(mode, &text)
+            .map(Some)
+            .map_err(|e| invalid("dcgm.collectors", format!("{}: {e}", path.display())))
     }
 }
 

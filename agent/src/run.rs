@@ -98,7 +98,14 @@ impl Sources {
         // NVML calls block: they run on a thread of their own and send samples here.
         let (gpu_tx, gpu_rx) = tokio::sync::mpsc::channel(2);
         if config.nvml.enabled {
-            sampler::spawn(config.nvml.clone(), gpu_tx, stats.clone(), stop.clone())?;
+            let xid = config.xid.clone();
+            sampler::spawn(
+                config.nvml.clone(),
+                xid,
+                gpu_tx,
+                stats.clone(),
+                stop.clone(),
+            )?;
         }
         let mut tasks = vec![];
         // Names and allocations: their own task, asked when an unknown container id shows up.
@@ -203,11 +210,12 @@ async fn serve_http(
     stop: &CancellationToken,
 ) -> Result<JoinHandle<()>> {
     let node = node_identity(config);
+    let dcgm = config.dcgm_compat()?;
     let prometheus = config.prometheus.enabled.then(|| {
         Arc::new(otel::prometheus::PromOptions {
             node,
             groups: config.metrics.clone(),
-            dcgm_compat: config.prometheus.compat.as_deref() == Some("dcgm"),
+            dcgm,
         })
     });
     let app = http::router(http::AppState {

@@ -77,6 +77,7 @@ fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[Dev
     };
     let mut uuids = vec![];
     for a in metadata.allocations_of(ns, pod, name) {
+        c.allocated_device_ids.extend(a.device_ids.iter().cloned());
         for id in &a.device_ids {
             let uuid = match parse_device_id(id) {
                 Some(DeviceRef::Uuid(u)) => Some(u),
@@ -320,6 +321,7 @@ pub fn join(
         devices,
         containers,
         processes,
+        container_xids: vec![],
     };
     (snap, counters)
 }
@@ -333,6 +335,7 @@ const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
 pub struct Joiner {
     counters: Counters,
     unresolved: HashMap<u32, Instant>,
+    xids: super::xid_charge::XidCharges,
 }
 
 /// What one cycle found out about the sample's PIDs.
@@ -381,7 +384,7 @@ impl Joiner {
         max_gap: Duration,
         process_detail: bool,
     ) -> Snapshot {
-        let (snap, counters) = join(
+        let (mut snap, counters) = join(
             procs,
             metadata,
             sample,
@@ -391,6 +394,7 @@ impl Joiner {
             process_detail,
         );
         self.counters = counters;
+        snap.container_xids = self.xids.charge(procs, metadata, sample);
         snap
     }
 }

@@ -83,7 +83,11 @@ async fn metrics(AxState(app): AxState<AppState>) -> axum::response::Response {
     };
     let snap = app.snapshot.borrow().clone();
     let stats = app.stats.report(&snap.nvml);
-    let body = otel::prometheus::render(&snap, &stats, &opts);
+    // Streamed: made a family at a time as the client reads.
+    let chunks = otel::prometheus::chunks(snap, stats, opts);
+    let body = axum::body::Body::from_stream(futures_util::stream::iter(
+        chunks.map(Ok::<_, std::convert::Infallible>),
+    ));
     (
         [(
             axum::http::header::CONTENT_TYPE,
