@@ -123,6 +123,8 @@ pub struct EbpfConfig {
 pub struct CacheConfig {
     /// How long an exited process stays joinable (an NVML sample taken just before exit).
     pub tombstone_secs: u64,
+    /// At most this many exited processes are kept; an exit storm evicts the oldest.
+    pub max_tombstones: usize,
     /// /proc mode only: how often /proc is rescanned.
     pub procfs_rescan_secs: u64,
 }
@@ -175,10 +177,17 @@ impl EbpfConfig {
     }
 }
 
+impl CacheConfig {
+    pub fn tombstone(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.tombstone_secs)
+    }
+}
+
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
             tombstone_secs: 5,
+            max_tombstones: 16_384,
             procfs_rescan_secs: 5,
         }
     }
@@ -216,6 +225,30 @@ pub struct Loaded {
     pub config: Config,
     /// Where and how to push OTLP; None when no endpoint is configured anywhere.
     pub otlp: Option<otel::export::OtlpSettings>,
+}
+
+impl Loaded {
+    /// The sections that differ in `newer`: what a SIGHUP would change.
+    pub fn changed_sections(&self, newer: &Loaded) -> Vec<&'static str> {
+        let (a, b) = (&self.config, &newer.config);
+        let mut out = vec![];
+        let mut check = |name, same: bool| {
+            if !same {
+                out.push(name);
+            }
+        };
+        check("http", a.http == b.http);
+        check("ebpf", a.ebpf == b.ebpf);
+        check("cache", a.cache == b.cache);
+        check("cgroup", a.cgroup == b.cgroup);
+        check("nvml", a.nvml == b.nvml);
+        check("prometheus", a.prometheus == b.prometheus);
+        check("otlp", a.otlp == b.otlp && self.otlp == newer.otlp);
+        check("metrics", a.metrics == b.metrics);
+        check("node_name", a.node_name == b.node_name);
+        check("metadata", a.metadata == b.metadata);
+        out
+    }
 }
 
 impl Config {
@@ -279,60 +312,157 @@ impl Config {
         Ok(config)
     }
 
+    /// Every value in range, so that nothing downstream can overflow or fail forever on
+    /// it. Errors name the field and what it allows.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |field, message: &str| {
-            Err(ConfigError::Invalid {
-                field,
-                message: message.into(),
-            })
-        };
+        self.ebpf.validate()?;
+        self.nvml.validate()?;
+        self.cache.validate()?;
+        self.cgroup.validate()?;
+        self.metadata.validate()?;
+        self.validate_dcgm()?;
+        Ok(())
+    }
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid {
+        field,
+        message: message.into(),
+    })
+}
+
+/// `value` within `lo..=hi` (in `unit`), or an error naming the field and the range.
+fn in_range(
+    field: &'static str,
+    value: u64,
+    lo: u64,
+    hi: u64,
+    unit: &str,
+) -> Result<(), ConfigError> {
+    if (lo..=hi).contains(&value) {
+        return Ok(());
+    }
+    invalid(field, format!("{value} is outside {lo}..={hi}{unit}"))
+}
+
+/// A ring buffer larger than this pins more kernel memory than any node needs.
+const RING_BUFFER_MAX: u32 = 256 << 20;
+
+impl EbpfConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         let page = page_size();
-        let rb = self.ebpf.ring_buffer_bytes;
-        if !rb.is_power_of_two() || rb < page {
+        let rb = self.ring_buffer_bytes;
+        if !rb.is_power_of_two() || !(page..=RING_BUFFER_MAX).contains(&rb) {
             return invalid(
                 "ebpf.ring_buffer_bytes",
-                &format!("must be a power of two and at least the page size ({page}), got {rb}"),
+                format!(
+                    "must be a power of two between the page size ({page}) and \
+                     {RING_BUFFER_MAX}, got {rb}"
+                ),
             );
         }
-        if self
-            .ebpf
-            .max_processes
-            .is_some_and(|m| !(1024..=4_194_304).contains(&m))
-        {
-            return invalid("ebpf.max_processes", "must be between 1024 and 4194304");
+        if let Some(m) = self.max_processes {
+            in_range("ebpf.max_processes", m.into(), 1024, 4_194_304, "")?;
         }
-        if self.ebpf.poll_interval_ms == 0 || self.ebpf.poll_interval_ms > 10_000 {
-            return invalid("ebpf.poll_interval_ms", "must be between 1 and 10000");
-        }
-        if self.ebpf.wakeup_bytes > rb {
+        in_range(
+            "ebpf.poll_interval_ms",
+            self.poll_interval_ms,
+            1,
+            10_000,
+            " ms",
+        )?;
+        if self.wakeup_bytes > rb {
             return invalid(
                 "ebpf.wakeup_bytes",
                 "must not exceed ebpf.ring_buffer_bytes (equal: never wake early)",
             );
         }
-        if !(100..=60_000).contains(&self.nvml.interval_ms) {
-            return invalid("nvml.interval_ms", "must be between 100 and 60000");
+        Ok(())
+    }
+}
+
+impl NvmlConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range("nvml.interval_ms", self.interval_ms, 100, 60_000, " ms")
+    }
+}
+
+impl CacheConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range("cache.tombstone_secs", self.tombstone_secs, 1, 3600, " s")?;
+        in_range(
+            "cache.max_tombstones",
+            self.max_tombstones as u64,
+            16,
+            1 << 20,
+            "",
+        )?;
+        in_range(
+            "cache.procfs_rescan_secs",
+            self.procfs_rescan_secs,
+            1,
+            3600,
+            " s",
+        )
+    }
+}
+
+/// The v1 controllers a hierarchy can be named by (Linux's cgroup_subsys list), besides
+/// named hierarchies (`name=...`).
+const V1_CONTROLLERS: [&str; 14] = [
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "devices",
+    "freezer",
+    "net_cls",
+    "net_prio",
+    "blkio",
+    "perf_event",
+    "hugetlb",
+    "pids",
+    "rdma",
+    "misc",
+];
+
+impl CgroupConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let h = self.v1_hierarchy.as_str();
+        let named = h.strip_prefix("name=").is_some_and(|n| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        });
+        if !(matches!(h, "auto" | "none") || named || V1_CONTROLLERS.contains(&h)) {
+            return invalid(
+                "cgroup.v1_hierarchy",
+                format!(
+                    "{h:?} is not auto, none, name=<hierarchy> or a v1 controller ({})",
+                    V1_CONTROLLERS.join(", ")
+                ),
+            );
         }
-        self.validate_dcgm()?;
-        if self.metadata.allocation_interval_secs == 0 {
-            return invalid("metadata.allocation_interval_secs", "must be at least 1");
-        }
-        if self.cache.procfs_rescan_secs == 0 {
-            return invalid("cache.procfs_rescan_secs", "must be at least 1");
-        }
-        match self.cgroup.v1_hierarchy.as_str() {
-            "auto" | "none" => {}
-            s if s
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=') => {}
-            _ => {
-                return invalid(
-                    "cgroup.v1_hierarchy",
-                    "expected auto, none or a controller name",
-                )
-            }
+        if !self.proc_root.join("self").is_dir() {
+            return invalid(
+                "cgroup.proc_root",
+                format!("{} is not a mounted /proc", self.proc_root.display()),
+            );
         }
         Ok(())
+    }
+}
+
+impl MetadataConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range(
+            "metadata.allocation_interval_secs",
+            self.allocation_interval_secs,
+            1,
+            86_400,
+            " s",
+        )
     }
 }
 

@@ -204,7 +204,8 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(gpu_agent::run::run(loaded, prep_error)) {
+    let reload: gpu_agent::run::Reload = Box::new(move || load_config(&args.sources, Some(&args)));
+    match rt.block_on(gpu_agent::run::run(loaded, prep_error, reload)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

@@ -89,7 +89,12 @@ impl Pipeline {
                         self.tracker.rescan_procfs();
                     }
                 }
-                _ = gc.tick() => self.tracker.gc(),
+                _ = gc.tick() => {
+                    let gone = self.tracker.gc();
+                    if let Some(names) = self.names.as_mut().filter(|_| !gone.is_empty()) {
+                        names.gone(gone);
+                    }
+                }
                 Some(msg) = gpu.recv() => self.on_gpu(msg),
             }
         }

@@ -54,8 +54,7 @@ impl Sources {
             "cgroup hierarchies"
         );
         let source = load_ebpf(config, &hierarchies, prep_error, &stats);
-        let tombstone = Duration::from_secs(config.cache.tombstone_secs);
-        let tracker = Tracker::new(hierarchies, procfs, source, tombstone, stats.clone());
+        let tracker = Tracker::new(hierarchies, procfs, source, &config.cache, stats.clone());
         let first = Snapshot {
             nvml: if config.nvml.enabled {
                 SourceStatus::Starting
@@ -110,9 +109,9 @@ impl Sources {
         let mut tasks = vec![];
         // Names and allocations: their own task, asked when an unknown container id shows up.
         if config.metadata.enabled {
-            let src = MetadataSource::new(config.metadata.clone(), stats.metadata.clone());
+            let src = MetadataSource::new(config.metadata.clone(), stats.clone());
             pipeline.metadata = src.published();
-            let (tx, rx) = tokio::sync::mpsc::channel::<Vec<String>>(4);
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
             pipeline.names = Some(NameRequests::new(tx));
             let stop = stop.clone();
             tasks.push(tokio::spawn(crate::metadata::run(src, rx, stop)));
@@ -160,9 +159,16 @@ fn load_ebpf(
     }
 }
 
+/// Loads the configuration again (the file, the flags, the environment), for SIGHUP.
+pub type Reload = Box<dyn Fn() -> Result<Loaded, crate::config::ConfigError>>;
+
 /// `gpu-agent run`: until SIGTERM or SIGINT. `prep_error`: why tracefs could not be
 /// prepared, if so.
-pub async fn run(loaded: Loaded, prep_error: Option<String>) -> Result<()> {
+pub async fn run(loaded: Loaded, prep_error: Option<String>, reload: Reload) -> Result<()> {
+    // First: a signal during the start-up walk must not kill the agent by default action.
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+    let mut sighup = tokio::signal::unix::signal(SignalKind::hangup())?;
     let config = &loaded.config;
     let stop = CancellationToken::new();
     let mut sources = Sources::load(config, prep_error);
@@ -176,17 +182,36 @@ pub async fn run(loaded: Loaded, prep_error: Option<String>) -> Result<()> {
         tasks.push(t);
     }
     tasks.extend(sources.spawn(config, &stop)?);
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = sigterm.recv() => {}
-        _ = sigint.recv() => {}
-        _ = stop.cancelled() => {}
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+            _ = stop.cancelled() => break,
+            _ = sighup.recv() => on_hangup(&loaded, &reload),
+        }
     }
     tracing::info!("shutting down");
     stop.cancel();
     shut_down(tasks).await;
     Ok(())
+}
+
+/// SIGHUP: the configuration is loaded and checked again. Nothing is swapped in a running
+/// agent (every section shapes a source or a sink at start), so a change is reported as
+/// needing a restart; a configuration that no longer loads is reported too. Never fatal.
+fn on_hangup(running: &Loaded, reload: &Reload) {
+    match reload() {
+        Err(e) => tracing::error!(
+            "SIGHUP: the configuration does not load ({e}); running on with the one loaded at start"
+        ),
+        Ok(newer) => match running.changed_sections(&newer).as_slice() {
+            [] => tracing::info!("SIGHUP: the configuration is unchanged"),
+            changed => tracing::warn!(
+                sections = %changed.join(", "),
+                "SIGHUP: the configuration changed; restart the agent to apply it (nothing is reloaded live)"
+            ),
+        },
+    }
 }
 
 /// Waits for the stopped tasks, all within one deadline.
@@ -250,14 +275,14 @@ fn start_exporter(
         return Ok(None);
     };
     let config = &loaded.config;
-    *handles.stats.otlp.write().unwrap() = ExportTarget::Url(settings.url.clone());
+    *handles.stats.otlp.write().unwrap() = ExportTarget::Url(settings.redacted_url());
     let ctx = otel::otlp::ExportContext {
         node: node_identity(config),
         service_name: settings.service_name.clone(),
         resource_attributes: settings.resource_attributes.clone(),
         groups: config.metrics.clone(),
     };
-    tracing::info!(url = %settings.url, protocol = ?settings.protocol,
+    tracing::info!(url = %settings.redacted_url(), protocol = ?settings.protocol,
         interval = ?settings.interval, "pushing OTLP metrics");
     let ex = otel::export::OtlpExporter::new(settings, handles.stats.export.clone())
         .map_err(|e| anyhow::anyhow!("OTLP exporter: {e}"))?;

@@ -26,6 +26,7 @@ pub struct Stats {
     pub kernel_read_errors: AtomicU64,
     pub cached_processes: AtomicU64,
     pub tombstones: AtomicU64,
+    pub tombstones_evicted: AtomicU64,
     pub cgroups_known: AtomicU64,
     pub startup_walk_ms: AtomicU64,
     pub ebpf_load_ms: AtomicU64,
@@ -40,6 +41,8 @@ pub struct Stats {
     pub otlp: RwLock<ExportTarget>,
     /// Written by the metadata source, the one owner of its sockets' health.
     pub metadata: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
+    /// Containers the metadata sources can name right now.
+    pub metadata_names: AtomicU64,
     mode: RwLock<(TrackingMode, Option<String>)>,
     pub programs: RwLock<Vec<ProgramStats>>,
     /// Unix ms when the agent started.
@@ -79,6 +82,7 @@ impl Stats {
             kernel_read_errors: n(&self.kernel_read_errors),
             cached_processes: n(&self.cached_processes),
             tombstones: n(&self.tombstones),
+            tombstones_evicted: n(&self.tombstones_evicted),
             cgroups_known: n(&self.cgroups_known),
             startup_walk_ms: n(&self.startup_walk_ms),
             ebpf_load_ms: n(&self.ebpf_load_ms),
@@ -90,6 +94,7 @@ impl Stats {
             gpu_processes_unresolved: n(&self.gpu_processes_unresolved),
             otlp: self.otlp.read().unwrap().clone(),
             metadata: self.metadata.read().unwrap().clone(),
+            metadata_names: n(&self.metadata_names),
             export_sent: n(&self.export.sent),
             export_failures: n(&self.export.failures),
             export_dropped_batches: n(&self.export.dropped_batches),

@@ -199,6 +199,8 @@ pub struct AgentStats {
     pub kernel_read_errors: u64,
     pub cached_processes: u64,
     pub tombstones: u64,
+    /// Exited processes dropped by `cache.max_tombstones` before they expired.
+    pub tombstones_evicted: u64,
     pub cgroups_known: u64,
     pub startup_walk_ms: u64,
     pub ebpf_load_ms: u64,
@@ -215,6 +217,8 @@ pub struct AgentStats {
     pub otlp: ExportTarget,
     /// Each metadata source's health: "cri", "pod_resources", "docker".
     pub metadata: BTreeMap<String, SourceStatus>,
+    /// Containers the metadata sources can name now (removed containers are forgotten).
+    pub metadata_names: u64,
     pub export_sent: u64,
     pub export_failures: u64,
     pub export_dropped_batches: u64,

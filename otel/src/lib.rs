@@ -6,6 +6,7 @@ pub mod dcgm;
 pub mod export;
 pub mod otlp;
 pub mod prometheus;
+pub mod settings;
 
 /// Which metric groups a sink emits (dcgm-exporter's field lists, coarser).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]

@@ -75,7 +75,7 @@ pub struct Agent {
     child: Child,
     pub addr: String,
     log: Arc<Mutex<Vec<String>>>,
-    _config: Option<tempfile_path::TempPath>,
+    config: Option<tempfile_path::TempPath>,
 }
 
 mod tempfile_path {
@@ -157,7 +157,7 @@ impl Agent {
             child,
             addr,
             log,
-            _config: config,
+            config,
         };
         agent.wait_until("readyz", Duration::from_secs(30), || {
             http::get(&agent.addr, "/readyz").is_ok_and(|(s, _)| s == 200)
@@ -167,6 +167,11 @@ impl Agent {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The config file the agent was started with (a test may edit it, then SIGHUP).
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.config.as_ref().map(|c| c.0.as_path())
     }
 
     pub fn log(&self) -> String {

@@ -124,3 +124,76 @@ fn sigterm_exits_zero_in_ebpf_mode() {
     std::thread::sleep(Duration::from_millis(100));
     assert!(agent.stop().success());
 }
+
+/// What check-config and run both refuse (one validation), each naming the field: values
+/// that used to pass and then crash the agent or fail every export.
+#[test]
+fn check_config_and_run_refuse_values_that_would_crash_or_fail_forever() {
+    let not_pem = temp_config("not a certificate");
+    let not_pem_ca = format!(
+        "[otlp]\nendpoint = \"https://c:4318\"\ncertificate = \"{}\"\n",
+        not_pem.display()
+    );
+    let cases: &[(&str, &str)] = &[
+        (
+            "[cache]\ntombstone_secs = 9223372036854775807\n",
+            "cache.tombstone_secs",
+        ),
+        (
+            "[ebpf]\nring_buffer_bytes = 2147483648\n",
+            "ebpf.ring_buffer_bytes",
+        ),
+        (
+            "[otlp]\nendpoint = \"http://c:4318\"\ninterval_ms = 1\n",
+            "otlp.interval_ms",
+        ),
+        (
+            "[cgroup]\nv1_hierarchy = \"memroy\"\n",
+            "cgroup.v1_hierarchy",
+        ),
+        (
+            "[cgroup]\nproc_root = \"/nonexistent/proc\"\n",
+            "cgroup.proc_root",
+        ),
+        ("[otlp]\nendpoint = \"http://[::1\"\n", "otlp.endpoint"),
+        (
+            "[otlp]\nendpoint = \"http://c:4318\"\n[otlp.headers]\n\"x api\" = \"1\"\n",
+            "otlp.headers",
+        ),
+        (
+            "[otlp]\nendpoint = \"http://c:4318\"\n[otlp.headers]\nx-key = \"a\\nb\"\n",
+            "otlp.headers",
+        ),
+        (&not_pem_ca, "otlp.certificate"),
+    ];
+    for (text, field) in cases {
+        let file = temp_config(text);
+        for cmd in [&["check-config"][..], &["run", "--no-ebpf", "--config"][..]] {
+            let mut args = cmd.to_vec();
+            args.push(file.to_str().unwrap());
+            let (code, err) = run_agent(&args);
+            assert_eq!(code, 2, "{cmd:?} on {text:?}: {err}");
+            assert!(
+                err.contains(field),
+                "{cmd:?} on {text:?} names no {field}: {err}"
+            );
+        }
+        let _ = std::fs::remove_file(file);
+    }
+    // The environment is configuration too: a %0A in a header value is refused, unechoed.
+    let file = temp_config("");
+    let out = Command::new(agent_binary())
+        .args(["check-config", file.to_str().unwrap()])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "x-key=s3cr3t%0Aevil")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("OTEL_EXPORTER_OTLP_HEADERS") && !err.contains("s3cr3t"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(file);
+    let _ = std::fs::remove_file(not_pem);
+}

@@ -65,9 +65,13 @@ impl Env {
     }
 
     fn agent(&self, node: &FakeNode) -> Agent {
+        self.agent_with(node, "")
+    }
+
+    fn agent_with(&self, node: &FakeNode, extra_config: &str) -> Agent {
         let lib = fake_nvml_lib();
         let cfg = format!(
-            "[nvml]\ninterval_ms = 200\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\ndocker_socket = \"{}\"\nallocation_interval_secs = 1\n",
+            "{extra_config}[nvml]\ninterval_ms = 200\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\ndocker_socket = \"{}\"\nallocation_interval_secs = 1\n",
             node.cri.display(),
             node.pod_resources.display(),
             self.dir.join("no-docker.sock").display()
@@ -296,4 +300,37 @@ fn plain_docker_host_names_come_from_the_docker_api() {
     // Stop the stand-in's accept loop.
     let _ = std::os::unix::net::UnixStream::connect(&docker)
         .and_then(|mut s| std::io::Write::write_all(&mut s, b"GET /stop HTTP/1.1\r\n\r\n"));
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn names_of_removed_containers_are_forgotten() {
+    let env = Env::new();
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let p = Proc(cg.spawn(&mut sleeper()));
+    scenario(&env.scenario, &[p.pid()]);
+    let world = World::default();
+    world.set(vec![FakeContainer {
+        id: id.clone(),
+        pod_uid: uid.clone(),
+        namespace: "ml".into(),
+        pod: "trainer-0".into(),
+        name: "main".into(),
+        gpus: vec![],
+    }]);
+    let node = FakeNode::start(&env.dir, world.clone());
+    let agent = env.agent_with(&node, "[cache]\ntombstone_secs = 1\n");
+    wait(&agent, "the name", |s| {
+        container(s, &id).is_some_and(|c| c["pod_name"] == "trainer-0")
+    });
+    assert!(agent.stats()["metadata_names"].as_u64() >= Some(1));
+    // The container goes: its process, its cgroup, and (as a runtime would) its listing.
+    scenario(&env.scenario, &[]);
+    drop(p);
+    drop(cg);
+    world.set(vec![]);
+    agent.wait_until("the name forgotten", Duration::from_secs(15), || {
+        agent.stats()["metadata_names"].as_u64() == Some(0)
+    });
 }

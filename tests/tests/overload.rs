@@ -248,3 +248,30 @@ fn a_full_kernel_map_is_loud_and_lookups_still_fall_back() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates a pod cgroup"]
+fn an_exit_storm_keeps_at_most_max_tombstones() {
+    let agent = Agent::start("[cache]\ntombstone_secs = 600\nmax_tombstones = 500\n");
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let mut flood = storm(&cg, 3000);
+    assert!(flood.wait().unwrap().success());
+    agent.wait_until("the storm's exits", Duration::from_secs(20), || {
+        agent.stats()["tombstones_evicted"].as_u64().unwrap_or(0) >= 2000
+    });
+    let stats = agent.stats();
+    assert!(stats["tombstones"].as_u64().unwrap() <= 500, "{stats:#}");
+    // The newest exits are the ones kept.
+    let exited = agent
+        .json("/debug/processes?all=true")
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["exited"] == json!(true))
+        .count();
+    assert!(
+        (400..=500).contains(&exited),
+        "{exited} tombstones listed: {stats:#}"
+    );
+}

@@ -426,7 +426,7 @@ mod tests {
         registry.insert(0, 10, &format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{A}.scope"));
         registry.insert(0, 11, &format!("/kubepods/besteffort/pod{UID}/{B}"));
         registry.insert(0, 1, "/");
-        let mut cache = ProcessCache::new(Duration::from_secs(5));
+        let mut cache = ProcessCache::new(Duration::from_secs(5), 1000);
         for (pid, cg) in [(100, 10), (101, 10), (200, 11), (300, 1)] {
             cache.upsert(ProcessEntry {
                 pid,

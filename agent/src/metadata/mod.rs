@@ -7,9 +7,9 @@ pub mod docker;
 pub mod podresources;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{HashMap, HashSet},
     path::PathBuf,
-    sync::{Arc, RwLock},
+    sync::{atomic::Ordering::Relaxed, Arc, RwLock},
     time::{Duration, Instant},
 };
 
@@ -17,7 +17,7 @@ use gpu_model::SourceStatus;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::MetadataConfig;
+use crate::{config::MetadataConfig, stats::Stats};
 
 /// What the runtime says about one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -50,6 +50,21 @@ pub struct Metadata {
 }
 
 impl Metadata {
+    fn learn(&mut self, id: String, names: ContainerNames) {
+        if let (Some(ns), Some(pod), Some(c)) =
+            (&names.namespace, &names.pod_name, &names.container_name)
+        {
+            self.ids_by_name
+                .insert((ns.clone(), pod.clone(), c.clone()), id.clone());
+        }
+        self.names.insert(id, names);
+    }
+
+    fn forget(&mut self, id: &str) {
+        self.names.remove(id);
+        self.ids_by_name.retain(|_, v| v != id);
+    }
+
     pub fn names_of(&self, container_id: &str) -> Option<&ContainerNames> {
         self.names.get(container_id)
     }
@@ -154,15 +169,17 @@ pub struct MetadataSource {
     /// Ids asked about that no source could name yet, with how many answered listings
     /// did not know them: retried on the timer, given up after a few.
     pending: Vec<(String, u32)>,
-    /// Each source's health ("cri", "pod_resources", "docker"), shown in /debug/stats.
-    status: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
+    /// Where each source's health ("cri", "pod_resources", "docker") and the count of
+    /// names known are shown (/debug/stats).
+    stats: Arc<Stats>,
+    /// Containers the runtime named: forgotten when a listing no longer has them.
+    from_cri: HashSet<String>,
+    /// Containers Docker named: asked again on the timer, forgotten once Docker says gone.
+    from_docker: HashSet<String>,
 }
 
 impl MetadataSource {
-    pub fn new(
-        cfg: MetadataConfig,
-        status: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
-    ) -> MetadataSource {
+    pub fn new(cfg: MetadataConfig, stats: Arc<Stats>) -> MetadataSource {
         MetadataSource {
             cfg,
             published: Arc::new(RwLock::new(Arc::new(Metadata::default()))),
@@ -171,7 +188,9 @@ impl MetadataSource {
             docker: Health::default(),
             last_cri_list: None,
             pending: vec![],
-            status,
+            stats,
+            from_cri: HashSet::new(),
+            from_docker: HashSet::new(),
         }
     }
 
@@ -202,58 +221,12 @@ impl MetadataSource {
         {
             return;
         }
-        let unknown: Vec<String> = self.pending.iter().map(|(id, _)| id.clone()).collect();
-        let mut answered = false;
         let mut md = (**self.published.read().unwrap()).clone();
-        let mut still_unknown: Vec<String> = unknown.to_vec();
-        if let Some(sock) = self.cri_socket() {
-            if self.cri.may_try() {
-                self.last_cri_list = Some(Instant::now());
-                match cri::list(&sock).await {
-                    Ok(list) => {
-                        answered = true;
-                        self.cri.ok("CRI");
-                        for (id, names) in list {
-                            if let (Some(ns), Some(pod), Some(c)) =
-                                (&names.namespace, &names.pod_name, &names.container_name)
-                            {
-                                md.ids_by_name
-                                    .insert((ns.clone(), pod.clone(), c.clone()), id.clone());
-                            }
-                            md.names.insert(id, names);
-                        }
-                        still_unknown.retain(|id| !md.names.contains_key(id));
-                        // Not listed (e.g. already removed): ask for its status directly.
-                        for id in still_unknown.clone() {
-                            if let Ok(Some(names)) = cri::status(&sock, &id).await {
-                                md.names.insert(id.clone(), names);
-                                still_unknown.retain(|u| u != &id);
-                            }
-                        }
-                    }
-                    Err(e) => self.cri.fail(&format!("CRI at {}", sock.display()), e),
-                }
-            }
-        } else if self.cri.failing.is_none() && !unknown.is_empty() {
-            self.cri.fail("CRI", "no runtime socket found".into());
-        }
+        let mut still_unknown: Vec<String> =
+            self.pending.iter().map(|(id, _)| id.clone()).collect();
+        let answered = self.list_cri(&mut md, &mut still_unknown).await;
         if !still_unknown.is_empty() && self.cfg.docker_socket.exists() && self.docker.may_try() {
-            for id in &still_unknown {
-                match docker::inspect(&self.cfg.docker_socket, id).await {
-                    Ok(Some(names)) => {
-                        self.docker.ok("Docker");
-                        md.names.insert(id.clone(), names);
-                    }
-                    Ok(None) => self.docker.ok("Docker"),
-                    Err(e) => {
-                        self.docker.fail(
-                            &format!("Docker at {}", self.cfg.docker_socket.display()),
-                            e,
-                        );
-                        break;
-                    }
-                }
-            }
+            self.inspect_docker(&mut md, &still_unknown).await;
         }
         // Ids nobody could name (sources down, or a container no runtime knows) are retried
         // a bounded number of times: pending is capped.
@@ -271,12 +244,89 @@ impl MetadataSource {
         self.publish(md);
     }
 
+    /// One CRI listing: every container's names, and those it no longer lists forgotten.
+    /// Returns whether the runtime answered.
+    async fn list_cri(&mut self, md: &mut Metadata, still_unknown: &mut Vec<String>) -> bool {
+        let Some(sock) = self.cri_socket() else {
+            if self.cri.failing.is_none() && !still_unknown.is_empty() {
+                self.cri.fail("CRI", "no runtime socket found".into());
+            }
+            return false;
+        };
+        if !self.cri.may_try() {
+            return false;
+        }
+        self.last_cri_list = Some(Instant::now());
+        let list = match cri::list(&sock).await {
+            Ok(list) => list,
+            Err(e) => {
+                self.cri.fail(&format!("CRI at {}", sock.display()), e);
+                return false;
+            }
+        };
+        self.cri.ok("CRI");
+        let listed: HashSet<String> = list.iter().map(|(id, _)| id.clone()).collect();
+        // Removed containers: their names go, so the map holds what exists.
+        for gone in self.from_cri.difference(&listed) {
+            md.forget(gone);
+        }
+        self.from_cri = listed;
+        for (id, names) in list {
+            md.learn(id, names);
+        }
+        still_unknown.retain(|id| !md.names.contains_key(id));
+        // Not listed (e.g. already removed): ask for its status directly.
+        for id in still_unknown.clone() {
+            if let Ok(Some(names)) = cri::status(&sock, &id).await {
+                md.names.insert(id.clone(), names);
+                still_unknown.retain(|u| u != &id);
+            }
+        }
+        true
+    }
+
+    async fn inspect_docker(&mut self, md: &mut Metadata, ids: &[String]) {
+        for id in ids {
+            match docker::inspect(&self.cfg.docker_socket, id).await {
+                Ok(Some(names)) => {
+                    self.docker.ok("Docker");
+                    md.names.insert(id.clone(), names);
+                    self.from_docker.insert(id.clone());
+                }
+                Ok(None) => {
+                    self.docker.ok("Docker");
+                    if self.from_docker.remove(id) {
+                        md.forget(id);
+                    }
+                }
+                Err(e) => {
+                    self.docker.fail(
+                        &format!("Docker at {}", self.cfg.docker_socket.display()),
+                        e,
+                    );
+                    break;
+                }
+            }
+        }
+    }
+
     /// The timer's work: allocations, and names still pending after a failure.
     pub async fn tick(&mut self) {
         self.refresh_allocations().await;
         if !self.pending.is_empty() && self.cri.may_try() {
             self.refresh_names(&[]).await;
         }
+    }
+
+    /// Containers whose cgroups are gone: their names are forgotten.
+    pub fn forget(&mut self, ids: &[String]) {
+        let mut md = (**self.published.read().unwrap()).clone();
+        for id in ids {
+            self.from_cri.remove(id);
+            self.from_docker.remove(id);
+            md.forget(id);
+        }
+        self.publish(md);
     }
 
     /// Re-reads the kubelet's device allocations.
@@ -306,22 +356,33 @@ impl MetadataSource {
     }
 
     fn report_health(&self) {
-        let mut st = self.status.write().unwrap();
+        let names = self.published.read().unwrap().names.len() as u64;
+        self.stats.metadata_names.store(names, Relaxed);
+        let mut st = self.stats.metadata.write().unwrap();
         st.insert("cri".into(), self.cri.status());
         st.insert("pod_resources".into(), self.podres.status());
         st.insert("docker".into(), self.docker.status());
     }
 }
 
+/// What the pipeline tells the metadata source.
+#[derive(Debug)]
+pub enum NameRequest {
+    /// Containers the join could not name.
+    Unknown(Vec<String>),
+    /// Containers whose cgroups are gone.
+    Gone(Vec<String>),
+}
+
 /// The sending side: asks the source about container ids the join could not name, each at
 /// most once a minute, so a container no runtime knows is not asked about every cycle.
 pub struct NameRequests {
-    tx: tokio::sync::mpsc::Sender<Vec<String>>,
+    tx: tokio::sync::mpsc::Sender<NameRequest>,
     asked: HashMap<String, Instant>,
 }
 
 impl NameRequests {
-    pub fn new(tx: tokio::sync::mpsc::Sender<Vec<String>>) -> NameRequests {
+    pub fn new(tx: tokio::sync::mpsc::Sender<NameRequest>) -> NameRequests {
         NameRequests {
             tx,
             asked: HashMap::new(),
@@ -345,14 +406,22 @@ impl NameRequests {
         for id in &unknown {
             self.asked.insert(id.clone(), now);
         }
-        let _ = self.tx.try_send(unknown);
+        let _ = self.tx.try_send(NameRequest::Unknown(unknown));
+    }
+
+    /// Containers gone: their names can be forgotten.
+    pub fn gone(&mut self, ids: Vec<String>) {
+        for id in &ids {
+            self.asked.remove(id);
+        }
+        let _ = self.tx.try_send(NameRequest::Gone(ids));
     }
 }
 
 /// Runs the metadata source until `stop`: refreshes names when asked, allocations on a timer.
 pub async fn run(
     mut src: MetadataSource,
-    mut requests: tokio::sync::mpsc::Receiver<Vec<String>>,
+    mut requests: tokio::sync::mpsc::Receiver<NameRequest>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(src.cfg.allocation_interval());
@@ -363,7 +432,10 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => src.tick().await,
-            Some(ids) = requests.recv() => src.refresh_names(&ids).await,
+            Some(r) = requests.recv() => match r {
+                NameRequest::Unknown(ids) => src.refresh_names(&ids).await,
+                NameRequest::Gone(ids) => src.forget(&ids),
+            },
         }
     }
 }

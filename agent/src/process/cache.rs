@@ -1,7 +1,7 @@
 //! The PID -> process cache userspace keeps from the kernel's notifications. Identity is
 //! (tgid, start time): a PID seen again with another start time is another process.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -44,20 +44,73 @@ impl ProcessEntry {
 pub struct ProcessCache {
     procs: HashMap<u32, ProcessEntry>,
     tombstone: Duration,
+    /// Exits in order, for the cap: (pid, exited_at); an entry whose PID was reused or
+    /// collected since is skipped.
+    exits: VecDeque<(u32, Instant)>,
+    tombstones: usize,
+    max_tombstones: usize,
+    evicted: u64,
 }
 
 impl ProcessCache {
-    pub fn new(tombstone: Duration) -> ProcessCache {
+    /// Exited processes stay joinable for `tombstone`, at most `max_tombstones` of them (an
+    /// exit storm evicts the oldest first).
+    pub fn new(tombstone: Duration, max_tombstones: usize) -> ProcessCache {
         ProcessCache {
             procs: HashMap::new(),
             tombstone,
+            exits: VecDeque::new(),
+            tombstones: 0,
+            max_tombstones,
+            evicted: 0,
         }
+    }
+
+    /// Every insert goes through here, so that the tombstone count stays exact.
+    fn put(&mut self, entry: ProcessEntry) {
+        if let Some(old) = self.procs.insert(entry.pid, entry) {
+            if !old.is_live() {
+                self.tombstones -= 1;
+            }
+        }
+    }
+
+    /// Marks a live entry exited, evicting the oldest tombstones beyond the cap.
+    fn bury(&mut self, pid: u32, now: Instant) {
+        let Some(e) = self.procs.get_mut(&pid).filter(|e| e.is_live()) else {
+            return;
+        };
+        e.exited_at = Some(now);
+        self.tombstones += 1;
+        self.exits.push_back((pid, now));
+        while self.tombstones > self.max_tombstones {
+            let Some((old, at)) = self.exits.pop_front() else {
+                break;
+            };
+            if self
+                .procs
+                .get(&old)
+                .is_some_and(|e| e.exited_at == Some(at))
+            {
+                self.procs.remove(&old);
+                self.tombstones -= 1;
+                self.evicted += 1;
+            }
+        }
+    }
+
+    /// Tombstones evicted by the cap before they expired.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    pub fn tombstone_count(&self) -> usize {
+        self.tombstones
     }
 
     /// A new thread group. It replaces whatever the PID meant before (reuse).
     pub fn on_fork(&mut self, tgid: u32, info: &ProcInfo, comm: String) {
-        self.procs
-            .insert(tgid, ProcessEntry::from_kernel(tgid, info, comm));
+        self.put(ProcessEntry::from_kernel(tgid, info, comm));
     }
 
     /// exec keeps the process (same tgid, same start) but refreshes its image and cgroup.
@@ -75,17 +128,12 @@ impl ProcessCache {
                     e.start_ns = info.start_ns;
                 }
             }
-            _ => {
-                self.procs
-                    .insert(tgid, ProcessEntry::from_kernel(tgid, info, comm));
-            }
+            _ => self.put(ProcessEntry::from_kernel(tgid, info, comm)),
         }
     }
 
     pub fn on_exit(&mut self, tgid: u32, now: Instant) {
-        if let Some(e) = self.procs.get_mut(&tgid) {
-            e.exited_at.get_or_insert(now);
-        }
+        self.bury(tgid, now);
     }
 
     /// A migration. Returns false when the PID is unknown to the cache.
@@ -122,34 +170,43 @@ impl ProcessCache {
                     e.ppid = fresh.ppid;
                 }
             }
-            _ => {
-                self.procs.insert(tgid, fresh);
-            }
+            _ => self.put(fresh),
         }
     }
 
     /// Insert or replace from a /proc record (start-up walk, fallback lookups, /proc mode).
     pub fn upsert(&mut self, entry: ProcessEntry) {
-        self.procs.insert(entry.pid, entry);
+        self.put(entry);
     }
 
     /// After a resync or rescan: live entries not in `live` have exited while nobody was
     /// told. Returns how many were retired.
     pub fn retire_missing(&mut self, live: &HashSet<u32>, now: Instant) -> usize {
-        let mut n = 0;
-        for e in self.procs.values_mut() {
-            if e.is_live() && !live.contains(&e.pid) {
-                e.exited_at = Some(now);
-                n += 1;
-            }
+        let gone: Vec<u32> = self
+            .procs
+            .values()
+            .filter(|e| e.is_live() && !live.contains(&e.pid))
+            .map(|e| e.pid)
+            .collect();
+        for &pid in &gone {
+            self.bury(pid, now);
         }
-        n
+        gone.len()
     }
 
     pub fn gc(&mut self, now: Instant) {
         let keep = self.tombstone;
+        let before = self.procs.len();
         self.procs
             .retain(|_, e| e.exited_at.is_none_or(|t| now.duration_since(t) < keep));
+        self.tombstones -= before - self.procs.len();
+        while self
+            .exits
+            .front()
+            .is_some_and(|(_, t)| now.duration_since(*t) >= keep)
+        {
+            self.exits.pop_front();
+        }
     }
 
     pub fn get(&self, pid: u32) -> Option<&ProcessEntry> {
@@ -165,7 +222,7 @@ impl ProcessCache {
     }
 
     pub fn live_count(&self) -> usize {
-        self.procs.values().filter(|e| e.is_live()).count()
+        self.procs.len() - self.tombstones
     }
 
     pub fn len(&self) -> usize {
@@ -187,7 +244,7 @@ mod tests {
 
     #[test]
     fn fork_exec_exit_tombstone() {
-        let mut c = ProcessCache::new(Duration::from_secs(5));
+        let mut c = ProcessCache::new(Duration::from_secs(5), 1000);
         let t0 = Instant::now();
         c.on_fork(10, &info(100, 5), "sh".into());
         c.on_exec(10, &info(200, 0), "python".into());
@@ -207,7 +264,7 @@ mod tests {
 
     #[test]
     fn pid_reuse_replaces_tombstone() {
-        let mut c = ProcessCache::new(Duration::from_secs(5));
+        let mut c = ProcessCache::new(Duration::from_secs(5), 1000);
         c.on_fork(10, &info(100, 5), "a".into());
         c.on_exit(10, Instant::now());
         c.on_fork(10, &info(300, 9), "b".into());
@@ -220,7 +277,7 @@ mod tests {
 
     #[test]
     fn resync_replaces_other_identity_and_retires_missing() {
-        let mut c = ProcessCache::new(Duration::from_secs(5));
+        let mut c = ProcessCache::new(Duration::from_secs(5), 1000);
         c.on_fork(10, &info(100, 5), "a".into());
         c.on_fork(11, &info(100, 6), "b".into());
         // The kernel says pid 10 is now another process, and 11 is gone.
@@ -234,10 +291,30 @@ mod tests {
 
     #[test]
     fn exec_without_known_process_creates_partial_entry() {
-        let mut c = ProcessCache::new(Duration::from_secs(5));
+        let mut c = ProcessCache::new(Duration::from_secs(5), 1000);
         let partial = ProcInfo::new(Some(7), None, None, 0);
         c.on_exec(42, &partial, "x".into());
         let e = c.get(42).unwrap();
         assert_eq!((e.cgroup_v2, e.cgroup_v1, e.start_ns), (Some(7), None, 0));
+    }
+
+    #[test]
+    fn an_exit_storm_evicts_the_oldest_tombstones_beyond_the_cap() {
+        let mut c = ProcessCache::new(Duration::from_secs(600), 3);
+        let t0 = Instant::now();
+        for pid in 1..=10 {
+            c.on_fork(pid, &info(1, pid as u64), "x".into());
+        }
+        for pid in 1..=8 {
+            c.on_exit(pid, t0 + Duration::from_millis(pid as u64));
+        }
+        assert_eq!((c.tombstone_count(), c.evicted()), (3, 5));
+        assert!(c.get(5).is_none() && c.get(6).is_some_and(|e| !e.is_live()));
+        assert_eq!(c.live_count(), 2);
+        // A reused PID is live again: it leaves the count, and the cap still holds.
+        c.on_fork(8, &info(1, 99), "y".into());
+        assert_eq!((c.tombstone_count(), c.live_count()), (2, 3));
+        c.gc(t0 + Duration::from_secs(601));
+        assert_eq!((c.tombstone_count(), c.len()), (0, 3));
     }
 }

@@ -17,6 +17,7 @@ use super::{
     state::State,
 };
 use crate::{
+    config::CacheConfig,
     ebpf::{events::KernelEvent, EbpfSource},
     stats::Stats,
 };
@@ -53,11 +54,12 @@ impl Tracker {
         hierarchies: Hierarchies,
         procfs: Procfs,
         source: Option<EbpfSource>,
-        tombstone: Duration,
+        cfg: &CacheConfig,
         stats: Arc<Stats>,
     ) -> Tracker {
+        let tombstone = cfg.tombstone();
         let state = State {
-            cache: ProcessCache::new(tombstone),
+            cache: ProcessCache::new(tombstone, cfg.max_tombstones),
             registry: CgroupRegistry::default(),
             hierarchies,
         };
@@ -448,25 +450,29 @@ impl Tracker {
         }
     }
 
-    pub fn gc(&mut self) {
+    /// Forgets expired tombstones and removed cgroups. Returns the containers whose last
+    /// cgroup went.
+    pub fn gc(&mut self) -> Vec<String> {
         let now = Instant::now();
         let mut st = self.state.write().unwrap();
         st.cache.gc(now);
-        st.registry.gc(self.tombstone * 2);
+        let gone = st.registry.gc(self.tombstone.saturating_mul(2));
         drop(st);
         if let Some(src) = self.source.as_ref().filter(|s| s.stats_enabled()) {
             *self.stats.programs.write().unwrap() = src.program_stats();
         }
         self.publish_gauges();
+        gone
     }
 
     fn publish_gauges(&self) {
         let st = self.state.read().unwrap();
         let live = st.cache.live_count();
         self.stats.cached_processes.store(live as u64, Relaxed);
-        self.stats
-            .tombstones
-            .store((st.cache.len() - live) as u64, Relaxed);
+        let tombstones = st.cache.tombstone_count() as u64;
+        self.stats.tombstones.store(tombstones, Relaxed);
+        let evicted = st.cache.evicted();
+        self.stats.tombstones_evicted.store(evicted, Relaxed);
         self.stats
             .cgroups_known
             .store(st.registry.len() as u64, Relaxed);

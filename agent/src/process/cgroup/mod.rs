@@ -243,10 +243,30 @@ impl CgroupRegistry {
         self.nodes.is_empty()
     }
 
-    pub fn gc(&mut self, keep: Duration) {
+    /// Forgets cgroups removed longer than `keep` ago. Returns the containers that no longer
+    /// have any cgroup here: they are gone.
+    pub fn gc(&mut self, keep: Duration) -> Vec<String> {
         let now = Instant::now();
-        self.nodes
-            .retain(|_, n| n.removed_at.is_none_or(|t| now.duration_since(t) < keep));
+        let mut gone = vec![];
+        self.nodes.retain(|_, n| {
+            let keep = n.removed_at.is_none_or(|t| now.duration_since(t) < keep);
+            if !keep {
+                if let Some(id) = n.container.as_ref().and_then(|c| c.container_id.clone()) {
+                    gone.push(id);
+                }
+            }
+            keep
+        });
+        // A container has a cgroup in each hierarchy: gone once none is left.
+        gone.sort_unstable();
+        gone.dedup();
+        gone.retain(|id| {
+            !self
+                .nodes
+                .values()
+                .any(|n| n.container.as_ref().and_then(|c| c.container_id.as_deref()) == Some(id))
+        });
+        gone
     }
 
     /// One walk of a hierarchy's cgroup filesystem (start-up, or a cgroup id nobody told us

@@ -1,0 +1,519 @@
+//! OTLP settings: the `[otlp]` config section under the standard OTEL_* variables, resolved
+//! once and validated whole, so that a bad value stops start-up with its name instead of
+//! failing every export later. Secrets (URL credentials, header values) never appear in
+//! what this module prints.
+use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+/// The `[otlp]` section of the config file. Each key is overridden by its standard
+/// environment variable when that is set.
+#[derive(Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// Base URL (…:4317 for gRPC, …:4318 for HTTP). OTEL_EXPORTER_OTLP_ENDPOINT, or
+    /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT (used as is). Unset: no push.
+    pub endpoint: Option<String>,
+    /// "grpc" or "http/protobuf" (default). OTEL_EXPORTER_OTLP_PROTOCOL.
+    pub protocol: Option<String>,
+    /// OTEL_EXPORTER_OTLP_HEADERS ("k=v,k2=v2").
+    pub headers: BTreeMap<String, String>,
+    /// Per-export timeout. OTEL_EXPORTER_OTLP_TIMEOUT (ms). Default 10000.
+    pub timeout_ms: Option<u64>,
+    /// Push interval. OTEL_METRIC_EXPORT_INTERVAL (ms). Default 60000.
+    pub interval_ms: Option<u64>,
+    /// Extra resource attributes. OTEL_RESOURCE_ATTRIBUTES ("k=v,k2=v2") adds to them.
+    pub resource_attributes: BTreeMap<String, String>,
+    /// CA bundle for https endpoints. OTEL_EXPORTER_OTLP_CERTIFICATE.
+    pub certificate: Option<PathBuf>,
+    /// "gzip" or "none". OTEL_EXPORTER_OTLP_COMPRESSION.
+    pub compression: Option<String>,
+    /// Bytes of unsent batches kept while the collector is unreachable. Default 8 MiB.
+    pub max_queue_bytes: Option<usize>,
+}
+
+/// Header values are secrets (API keys, tokens): never printed.
+impl fmt::Debug for OtlpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OtlpConfig")
+            .field("endpoint", &self.endpoint.as_deref().map(redact_url))
+            .field("protocol", &self.protocol)
+            .field("headers", &redacted(self.headers.keys()))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("interval_ms", &self.interval_ms)
+            .field("resource_attributes", &self.resource_attributes)
+            .field("certificate", &self.certificate)
+            .field("compression", &self.compression)
+            .field("max_queue_bytes", &self.max_queue_bytes)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+/// Everything resolved: what the exporter runs with.
+#[derive(Clone, PartialEq)]
+pub struct OtlpSettings {
+    /// Full URL: the gRPC endpoint, or the HTTP URL including /v1/metrics. May hold
+    /// credentials: print `redacted_url()`.
+    pub url: String,
+    pub protocol: Protocol,
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub interval: Duration,
+    pub resource_attributes: Vec<(String, String)>,
+    pub service_name: String,
+    pub certificate: Option<PathBuf>,
+    pub gzip: bool,
+    pub max_queue_bytes: usize,
+}
+
+impl OtlpSettings {
+    /// The URL as logs and endpoints may show it: user and password replaced.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl fmt::Debug for OtlpSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OtlpSettings")
+            .field("url", &self.redacted_url())
+            .field("protocol", &self.protocol)
+            .field("headers", &redacted(self.headers.iter().map(|(k, _)| k)))
+            .field("timeout", &self.timeout)
+            .field("interval", &self.interval)
+            .field("resource_attributes", &self.resource_attributes)
+            .field("service_name", &self.service_name)
+            .field("certificate", &self.certificate)
+            .field("gzip", &self.gzip)
+            .field("max_queue_bytes", &self.max_queue_bytes)
+            .finish()
+    }
+}
+
+fn redacted<'a>(keys: impl Iterator<Item = &'a String>) -> Vec<String> {
+    keys.map(|k| format!("{k}: <redacted>")).collect()
+}
+
+/// `scheme://user:password@host/...` -> `scheme://<redacted>@host/...`; anything else as
+/// it is.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://<redacted>@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+/// Comma-separated k=v pairs, values percent-decoded (the OTEL_*_HEADERS format). Errors
+/// name the entry by position: its text may be a secret.
+pub fn parse_pairs(s: &str) -> Result<Vec<(String, String)>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .enumerate()
+        .map(|(i, p)| {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| format!("entry {} is not key=value", i + 1))?;
+            Ok((percent_decode(k.trim()), percent_decode(v.trim())))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Looks a variable up, blank counting as unset.
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+impl OtlpConfig {
+    /// Resolves the config against the environment (`env` looks a variable up). None when
+    /// no endpoint is configured anywhere. Errors name the variable or key and the range.
+    pub fn resolve(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<OtlpSettings>, String> {
+        let env = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+        let env: Env = &env;
+        let protocol = self.protocol(env)?;
+        let Some(url) = self.url(env, protocol)? else {
+            return Ok(None);
+        };
+        let (resource_attributes, service_name) = self.resource(env)?;
+        Ok(Some(OtlpSettings {
+            url,
+            protocol,
+            headers: self.headers(env)?,
+            timeout: millis(
+                env,
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+                "otlp.timeout_ms",
+                self.timeout_ms,
+                (10_000, 100, 600_000),
+            )?,
+            interval: millis(
+                env,
+                "OTEL_METRIC_EXPORT_INTERVAL",
+                "otlp.interval_ms",
+                self.interval_ms,
+                (60_000, 100, 86_400_000),
+            )?,
+            resource_attributes,
+            service_name,
+            certificate: self.certificate(env)?,
+            gzip: self.gzip(env)?,
+            max_queue_bytes: self.queue_bytes()?,
+        }))
+    }
+
+    fn protocol(&self, env: Env) -> Result<Protocol, String> {
+        match env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+            .or_else(|| self.protocol.clone())
+            .as_deref()
+        {
+            None | Some("http/protobuf") => Ok(Protocol::HttpProtobuf),
+            Some("grpc") => Ok(Protocol::Grpc),
+            Some(other) => Err(format!(
+                "otlp.protocol / OTEL_EXPORTER_OTLP_PROTOCOL: {other:?} is not grpc or \
+                 http/protobuf (http/json is not supported)"
+            )),
+        }
+    }
+
+    /// The URL to push to, checked to be one: a typo here would otherwise fail every export.
+    fn url(&self, env: Env, protocol: Protocol) -> Result<Option<String>, String> {
+        const WHERE: &str = "otlp.endpoint / OTEL_EXPORTER_OTLP_ENDPOINT";
+        let url = if let Some(u) = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") {
+            u
+        } else if let Some(base) =
+            env("OTEL_EXPORTER_OTLP_ENDPOINT").or_else(|| self.endpoint.clone())
+        {
+            match protocol {
+                Protocol::Grpc => base,
+                Protocol::HttpProtobuf if base.ends_with("/v1/metrics") => base,
+                Protocol::HttpProtobuf => format!("{}/v1/metrics", base.trim_end_matches('/')),
+            }
+        } else {
+            return Ok(None);
+        };
+        let shown = redact_url(&url);
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "{WHERE}: {shown:?} must start with http:// or https://"
+            ));
+        }
+        let parsed = reqwest::Url::parse(&url)
+            .map_err(|e| format!("{WHERE}: {shown:?} is not a valid URL: {e}"))?;
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(format!("{WHERE}: {shown:?} has no host"));
+        }
+        Ok(Some(url))
+    }
+
+    /// Header names must be HTTP tokens and values printable: checked here, not at the
+    /// first send. Values are never echoed.
+    fn headers(&self, env: Env) -> Result<Vec<(String, String)>, String> {
+        let mut headers: Vec<(String, String)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for var in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        ] {
+            if let Some(h) = env(var) {
+                for (k, v) in parse_pairs(&h).map_err(|e| format!("{var}: {e}"))? {
+                    headers.retain(|(hk, _)| !hk.eq_ignore_ascii_case(&k));
+                    headers.push((k, v));
+                }
+            }
+        }
+        for (k, v) in &headers {
+            const WHERE: &str = "otlp.headers / OTEL_EXPORTER_OTLP_HEADERS";
+            if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                return Err(format!("{WHERE}: {k:?} is not a valid header name"));
+            }
+            if reqwest::header::HeaderValue::from_str(v).is_err() {
+                return Err(format!(
+                    "{WHERE}: the value of {k:?} is not a valid header value (control \
+                     characters such as a newline?)"
+                ));
+            }
+        }
+        Ok(headers)
+    }
+
+    /// Resource attributes, and the service name they or OTEL_SERVICE_NAME give.
+    fn resource(&self, env: Env) -> Result<(Vec<(String, String)>, String), String> {
+        let mut attributes: Vec<(String, String)> = self
+            .resource_attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(r) = env("OTEL_RESOURCE_ATTRIBUTES") {
+            for (k, v) in parse_pairs(&r).map_err(|e| format!("OTEL_RESOURCE_ATTRIBUTES: {e}"))? {
+                attributes.retain(|(rk, _)| rk != &k);
+                attributes.push((k, v));
+            }
+        }
+        let service_name = env("OTEL_SERVICE_NAME")
+            .or_else(|| {
+                attributes
+                    .iter()
+                    .find(|(k, _)| k == "service.name")
+                    .map(|(_, v)| v.clone())
+            })
+            .unwrap_or_else(|| "gpu-agent".into());
+        Ok((attributes, service_name))
+    }
+
+    fn gzip(&self, env: Env) -> Result<bool, String> {
+        match env("OTEL_EXPORTER_OTLP_COMPRESSION")
+            .or_else(|| self.compression.clone())
+            .as_deref()
+        {
+            None | Some("none") => Ok(false),
+            Some("gzip") => Ok(true),
+            Some(o) => Err(format!(
+                "otlp.compression / OTEL_EXPORTER_OTLP_COMPRESSION: {o:?} is not gzip or none"
+            )),
+        }
+    }
+
+    /// The CA bundle must be there and hold PEM certificates.
+    fn certificate(&self, env: Env) -> Result<Option<PathBuf>, String> {
+        const WHERE: &str = "otlp.certificate / OTEL_EXPORTER_OTLP_CERTIFICATE";
+        let Some(c) = env("OTEL_EXPORTER_OTLP_CERTIFICATE")
+            .map(PathBuf::from)
+            .or_else(|| self.certificate.clone())
+        else {
+            return Ok(None);
+        };
+        let pem = read_small_file(&c).map_err(|e| format!("{WHERE}: {}: {e}", c.display()))?;
+        match reqwest::Certificate::from_pem_bundle(&pem) {
+            Ok(certs) if !certs.is_empty() => Ok(Some(c)),
+            _ => Err(format!("{WHERE}: {} holds no PEM certificate", c.display())),
+        }
+    }
+
+    fn queue_bytes(&self) -> Result<usize, String> {
+        const RANGE: std::ops::RangeInclusive<usize> = (64 << 10)..=(1 << 30);
+        match self.max_queue_bytes {
+            None => Ok(8 << 20),
+            Some(b) if RANGE.contains(&b) => Ok(b),
+            Some(b) => Err(format!(
+                "otlp.max_queue_bytes: {b} is outside {}..={}",
+                RANGE.start(),
+                RANGE.end()
+            )),
+        }
+    }
+}
+
+/// A CA bundle is a few KiB: a path to a device or a huge file (`/dev/zero`) must not
+/// hang or exhaust the agent at start.
+pub(crate) fn read_small_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    const MAX: u64 = 1 << 20;
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() || meta.len() > MAX {
+        return Err(std::io::Error::other(format!(
+            "not a regular file of at most {MAX} bytes"
+        )));
+    }
+    std::fs::read(path)
+}
+
+/// A duration in milliseconds from `var`, else the config's `key`, else the default;
+/// `(default, min, max)`.
+fn millis(
+    env: Env,
+    var: &str,
+    key: &str,
+    cfg: Option<u64>,
+    (default, min, max): (u64, u64, u64),
+) -> Result<Duration, String> {
+    let v = match env(var) {
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{var}: {v:?} is not a number of milliseconds"))?,
+        None => cfg.unwrap_or(default),
+    };
+    if !(min..=max).contains(&v) {
+        return Err(format!("{key} / {var}: {v} ms is outside {min}..={max} ms"));
+    }
+    Ok(Duration::from_millis(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn no_endpoint_means_no_export() {
+        assert_eq!(OtlpConfig::default().resolve(env(&[])).unwrap(), None);
+    }
+
+    #[test]
+    fn env_overrides_the_file_and_http_gets_its_path() {
+        let cfg = OtlpConfig {
+            endpoint: Some("http://file:4318".into()),
+            interval_ms: Some(5000),
+            ..Default::default()
+        };
+        let s = cfg.resolve(env(&[])).unwrap().unwrap();
+        assert_eq!(s.url, "http://file:4318/v1/metrics");
+        assert_eq!(s.protocol, Protocol::HttpProtobuf);
+        assert_eq!(s.interval, Duration::from_secs(5));
+        let s = cfg
+            .resolve(env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "api-key=se%3Dcret, x-team=gpu",
+                ),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    "deployment.environment=prod,service.name=gpu-x",
+                ),
+            ]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.url, "http://env:4317");
+        assert_eq!(s.protocol, Protocol::Grpc);
+        assert_eq!(s.timeout, Duration::from_millis(2500));
+        assert!(s.headers.contains(&("api-key".into(), "se=cret".into())));
+        assert_eq!(s.service_name, "gpu-x");
+        let s = cfg
+            .resolve(env(&[(
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                "https://m/custom",
+            )]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.url, "https://m/custom");
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = OtlpConfig::default()
+            .resolve(env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon"),
+            ]))
+            .unwrap_err();
+        assert!(e.contains("OTEL_EXPORTER_OTLP_TIMEOUT"), "{e}");
+        let e = OtlpConfig::default()
+            .resolve(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")]))
+            .unwrap_err();
+        assert!(e.contains("http://"), "{e}");
+        let e = OtlpConfig::default()
+            .resolve(env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ]))
+            .unwrap_err();
+        assert!(e.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{e}");
+    }
+
+    fn resolve_err(vars: &[(&str, &str)]) -> String {
+        // The first match wins: the default endpoint goes last.
+        let mut all = vars.to_vec();
+        all.push(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"));
+        OtlpConfig::default().resolve(env(&all)).unwrap_err()
+    }
+
+    #[test]
+    fn values_that_would_fail_every_export_are_refused_at_start() {
+        let e = resolve_err(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1")]);
+        assert!(e.contains("not a valid URL"), "{e}");
+        let e = resolve_err(&[("OTEL_EXPORTER_OTLP_HEADERS", "x api key=1")]);
+        assert!(e.contains("not a valid header name"), "{e}");
+        let e = resolve_err(&[("OTEL_EXPORTER_OTLP_HEADERS", "x-key=s3cr3t%0Aevil: 1")]);
+        assert!(e.contains("not a valid header value"), "{e}");
+        assert!(!e.contains("s3cr3t"), "a secret in an error: {e}");
+        let e = resolve_err(&[("OTEL_METRIC_EXPORT_INTERVAL", "1")]);
+        assert!(
+            e.contains("otlp.interval_ms") && e.contains("100..="),
+            "{e}"
+        );
+        let e = resolve_err(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "99999999999")]);
+        assert!(e.contains("otlp.timeout_ms"), "{e}");
+        let not_pem = std::env::temp_dir().join(format!("not-pem-{}", std::process::id()));
+        std::fs::write(&not_pem, "hello").unwrap();
+        let e = resolve_err(&[("OTEL_EXPORTER_OTLP_CERTIFICATE", not_pem.to_str().unwrap())]);
+        let _ = std::fs::remove_file(&not_pem);
+        assert!(e.contains("no PEM certificate"), "{e}");
+        let e = OtlpConfig {
+            endpoint: Some("http://c:4318".into()),
+            max_queue_bytes: Some(1),
+            ..Default::default()
+        }
+        .resolve(env(&[]))
+        .unwrap_err();
+        assert!(e.contains("otlp.max_queue_bytes"), "{e}");
+    }
+
+    #[test]
+    fn secrets_are_never_printed() {
+        assert_eq!(
+            redact_url("http://user:s3cr3t@host:4318/v1/metrics"),
+            "http://<redacted>@host:4318/v1/metrics"
+        );
+        assert_eq!(redact_url("https://host/p@th"), "https://host/p@th");
+        let s = OtlpConfig {
+            endpoint: Some("http://user:s3cr3t@host:4318".into()),
+            headers: [("authorization".to_string(), "Bearer s3cr3t".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(!format!("{s:?}").contains("s3cr3t"), "{s:?}");
+        let settings = s.resolve(env(&[])).unwrap().unwrap();
+        assert!(!format!("{settings:?}").contains("s3cr3t"), "{settings:?}");
+        assert!(!settings.redacted_url().contains("s3cr3t"));
+        let e = resolve_err(&[("OTEL_EXPORTER_OTLP_HEADERS", "Authorization Bearer s3cr3t")]);
+        assert!(!e.contains("s3cr3t"), "{e}");
+    }
+
+    #[test]
+    fn percent_decoding_never_splits_a_character() {
+        assert_eq!(percent_decode("a%3Db%2"), "a=b%2");
+        assert_eq!(percent_decode("%é%"), "%é%");
+    }
+}
