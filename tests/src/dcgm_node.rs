@@ -16,6 +16,26 @@ use crate::{
 
 pub const GIB: u64 = 1 << 30;
 
+/// Where NVIDIA's dcgm-exporter dashboard files and the prometheus-adapter chart's configmap
+/// template are, for the one test that checks tests/tests/dcgm_artefacts.rs' transcription
+/// of them: `GPU_AGENT_DCGM_ARTEFACTS`, else `shared/dcgm-exporter` beside the checkout.
+/// None when absent (docs/metrics.md).
+pub fn artefacts_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("GPU_AGENT_DCGM_ARTEFACTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/dcgm-exporter")
+        });
+    dir.is_dir().then_some(dir)
+}
+
+/// The artefacts the tests read from [`artefacts_dir`], and where each comes from.
+pub const ARTEFACTS: [(&str, &str); 3] = [
+    ("dcgm-exporter-dashboard.json", "NVIDIA/dcgm-exporter tag 4.5.3-4.8.2, grafana/dcgm-exporter-dashboard.json"),
+    ("dcgm-exporter-dashboard-hostname.json", "NVIDIA/dcgm-exporter commit a52c9c0561c216b9deb848093f1459a0a946a3b5 (pull request 355), grafana/dcgm-exporter-dashboard.json"),
+    ("prometheus-adapter-configmap.yaml", "prometheus-community/helm-charts commit cf408a290aec489277a94450bb3511432477a53a, charts/prometheus-adapter/templates/configmap.yaml"),
+];
+
 pub fn uuid(i: usize) -> String {
     format!("GPU-{i:08}-1111-2222-3333-444444444444")
 }
@@ -32,7 +52,8 @@ pub const GPUS: [(u32, u32, u64, bool); 8] = [
     (70, 600, 10, true),
     (40, 500, 20, true),
     (50, 450, 10, true),
-    (0, 80, 0, true),
+    // Held by a pod that runs nothing: memory the driver's own context holds.
+    (0, 80, 1, true),
     (10, 100, 1, true),
     (5, 90, 1, false),
     (0, 70, 0, true),
