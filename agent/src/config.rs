@@ -23,6 +23,8 @@ pub struct Config {
     /// dcgm-exporter compatibility and XID events: see [`DcgmConfig`], [`XidConfig`].
     pub dcgm: DcgmConfig,
     pub xid: XidConfig,
+    /// Usage records, NVML accounting, peaks and quotas (see `UsageConfig`).
+    pub usage: UsageConfig,
 }
 
 /// The node's sockets for names and GPU allocations.
@@ -321,6 +323,7 @@ impl Config {
         self.cgroup.validate()?;
         self.metadata.validate()?;
         self.validate_dcgm()?;
+        self.usage.validate()?;
         Ok(())
     }
 }
@@ -454,6 +457,46 @@ impl CgroupConfig {
     }
 }
 
+/// The `[usage]` section: what a chargeback system bills from.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct UsageConfig {
+    /// Emit a usage record when a container stops using a device (OTLP logs when an
+    /// endpoint is configured, and `file` when set).
+    pub records: bool,
+    /// Append each record to this JSON-lines file (`gpu-agent report` reads it).
+    pub file: Option<PathBuf>,
+    /// Rotate the file beyond this size: `file` -> `file.1` -> ... -> `file.<file_keep>`.
+    pub file_max_bytes: u64,
+    pub file_keep: u32,
+    /// Records kept while the collector is unreachable; the oldest beyond are dropped and
+    /// counted (`usage_records_dropped`).
+    pub queue_records: usize,
+    /// Read NVML's per-process accounting stats when a GPU process exits (needs
+    /// accounting mode on the GPU: `nvidia-smi -am 1`).
+    pub accounting: bool,
+    /// Read HAMi's `CUDA_DEVICE_MEMORY_LIMIT*`/`CUDA_DEVICE_SM_LIMIT` from GPU processes'
+    /// environments (/proc/PID/environ).
+    pub hami_limits: bool,
+    /// The window of `container.gpu.memory.peak`; match it to the export interval.
+    pub peak_window_secs: u64,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig {
+            records: true,
+            file: None,
+            file_max_bytes: 64 << 20,
+            file_keep: 5,
+            queue_records: 10_000,
+            accounting: true,
+            hami_limits: true,
+            peak_window_secs: 60,
+        }
+    }
+}
+
 impl MetadataConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         in_range(
@@ -536,6 +579,41 @@ impl Config {
         DcgmCompat::from_csv(mode, &text)
             .map(Some)
             .map_err(|e| invalid("dcgm.collectors", format!("{}: {e}", path.display())))
+    }
+}
+
+impl UsageConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        in_range(
+            "usage.file_max_bytes",
+            self.file_max_bytes,
+            4096,
+            1 << 40,
+            " bytes",
+        )?;
+        in_range("usage.file_keep", self.file_keep as u64, 1, 1000, "")?;
+        in_range(
+            "usage.queue_records",
+            self.queue_records as u64,
+            1,
+            1_000_000,
+            "",
+        )?;
+        in_range(
+            "usage.peak_window_secs",
+            self.peak_window_secs,
+            1,
+            86_400,
+            " s",
+        )?;
+        if self
+            .file
+            .as_ref()
+            .is_some_and(|f| f.as_os_str().is_empty() || f.is_dir())
+        {
+            return invalid("usage.file", "must name a file, not a directory");
+        }
+        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@ use std::{
 use clap::{Parser, Subcommand};
 use gpu_agent::{
     config::{Config, ConfigError, Loaded},
-    sinks::top,
+    sinks::{top, usage::report},
 };
 
 #[derive(Parser)]
@@ -29,6 +29,27 @@ enum Cmd {
     Top(TopArgs),
     /// Validate a config file and exit (non-zero, naming the field, when it is bad).
     CheckConfig { file: PathBuf },
+    /// GPU usage per namespace (pod, container, node, GPU) from the usage-record file.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+struct ReportArgs {
+    /// The usage-record file (rotated files beside it are read too)
+    /// [default: usage.file of --config]
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
+    /// Config file whose usage.file to read.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// How far back: 30m, 24h, 7d, 4w.
+    #[arg(long, default_value = "24h", value_parser = report::parse_duration)]
+    since: Duration,
+    /// Group by these, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "namespace")]
+    by: Vec<report::By>,
+    #[arg(long, value_enum, default_value = "table")]
+    format: report::Format,
 }
 
 /// The flags that choose and configure the sources: shared by `run` and `top`.
@@ -175,7 +196,49 @@ fn main() -> ExitCode {
         }
         Cmd::Run(args) => run(args),
         Cmd::Top(args) => top(args),
+        Cmd::Report(args) => report(args),
     }
+}
+
+/// `gpu-agent report`: reads the usage-record file, prints the totals.
+fn report(args: ReportArgs) -> ExitCode {
+    let file = match (&args.file, &args.config) {
+        (Some(f), _) => Some(f.clone()),
+        (None, Some(c)) => match Config::from_file(c) {
+            Ok(cfg) => cfg.usage.file,
+            Err(e) => {
+                eprintln!("gpu-agent: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, None) => None,
+    };
+    let Some(file) = file else {
+        eprintln!("gpu-agent report: give --file, or --config with usage.file set");
+        return ExitCode::from(2);
+    };
+    let opts = report::Options {
+        file,
+        since: args.since,
+        by: args.by,
+        format: args.format,
+        now_ms: gpu_agent::pipeline::now_ms(),
+    };
+    let (records, bad) = match report::read_records(&opts.file) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("gpu-agent report: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if bad > 0 {
+        eprintln!("gpu-agent report: {bad} unreadable lines skipped");
+    }
+    print!(
+        "{}",
+        report::render(&report::summarize(&records, &opts), &opts)
+    );
+    ExitCode::SUCCESS
 }
 
 fn run(args: RunArgs) -> ExitCode {

@@ -91,20 +91,27 @@ impl Sources {
     }
 
     /// Starts NVML sampling, the metadata source and the pipeline; all stop with `stop`.
-    fn spawn(self, config: &Config, stop: &CancellationToken) -> Result<Vec<JoinHandle<()>>> {
+    /// `records`: where the join sends usage records (the usage sink), if anywhere.
+    fn spawn(
+        self,
+        config: &Config,
+        records: Option<tokio::sync::mpsc::Sender<gpu_model::UsageRecord>>,
+        stop: &CancellationToken,
+    ) -> Result<Vec<JoinHandle<()>>> {
         let stats = self.handles.stats.clone();
         let mut pipeline = Pipeline::new(self.tracker, self.publish, config);
+        // Exits the join notices go to the NVML thread, for their accounting stats.
+        let accounting = pipeline.joiner.sharing.configure(
+            &config.usage,
+            &config.cgroup.proc_root,
+            records,
+            stats.usage.clone(),
+        );
         // NVML calls block: they run on a thread of their own and send samples here.
         let (gpu_tx, gpu_rx) = tokio::sync::mpsc::channel(2);
         if config.nvml.enabled {
-            let xid = config.xid.clone();
-            sampler::spawn(
-                config.nvml.clone(),
-                xid,
-                gpu_tx,
-                stats.clone(),
-                stop.clone(),
-            )?;
+            let (nvml, xid, stop) = (config.nvml.clone(), config.xid.clone(), stop.clone());
+            sampler::spawn(nvml, xid, gpu_tx, stats.clone(), stop, accounting)?;
         }
         let mut tasks = vec![];
         // Names and allocations: their own task, asked when an unknown container id shows up.
@@ -181,7 +188,11 @@ pub async fn run(loaded: Loaded, prep_error: Option<String>, reload: Reload) -> 
     if let Some(t) = start_exporter(&loaded, &handles, &stop)? {
         tasks.push(t);
     }
-    tasks.extend(sources.spawn(config, &stop)?);
+    let records = start_usage_sink(&loaded, &handles, &stop)?.map(|(tx, task)| {
+        tasks.push(task);
+        tx
+    });
+    tasks.extend(sources.spawn(config, records, &stop)?);
     loop {
         tokio::select! {
             _ = sigterm.recv() => break,
@@ -296,6 +307,37 @@ fn start_exporter(
     Ok(Some(tokio::spawn(task)))
 }
 
+/// The usage-record sink (`[usage]`): the local file and OTLP logs.
+fn start_usage_sink(
+    loaded: &Loaded,
+    handles: &Handles,
+    stop: &CancellationToken,
+) -> Result<
+    Option<(
+        tokio::sync::mpsc::Sender<gpu_model::UsageRecord>,
+        JoinHandle<()>,
+    )>,
+> {
+    let config = &loaded.config;
+    let node = node_identity(config);
+    let ctx = otel::otlp::ExportContext {
+        node: node.clone(),
+        service_name: loaded
+            .otlp
+            .as_ref()
+            .map(|s| s.service_name.clone())
+            .unwrap_or_default(),
+        resource_attributes: loaded
+            .otlp
+            .as_ref()
+            .map(|s| s.resource_attributes.clone())
+            .unwrap_or_default(),
+        groups: config.metrics.clone(),
+    };
+    let usage = handles.stats.usage.clone();
+    crate::sinks::usage::start(loaded, &node, ctx, usage, stop)
+}
+
 /// Runs the sources (eBPF cache, NVML, metadata, the pipeline) on a thread of their own,
 /// without endpoints or export, for a caller that only reads (`gpu-agent top`). Returns
 /// once the start-up walk is done; cancel the token to stop them.
@@ -317,7 +359,7 @@ pub fn spawn_embedded(
                 let mut sources = Sources::load(&config, prep_error);
                 sources.walk();
                 let _ = handles_tx.send(sources.handles.clone());
-                let tasks = sources.spawn(&config, &stop)?;
+                let tasks = sources.spawn(&config, None, &stop)?;
                 stop.cancelled().await;
                 shut_down(tasks).await;
                 anyhow::Ok(())

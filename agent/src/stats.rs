@@ -38,6 +38,8 @@ pub struct Stats {
     pub gpu_processes: AtomicU64,
     pub gpu_processes_unresolved: AtomicU64,
     pub export: Arc<otel::export::ExportCounters>,
+    /// Usage records: written by the usage sink and its OTLP logs exporter.
+    pub usage: Arc<otel::usage::UsageCounters>,
     pub otlp: RwLock<ExportTarget>,
     /// Written by the metadata source, the one owner of its sockets' health.
     pub metadata: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
@@ -101,6 +103,9 @@ impl Stats {
             export_queued_bytes: n(&self.export.queued_bytes),
             programs: self.programs.read().unwrap().clone(),
             nvml_features: self.nvml_features.read().unwrap().clone(),
+            usage_records: n(&self.usage.emitted),
+            usage_records_dropped: n(&self.usage.dropped),
+            usage_records_queued: n(&self.usage.queued),
         }
     }
 }

@@ -7,6 +7,7 @@
 #![warn(unsafe_op_in_unsafe_fn)]
 
 mod scenario;
+mod sharing;
 mod state;
 // Health fields, profiling and XID events (dcgm-exporter's fields).
 mod events;
@@ -710,7 +711,13 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         }
         let now = now_us();
         let mut samples: Vec<ProcessUtilizationSample> = Vec::new();
-        for p in t.dev.processes.iter().chain(&t.dev.graphics_processes) {
+        let d = t.dev;
+        for p in d
+            .processes
+            .iter()
+            .chain(&d.graphics_processes)
+            .chain(&d.mps_processes)
+        {
             if p.has_utilization() && !samples.iter().any(|s| s.pid == p.pid) {
                 samples.push(ProcessUtilizationSample {
                     pid: p.pid,
@@ -976,7 +983,12 @@ mod tests {
         assert!(!s.devices[0].supports(Feature::PowerUsage));
         assert_eq!(s.devices[0].pci_device_id, 0x2330_10DE);
         assert_eq!(s.devices[0].throttle_reasons, 4);
-        for f in ["h100-8gpu.json", "a100-mig.json", "timesliced.json"] {
+        for f in [
+            "h100-8gpu.json",
+            "a100-mig.json",
+            "timesliced.json",
+            "mps.json",
+        ] {
             let path = format!("{}/../tests/scenarios/{f}", env!("CARGO_MANIFEST_DIR"));
             let text = std::fs::read_to_string(&path).unwrap();
             scenario::Scenario::parse(&text).unwrap_or_else(|e| panic!("{f}: {e}"));

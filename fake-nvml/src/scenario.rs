@@ -159,6 +159,15 @@ pub struct DeviceSpec {
     pub gpm: Option<GpmSpec>,
     #[serde(default)]
     pub xid_events: Vec<XidEventSpec>,
+    /// MPS clients (and the server), as `nvmlDeviceGetMPSComputeRunningProcesses_v3` lists them.
+    #[serde(default)]
+    pub mps_processes: Vec<ProcessSpec>,
+    /// Per-process accounting mode (`nvmlDeviceGetAccountingMode`).
+    #[serde(default)]
+    pub accounting_mode: bool,
+    /// Accounting records of processes that ended (or still run), by pid.
+    #[serde(default)]
+    pub accounting: Vec<AccountingSpec>,
 }
 
 /// `nvmlDeviceGetRemappedRows`.
@@ -217,6 +226,28 @@ pub struct XidEventSpec {
     pub xid: u64,
     #[serde(default)]
     pub at_ms: u64,
+}
+
+/// One `nvmlAccountingStats_t`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountingSpec {
+    pub pid: u32,
+    /// Absent means NVML_VALUE_NOT_AVAILABLE.
+    #[serde(default)]
+    pub gpu_util: Option<u32>,
+    #[serde(default)]
+    pub mem_util: Option<u32>,
+    #[serde(default)]
+    pub max_memory: Option<u64>,
+    /// Run time in ms (the driver reports 0 while the process runs).
+    #[serde(default)]
+    pub time_ms: u64,
+    /// Start, µs since the Unix epoch; 0: when the scenario was loaded.
+    #[serde(default)]
+    pub start_time_us: u64,
+    #[serde(default)]
+    pub running: bool,
 }
 
 /// A plain number sets both counters; an object sets them separately.
@@ -283,6 +314,8 @@ pub enum Feature {
     VgpuLicense,
     Gpm,
     Events,
+    MpsProcesses,
+    Accounting,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -368,9 +401,17 @@ impl DeviceSpec {
 
     pub fn used(&self) -> u64 {
         self.memory_used.unwrap_or_else(|| {
+            // An MPS process also in the compute list is one process.
+            let mps: Vec<ProcessSpec> = self
+                .mps_processes
+                .iter()
+                .filter(|m| !self.processes.iter().any(|p| p.pid == m.pid))
+                .cloned()
+                .collect();
             self.mig_devices.iter().map(MigSpec::used).fold(
                 process_memory(&self.processes)
-                    .saturating_add(process_memory(&self.graphics_processes)),
+                    .saturating_add(process_memory(&self.graphics_processes))
+                    .saturating_add(process_memory(&mps)),
                 u64::saturating_add,
             )
         })

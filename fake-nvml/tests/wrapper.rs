@@ -529,3 +529,70 @@ fn scenario_edits_are_picked_up_mid_run() {
     ));
     assert_eq!(nvml.device_count().unwrap(), 1);
 }
+
+#[test]
+fn mps_processes_and_accounting_stats() {
+    let _g = serial();
+    let mut v = load_json("mps.json");
+    v["devices"][0]["accounting"] = json!([
+        {"pid": 4100, "gpu_util": 64, "mem_util": 20, "max_memory": 2147483648u64,
+         "time_ms": 300, "start_time_us": 1_700_000_000_000_000u64}
+    ]);
+    let sc = TempScenario::new("mps", &v);
+    let nvml = init(&sc.0);
+    let gpu = nvml.device_by_index(0).unwrap();
+    assert_eq!(
+        pids(&gpu.running_compute_processes().unwrap()),
+        [4000, 4001]
+    );
+    let mps = gpu.mps_running_compute_processes().unwrap();
+    assert_eq!(pids(&mps), [4001, 4002, 4003]);
+    assert_eq!(mps[2].used_gpu_memory, UsedGpuMemory::Used(6442450944));
+    // Utilization samples cover the MPS clients, each pid once.
+    let sampled: Vec<u32> = gpu
+        .process_utilization_stats(None)
+        .unwrap()
+        .iter()
+        .map(|s| s.pid)
+        .collect();
+    assert_eq!(sampled, [4001, 4002, 4003]);
+    // The server counts once, a client listed twice once.
+    let used = gpu.memory_info().unwrap().used;
+    assert_eq!(used, 318767104 + 8589934592 + 4294967296 + 6442450944);
+
+    assert!(gpu.is_accounting_enabled().unwrap());
+    assert_eq!(
+        gpu.accounting_pids().unwrap(),
+        [4000, 4001, 4002, 4003, 4100]
+    );
+    let s = gpu.accounting_stats_for(4100).unwrap();
+    assert_eq!(
+        (s.gpu_utilization, s.memory_utilization, s.max_memory_usage),
+        (Some(64), Some(20), Some(2147483648))
+    );
+    assert_eq!(
+        (s.time, s.start_time, s.is_running),
+        (300, 1_700_000_000_000_000, false)
+    );
+    let running = gpu.accounting_stats_for(4003).unwrap();
+    assert!(running.is_running);
+    assert_eq!(running.time, 0);
+    assert!(matches!(
+        gpu.accounting_stats_for(9),
+        Err(NvmlError::NotFound)
+    ));
+
+    // Accounting off: the mode says so and the lists are NOT_SUPPORTED, as documented.
+    v["devices"][0]["accounting_mode"] = json!(false);
+    sc.write(&v);
+    sleep(RELOAD_WAIT);
+    assert!(!gpu.is_accounting_enabled().unwrap());
+    assert!(matches!(
+        gpu.accounting_pids(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        gpu.accounting_stats_for(4100),
+        Err(NvmlError::NotSupported)
+    ));
+}

@@ -2,7 +2,7 @@
 //! Plain values, no behaviour that reaches back into sources.
 use std::{collections::BTreeMap, fmt};
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 mod fields;
 pub use fields::{
@@ -46,6 +46,45 @@ pub struct DeviceSample {
     /// The further fields dcgm-exporter serves (health, profiling, XIDs), from NVML.
     #[serde(flatten)]
     pub fields: DeviceFields,
+    /// Sharing and accounting (see [`DeviceSharing`]).
+    #[serde(flatten)]
+    pub sharing: DeviceSharing,
+}
+
+/// What a device says about sharing and per-process accounting, and what the join adds.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct DeviceSharing {
+    /// The N in /dev/nvidiaN: how the NVIDIA DRA driver names a GPU (`gpu-N`).
+    pub minor_number: Option<u32>,
+    /// NVML per-process accounting mode; None where the device cannot say.
+    pub accounting_mode: Option<bool>,
+    /// PIDs that appeared in NVML's accounting list this cycle (processes that had a GPU
+    /// context, running or ended, including ones too short for any sample).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub accounting_pids: Vec<u32>,
+    /// Accounting stats read for processes the kernel reported exited.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub accounting: Vec<AccountingSample>,
+    /// Set by the join: MPS server processes on the device, which are not charged to any
+    /// container (their memory is the clients' shared context).
+    pub mps_server_pids: Vec<u32>,
+    /// Set by the join: cumulative energy of this GPU that no container was charged
+    /// (idle, and nobody allocated the GPU), joules since the agent first sampled it.
+    pub idle_energy_joules: Option<f64>,
+}
+
+/// NVML's accounting stats of one process (`nvmlDeviceGetAccountingStats`), over its life.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct AccountingSample {
+    pub pid: u32,
+    /// Percent of its life a kernel of it ran; None where the device cannot say.
+    pub gpu_util: Option<u32>,
+    pub mem_util: Option<u32>,
+    pub max_memory_bytes: Option<u64>,
+    /// How long its context was active, ms (0 while running).
+    pub time_ms: u64,
+    /// When it started, µs since the Unix epoch.
+    pub start_time_us: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -76,6 +115,9 @@ pub struct ProcessSample {
     pub mem_util: Option<u32>,
     pub enc_util: Option<u32>,
     pub dec_util: Option<u32>,
+    /// Listed by NVML's MPS list (`nvmlDeviceGetMPSComputeRunningProcesses`): an MPS
+    /// client (or the server).
+    pub mps: bool,
 }
 
 impl ProcessSample {
@@ -121,6 +163,91 @@ pub struct ContainerUsage {
     /// The same allocation as the device plugin named it (`GPU-<uuid>::3` for a
     /// time-slicing replica): dcgm-exporter's `vgpu` label.
     pub allocated_device_ids: Vec<String>,
+    /// Energy, peak memory, limits and accounting per device it used or was allocated.
+    pub accounts: Vec<GpuAccount>,
+}
+
+/// Where a container's GPU memory limit comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitSource {
+    /// HAMi's `CUDA_DEVICE_MEMORY_LIMIT[_N]` in the process environment (enforced by HAMi).
+    Hami,
+    /// The MIG device's size (enforced by the hardware).
+    Mig,
+    /// The container's share of a time-sliced GPU: its replicas over all replicas of the
+    /// GPU, times the GPU's memory (a fair share; time-slicing enforces no memory limit).
+    Timeslice,
+}
+
+impl LimitSource {
+    pub const ALL: [LimitSource; 3] = [LimitSource::Hami, LimitSource::Mig, LimitSource::Timeslice];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitSource::Hami => "hami",
+            LimitSource::Mig => "mig",
+            LimitSource::Timeslice => "timeslice",
+        }
+    }
+}
+
+/// What the agent accounts to one container on one device besides `ContainerGpu`: the
+/// device the container used or was allocated (MIG device UUID under MIG).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct GpuAccount {
+    pub uuid: String,
+    pub gpu_uuid: String,
+    /// Cumulative: the container's share of the GPU's energy (its SM-utilization share, or
+    /// memory share where no utilization is known, plus the idle remainder of a GPU
+    /// allocated to it), joules.
+    pub energy_joules: f64,
+    /// When the energy counter started, unix ms.
+    pub energy_since_ms: u64,
+    /// Peak memory held on the device over the peak window (the export interval).
+    pub memory_peak_bytes: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    pub memory_limit_source: Option<LimitSource>,
+    /// HAMi's `CUDA_DEVICE_SM_LIMIT`, percent.
+    pub sm_limit_percent: Option<u32>,
+    /// Cumulative: exited processes whose NVML accounting stats were charged.
+    pub accounted_processes: u64,
+    /// Cumulative: their run time x average GPU utilization, seconds.
+    pub accounted_gpu_seconds: f64,
+}
+
+/// One container's use of one device from its first process there to its last: what a
+/// chargeback system bills from. Written as one JSON line and sent as one OTLP log record.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct UsageRecord {
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
+    pub container_name: Option<String>,
+    /// The node (k8s.node.name, else the host name), set by the sink.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// The device charged: the MIG device UUID under MIG, else the GPU UUID.
+    pub uuid: String,
+    pub gpu_uuid: String,
+    /// First and last sample that saw the container on the device, unix ms.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// SM-utilization-weighted seconds, from the samples.
+    pub gpu_seconds: f64,
+    pub memory_byte_seconds: f64,
+    pub memory_peak_bytes: u64,
+    pub energy_joules: f64,
+    /// From NVML accounting at process exit (where accounting mode is on).
+    #[serde(default)]
+    pub accounted_processes: u64,
+    #[serde(default)]
+    pub accounted_gpu_seconds: f64,
+    /// Why it ended: `exited` (its last process on the device ended), `accounting` (a job
+    /// seen only through NVML accounting), `agent_stopped` (still running when the agent
+    /// stopped; the rest comes in a later record).
+    pub reason: String,
 }
 
 impl ContainerUsage {
@@ -227,6 +354,11 @@ pub struct AgentStats {
     pub programs: Vec<ProgramStats>,
     /// NVML's optional features (profiling, XID events) and why one is unavailable.
     pub nvml_features: NvmlFeatures,
+    /// Usage records emitted, lost (queue full, file or collector failing past the
+    /// queue), and waiting for the collector.
+    pub usage_records: u64,
+    pub usage_records_dropped: u64,
+    pub usage_records_queued: u64,
 }
 
 /// One eBPF program's run count and run time, from the kernel.
@@ -238,7 +370,8 @@ pub struct ProgramStats {
 }
 
 /// A source's health. Serialized as the strings the endpoints show: `starting` (it has not
-/// reported yet), `ok`, `disabled`, `unavailable: <reason>`.
+/// reported yet), `ok` (its last call succeeded), `disabled`, `not found` (no socket or
+/// library where it was looked for), `unavailable: <reason>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum SourceStatus {
     #[default]
@@ -246,6 +379,8 @@ pub enum SourceStatus {
     Ok,
     /// Switched off by configuration.
     Disabled,
+    /// Nothing to talk to where it was looked for (e.g. no socket).
+    NotFound,
     Unavailable(String),
 }
 
@@ -269,6 +404,7 @@ impl fmt::Display for SourceStatus {
             SourceStatus::Starting => f.write_str("starting"),
             SourceStatus::Ok => f.write_str("ok"),
             SourceStatus::Disabled => f.write_str("disabled"),
+            SourceStatus::NotFound => f.write_str("not found"),
             SourceStatus::Unavailable(r) => write!(f, "unavailable: {r}"),
         }
     }
@@ -367,6 +503,7 @@ mod tests {
         assert_eq!(json(&SourceStatus::Ok), "\"ok\"");
         assert_eq!(json(&SourceStatus::Starting), "\"starting\"");
         assert_eq!(json(&SourceStatus::Disabled), "\"disabled\"");
+        assert_eq!(json(&SourceStatus::NotFound), "\"not found\"");
         assert_eq!(
             json(&SourceStatus::Unavailable("Driver Not Loaded".into())),
             "\"unavailable: Driver Not Loaded\""

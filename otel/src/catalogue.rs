@@ -122,6 +122,12 @@ const THROTTLE_REASON_NAMES: [&str; 9] = {
 pub const CLOCKS: [&str; 2] = ["sm", "memory"];
 /// Values of `owner`: a container, a pod-level cgroup, or processes outside any container.
 pub const OWNERS: [&str; 3] = ["container", "pod", "host"];
+/// The `owner` of a GPU's energy that no container was charged (idle, not allocated).
+pub const OWNER_IDLE: &str = "idle";
+/// Every value of `owner`.
+pub const OWNER_VALUES: [&str; 4] = ["container", "pod", "host", OWNER_IDLE];
+/// Values of `limit.source` (gpu_model::LimitSource).
+pub const LIMIT_SOURCES: [&str; 3] = ["hami", "mig", "timeslice"];
 /// The value of `hw.type`.
 pub const HW_TYPE_GPU: &str = "gpu";
 /// The value of `hw.vendor`.
@@ -297,6 +303,13 @@ table! {
             doc: "host PID",
             ..POINT
         },
+        LimitSource => Attribute {
+            otlp: Some("limit.source"),
+            prometheus: Some("limit_source"),
+            values: &LIMIT_SOURCES,
+            doc: "where the limit comes from: HAMi's environment (enforced by HAMi), the MIG device's size, or the container's share of a time-sliced GPU (not enforced)",
+            ..POINT
+        },
         Mode => Attribute {
             otlp: Some("mode"),
             prometheus: Some("mode"),
@@ -321,10 +334,11 @@ table! {
             ..LABEL
         },
         Owner => Attribute {
+            otlp: Some("gpu_agent.owner"),
             prometheus: Some("owner"),
-            values: &OWNERS,
-            doc: "what the series is charged to: a container, a pod-level cgroup, or processes outside any container",
-            ..LABEL
+            values: &OWNER_VALUES,
+            doc: "what the series is charged to: a container, a pod-level cgroup, processes outside any container, or (energy only) nobody: `idle`. OTLP: on the idle entry's energy only",
+            ..POINT
         },
         Qos => Attribute {
             prometheus: Some("qos"),
@@ -1077,6 +1091,58 @@ table! {
             note: "From `NVRM: Xid (...): N, pid=P` lines of /dev/kmsg, since the agent started; the series stays after the process (or container) is gone",
             ..CONTAINER_METRIC
         },
+        // Sharing and billing (container resource; the idle entry on the node resource).
+        ContainerGpuEnergy => Metric {
+            otlp: Some("container.gpu.energy"),
+            prometheus: Some("container_gpu_energy_joules_total"),
+            unit: "J",
+            kind: Counter,
+            help: "The container's share of the GPU's energy, joules.",
+            extra: &[Attr::Owner],
+            note: "Each interval's energy is split by SM-utilization share (memory share where none is known, e.g. MIG); the idle rest goes to the containers the GPU is allocated to, else to an `owner=\"idle\"` entry per GPU, so the containers and the idle entry sum to `hw.energy`. OTLP start time: the first charge",
+            ..CONTAINER_METRIC
+        },
+        ContainerGpuMemoryPeak => Metric {
+            otlp: Some("container.gpu.memory.peak"),
+            prometheus: Some("container_gpu_memory_peak_bytes"),
+            unit: "By",
+            help: "Most GPU memory the container held on the device over the peak window, bytes.",
+            note: "Window: `usage.peak_window_secs` (match it to the export interval); includes NVML accounting's max memory of processes that exited",
+            ..CONTAINER_METRIC
+        },
+        ContainerGpuMemoryLimit => Metric {
+            otlp: Some("container.gpu.memory.limit"),
+            prometheus: Some("container_gpu_memory_limit_bytes"),
+            unit: "By",
+            kind: UpDownCounter,
+            help: "The container's GPU memory limit on the device, bytes, where one is known.",
+            extra: &[Attr::LimitSource],
+            note: "HAMi's `CUDA_DEVICE_MEMORY_LIMIT[_N]`, else the MIG device's size, else the container's time-slicing replicas over the GPU's, times its memory. `container_gpu_memory_usage_bytes / container_gpu_memory_limit_bytes` is how near its quota it is",
+            ..CONTAINER_METRIC
+        },
+        ContainerGpuUtilizationLimit => Metric {
+            otlp: Some("container.gpu.utilization.limit"),
+            prometheus: Some("container_gpu_utilization_limit_ratio"),
+            help: "The container's SM utilization limit on the device (0-1): HAMi's CUDA_DEVICE_SM_LIMIT.",
+            ..CONTAINER_METRIC
+        },
+        ContainerGpuAccountingTime => Metric {
+            otlp: Some("container.gpu.accounting.time"),
+            prometheus: Some("container_gpu_accounting_time_seconds_total"),
+            unit: "s",
+            kind: Counter,
+            help: "GPU time of the container's exited processes from NVML accounting: run time x average utilization.",
+            note: "Read when the kernel reports the exit of a process NVML listed, on GPUs in accounting mode; catches jobs shorter than the sampling interval",
+            ..CONTAINER_METRIC
+        },
+        ContainerGpuAccountingProcesses => Metric {
+            otlp: Some("container.gpu.accounting.processes"),
+            prometheus: Some("container_gpu_accounting_processes_total"),
+            unit: "{process}",
+            kind: Counter,
+            help: "Exited processes of the container whose NVML accounting stats were charged.",
+            ..CONTAINER_METRIC
+        },
         // Process group (opt-in; container resource).
         ProcessGpuMemoryUsage => Metric {
             otlp: Some("process.gpu.memory.usage"),
@@ -1143,6 +1209,22 @@ table! {
             prometheus: Some("gpu_agent_export_dropped_batches_total"),
             kind: Counter,
             help: "OTLP batches dropped: the queue over its byte budget, or refused by the collector.",
+            ..SELF_METRIC
+        },
+        UsageRecordsEmitted => Metric {
+            otlp: Some("gpu_agent.usage.records.emitted"),
+            prometheus: Some("gpu_agent_usage_records_emitted_total"),
+            unit: "{record}",
+            kind: Counter,
+            help: "Usage records emitted: a container stopped using a device.",
+            ..SELF_METRIC
+        },
+        UsageRecordsDropped => Metric {
+            otlp: Some("gpu_agent.usage.records.dropped"),
+            prometheus: Some("gpu_agent_usage_records_dropped_total"),
+            unit: "{record}",
+            kind: Counter,
+            help: "Usage records lost: the queue full while the collector was down, refused, or not written to the file.",
             ..SELF_METRIC
         },
         Mode => Metric {

@@ -284,7 +284,7 @@ impl OtlpExporter {
 }
 
 /// Retry-After on a 429 or 503: seconds, or an HTTP date.
-fn retry_after(r: &reqwest::Response) -> Option<Duration> {
+pub(crate) fn retry_after(r: &reqwest::Response) -> Option<Duration> {
     if !matches!(r.status().as_u16(), 429 | 503) {
         return None;
     }

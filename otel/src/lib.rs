@@ -7,6 +7,7 @@ pub mod export;
 pub mod otlp;
 pub mod prometheus;
 pub mod settings;
+pub mod usage;
 
 /// Which metric groups a sink emits (dcgm-exporter's field lists, coarser).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]

@@ -16,7 +16,7 @@ use crate::{
     catalogue::{
         Attr, Dropped, Kind, MetricId as M, MetricId, CLOCKS, DIRECTIONS, ECC_ERROR_TYPES,
         ERROR_TYPES, GPU_ENGINES, GPU_LINKS, GPU_TASKS, HW_STATES, HW_TYPE_GPU, HW_VENDOR_NVIDIA,
-        THROTTLE_REASONS,
+        OWNER_IDLE, THROTTLE_REASONS,
     },
     Groups, NodeIdentity,
 };
@@ -531,6 +531,55 @@ fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage) {
     }
 }
 
+/// Energy, peak memory, limits and NVML accounting of each device the container used or
+/// was allocated.
+fn account_metrics(m: &mut Metrics, c: &ContainerUsage) {
+    for a in &c.accounts {
+        let mut attrs = vec![s(Attr::HwId, a.uuid.clone())];
+        if a.gpu_uuid != a.uuid {
+            attrs.push(s(Attr::HwParent, a.gpu_uuid.clone()));
+        }
+        let at = m.attrs(attrs);
+        if a.energy_since_ms > 0 {
+            let since = a.energy_since_ms * MS;
+            m.point_since(M::ContainerGpuEnergy, a.energy_joules, at.clone(), since);
+        }
+        if let Some(p) = a.memory_peak_bytes {
+            m.point(M::ContainerGpuMemoryPeak, p as f64, at.clone());
+        }
+        if let (Some(l), Some(src)) = (a.memory_limit_bytes, a.memory_limit_source) {
+            let la = m.with(&at, s(Attr::LimitSource, src.as_str()));
+            m.point(M::ContainerGpuMemoryLimit, l as f64, la);
+        }
+        if let Some(p) = a.sm_limit_percent {
+            m.point(
+                M::ContainerGpuUtilizationLimit,
+                p as f64 / 100.0,
+                at.clone(),
+            );
+        }
+        if a.accounted_processes > 0 {
+            m.point(
+                M::ContainerGpuAccountingTime,
+                a.accounted_gpu_seconds,
+                at.clone(),
+            );
+            let n = a.accounted_processes as f64;
+            m.point(M::ContainerGpuAccountingProcesses, n, at);
+        }
+    }
+}
+
+/// Each GPU's energy charged to no container: the idle entry, on the node resource.
+fn idle_energy(m: &mut Metrics, snap: &Snapshot) {
+    for d in &snap.devices {
+        if let Some(j) = d.sharing.idle_energy_joules {
+            let a = m.attrs([s(Attr::HwId, d.uuid.clone()), s(Attr::Owner, OWNER_IDLE)]);
+            m.point(M::ContainerGpuEnergy, j, a);
+        }
+    }
+}
+
 fn process_metrics(m: &mut Metrics, snap: &Snapshot, c: &ContainerUsage) {
     for p in snap
         .processes
@@ -560,6 +609,8 @@ fn self_metrics(m: &mut Metrics, st: &AgentStats) {
         (M::ExportFailures, st.export_failures),
         (M::ExportDroppedBatches, st.export_dropped_batches),
         (M::CachedProcesses, st.cached_processes),
+        (M::UsageRecordsEmitted, st.usage_records),
+        (M::UsageRecordsDropped, st.usage_records_dropped),
     ];
     for (id, v) in counters {
         m.point(id, v as f64, vec![]);
@@ -632,6 +683,9 @@ pub fn build_request(
     if ctx.groups.self_metrics {
         self_metrics(&mut node, stats);
     }
+    if ctx.groups.container {
+        idle_energy(&mut node, snap);
+    }
     let node_resource = node_attributes(ctx, drop);
     let mut resource_metrics = vec![];
     for c in &snap.containers {
@@ -648,6 +702,7 @@ pub fn build_request(
                 target,
                 &snap.container_xids.iter().filter(mine).collect::<Vec<_>>(),
             );
+            account_metrics(target, c);
         }
         if ctx.groups.process {
             process_metrics(target, snap, c);
@@ -785,6 +840,41 @@ mod tests {
         // No utilization known: no point rather than a zero.
         assert!(!names(c).contains(&"container.gpu.utilization"));
         assert!(names(&r.resource_metrics[0]).contains(&"hw.gpu.memory.usage"));
+    }
+
+    #[test]
+    fn energy_limits_and_the_idle_entry() {
+        let mut sn = snap();
+        sn.devices[0].sharing.idle_energy_joules = Some(40.0);
+        sn.containers[0].accounts = vec![gpu_model::GpuAccount {
+            uuid: "MIG-1".into(),
+            gpu_uuid: "GPU-a".into(),
+            energy_joules: 60.0,
+            energy_since_ms: 1_500,
+            memory_limit_bytes: Some(10),
+            memory_limit_source: Some(gpu_model::LimitSource::Mig),
+            ..Default::default()
+        }];
+        let r = build_request(&sn, &AgentStats::default(), &ctx(), 0);
+        let point = |rm: &ResourceMetrics, name: &str| {
+            let m = rm.scope_metrics[0].metrics.iter().find(|m| m.name == name);
+            match m.and_then(|m| m.data.clone()) {
+                Some(Data::Sum(s)) => s.data_points[0].clone(),
+                other => panic!("{name}: {other:?}"),
+            }
+        };
+        let e = point(&r.resource_metrics[1], "container.gpu.energy");
+        assert_eq!(e.start_time_unix_nano, 1_500 * MS);
+        assert!(e.attributes.iter().any(|k| k.key == "hw.parent"));
+        let l = point(&r.resource_metrics[1], "container.gpu.memory.limit");
+        assert!(l.attributes.iter().any(|k| k.key == "limit.source"));
+        // The idle entry is on the node resource, told apart by its owner.
+        let idle = point(&r.resource_metrics[0], "container.gpu.energy");
+        assert!(idle.attributes.iter().any(|k| k.key == "gpu_agent.owner"
+            && k.value
+                == Some(AnyValue {
+                    value: Some(any_value::Value::StringValue("idle".into()))
+                })));
     }
 
     #[test]

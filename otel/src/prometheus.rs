@@ -21,7 +21,8 @@ use gpu_model::{AgentStats, ContainerUsage, DeviceSample, Snapshot};
 use crate::{
     catalogue::{
         Attr, Dropped, Group, Kind, MetricId as M, MetricId, CLOCKS, DIRECTIONS, ECC_ERROR_TYPES,
-        ERROR_TYPES, GPU_ENGINES, GPU_LINKS, GPU_TASKS, HW_STATES, OWNERS, THROTTLE_REASONS,
+        ERROR_TYPES, GPU_ENGINES, GPU_LINKS, GPU_TASKS, HW_STATES, OWNERS, OWNER_IDLE,
+        THROTTLE_REASONS,
     },
     dcgm::{self, DcgmCompat, Entity, Mode},
     Groups, NodeIdentity,
@@ -250,6 +251,10 @@ struct Blocks {
     processes: Vec<String>,
     /// Per XID charge to a container.
     xids: Vec<String>,
+    /// Per container, per device it is accounted on (energy, peaks, limits).
+    accounts: Vec<Vec<String>>,
+    /// Per device: its idle energy's entry (`owner="idle"`, no container).
+    idle: Vec<String>,
     dcgm: Vec<Entity>,
 }
 
@@ -296,6 +301,8 @@ impl Blocks {
             allocations: vec![],
             processes: vec![],
             xids: vec![],
+            accounts: vec![],
+            idle: vec![],
             dcgm: vec![],
         };
         if g.device {
@@ -345,6 +352,26 @@ impl Blocks {
     }
 
     fn container_blocks(&mut self, snap: &Snapshot, node: &str) {
+        let drop = self.drop;
+        // A container's series on one device; `who` is its `owner`.
+        let on_device = |c: &ContainerUsage, uuid: &str, gpu_uuid: &str, who: &str| {
+            block(
+                drop,
+                &[
+                    (Attr::ContainerId, s(&c.container_id)),
+                    (Attr::PodUid, s(&c.pod_uid)),
+                    (Attr::Namespace, s(&c.namespace)),
+                    (Attr::PodName, s(&c.pod_name)),
+                    (Attr::ContainerName, s(&c.container_name)),
+                    (Attr::Qos, c.qos.unwrap_or_default()),
+                    (Attr::Runtime, c.runtime.unwrap_or_default()),
+                    (Attr::HwId, uuid),
+                    (Attr::GpuUuid, gpu_uuid),
+                    (Attr::Node, node),
+                    (Attr::Owner, who),
+                ],
+            )
+        };
         for c in &snap.containers {
             let ids = [
                 (Attr::ContainerId, s(&c.container_id)),
@@ -353,19 +380,12 @@ impl Blocks {
                 (Attr::PodName, s(&c.pod_name)),
                 (Attr::ContainerName, s(&c.container_name)),
             ];
-            let per_gpu = c.gpus.iter().map(|g| {
-                let mut p = ids.to_vec();
-                p.extend([
-                    (Attr::Qos, c.qos.unwrap_or_default()),
-                    (Attr::Runtime, c.runtime.unwrap_or_default()),
-                    (Attr::HwId, &g.uuid),
-                    (Attr::GpuUuid, &g.gpu_uuid),
-                    (Attr::Node, node),
-                    (Attr::Owner, owner(c)),
-                ]);
-                block(self.drop, &p)
-            });
+            let per_gpu = c.gpus.iter();
+            let per_gpu = per_gpu.map(|g| on_device(c, &g.uuid, &g.gpu_uuid, owner(c)));
             self.containers.push(per_gpu.collect());
+            let accounts = c.accounts.iter();
+            let accounts = accounts.map(|a| on_device(c, &a.uuid, &a.gpu_uuid, owner(c)));
+            self.accounts.push(accounts.collect());
             let allocated = c.allocated_gpus.iter().map(|u| {
                 let mut p = ids.to_vec();
                 p.extend([(Attr::HwId, u.as_str()), (Attr::Node, node)]);
@@ -386,6 +406,10 @@ impl Blocks {
             ];
             self.xids.push(block(self.drop, &p));
         }
+        let nobody = ContainerUsage::default();
+        let idle = snap.devices.iter();
+        let idle = idle.map(|d| on_device(&nobody, &d.uuid, &d.uuid, OWNER_IDLE));
+        self.idle = idle.collect();
     }
 
     fn process_blocks(&mut self, snap: &Snapshot, node: &str) {
@@ -631,6 +655,12 @@ impl Renderer<'_> {
                     }
                 }
             }
+            M::ContainerGpuEnergy
+            | M::ContainerGpuMemoryPeak
+            | M::ContainerGpuMemoryLimit
+            | M::ContainerGpuUtilizationLimit
+            | M::ContainerGpuAccountingTime
+            | M::ContainerGpuAccountingProcesses => self.account_family(id, f),
             M::ContainerGpuErrors => {
                 for (x, l) in snap.container_xids.iter().zip(&self.b.xids) {
                     let code = x.xid.to_string();
@@ -658,6 +688,43 @@ impl Renderer<'_> {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Energy, peak memory, limits and NVML accounting per container and device, and each
+    /// GPU's idle energy under `owner="idle"`.
+    fn account_family(&self, id: MetricId, f: &mut Family) {
+        let snap = self.snap;
+        for (c, blocks) in snap.containers.iter().zip(&self.b.accounts) {
+            for (a, l) in c.accounts.iter().zip(blocks) {
+                let accounted = a.accounted_processes > 0;
+                match id {
+                    // No energy charged yet: no series rather than a 0.
+                    M::ContainerGpuEnergy if a.energy_since_ms > 0 => {
+                        f.series(l, &[], a.energy_joules)
+                    }
+                    M::ContainerGpuMemoryPeak => f.opt(l, &[], self::f(a.memory_peak_bytes)),
+                    M::ContainerGpuMemoryLimit => {
+                        if let (Some(v), Some(src)) = (a.memory_limit_bytes, a.memory_limit_source)
+                        {
+                            f.series(l, &[(Attr::LimitSource, src.as_str())], v as f64);
+                        }
+                    }
+                    M::ContainerGpuUtilizationLimit => f.opt(l, &[], pct(a.sm_limit_percent)),
+                    M::ContainerGpuAccountingTime if accounted => {
+                        f.series(l, &[], a.accounted_gpu_seconds)
+                    }
+                    M::ContainerGpuAccountingProcesses if accounted => {
+                        f.series(l, &[], a.accounted_processes as f64)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if id == M::ContainerGpuEnergy {
+            for (d, l) in snap.devices.iter().zip(&self.b.idle) {
+                f.opt(l, &[], d.sharing.idle_energy_joules);
             }
         }
     }
@@ -738,6 +805,8 @@ fn self_family(id: MetricId, st: &AgentStats, f: &mut Family) {
         M::CachedProcesses => st.cached_processes,
         M::ExportFailures => st.export_failures,
         M::ExportDroppedBatches => st.export_dropped_batches,
+        M::UsageRecordsEmitted => st.usage_records,
+        M::UsageRecordsDropped => st.usage_records_dropped,
         M::Mode => return f.series("", &[(Attr::Mode, st.mode.as_str())], 1.0),
         M::NvmlUp => return f.series("", &[], st.nvml.is_ok() as u8 as f64),
         M::Info => {
@@ -810,7 +879,8 @@ mod dcgm_tests;
 #[cfg(test)]
 mod tests {
     use gpu_model::{
-        ContainerGpu, DeviceStatus, MigSample, ProcessUsage, SourceStatus, TrackingMode,
+        ContainerGpu, DeviceStatus, GpuAccount, LimitSource, MigSample, ProcessUsage, SourceStatus,
+        TrackingMode,
     };
 
     use super::dcgm_tests::{every_dcgm_field, full_snapshot};
@@ -868,6 +938,7 @@ mod tests {
         a.mem_clock_mhz = Some(2619);
         a.ecc_corrected = Some(2);
         a.ecc_uncorrected = Some(0);
+        a.sharing.idle_energy_joules = Some(250.5);
         let mut b = gpu(1, "GPU-b", "NVIDIA A100-SXM4-80GB");
         b.memory_total_bytes = Some(80 * GIB);
         b.memory_used_bytes = Some(5 * GIB);
@@ -900,6 +971,27 @@ mod tests {
                     gpus: vec![
                         cgpu("GPU-a", "GPU-a", 3 * GIB / 2, Some(50), &[10, 11]),
                         cgpu("MIG-c", "GPU-b", 5 * GIB, None, &[12]),
+                    ],
+                    accounts: vec![
+                        GpuAccount {
+                            uuid: "GPU-a".into(),
+                            gpu_uuid: "GPU-a".into(),
+                            energy_joules: 1000.25,
+                            energy_since_ms: 1,
+                            memory_peak_bytes: Some(2 * GIB),
+                            memory_limit_bytes: Some(4 * GIB),
+                            memory_limit_source: Some(LimitSource::Hami),
+                            sm_limit_percent: Some(50),
+                            accounted_processes: 3,
+                            accounted_gpu_seconds: 0.75,
+                        },
+                        GpuAccount {
+                            uuid: "MIG-c".into(),
+                            gpu_uuid: "GPU-b".into(),
+                            memory_limit_bytes: Some(20 * GIB),
+                            memory_limit_source: Some(LimitSource::Mig),
+                            ..Default::default()
+                        },
                     ],
                     ..Default::default()
                 },
@@ -1138,6 +1230,58 @@ mod tests {
         has(
             &render(&Snapshot::default(), &down, &opts()),
             "gpu_agent_nvml_up 0",
+        );
+    }
+
+    #[test]
+    fn energy_limits_peaks_and_accounting_series() {
+        let t = render(&snapshot(), &stats(), &opts());
+        let c = format!(
+            r#"container_id="{CID}",pod_uid="uid-1",namespace="ml",pod="trainer",container="main",qos="burstable",runtime="containerd""#
+        );
+        let on_a = format!(r#"{c},hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="container""#);
+        has(
+            &t,
+            &format!("container_gpu_energy_joules_total{{{on_a}}} 1000.25"),
+        );
+        has(
+            &t,
+            &format!("container_gpu_memory_peak_bytes{{{on_a}}} 2147483648"),
+        );
+        has(
+            &t,
+            &format!(
+                r#"container_gpu_memory_limit_bytes{{{on_a},limit_source="hami"}} 4294967296"#
+            ),
+        );
+        let on_mig =
+            format!(r#"{c},hw_id="MIG-c",gpu_uuid="GPU-b",node="node-a",owner="container""#);
+        has(
+            &t,
+            &format!(
+                r#"container_gpu_memory_limit_bytes{{{on_mig},limit_source="mig"}} 21474836480"#
+            ),
+        );
+        has(
+            &t,
+            &format!("container_gpu_utilization_limit_ratio{{{on_a}}} 0.5"),
+        );
+        has(
+            &t,
+            &format!("container_gpu_accounting_time_seconds_total{{{on_a}}} 0.75"),
+        );
+        has(
+            &t,
+            &format!("container_gpu_accounting_processes_total{{{on_a}}} 3"),
+        );
+        // No energy charged on the MIG device yet: no series rather than a 0.
+        assert!(
+            !t.contains(&format!("container_gpu_energy_joules_total{{{on_mig}}}")),
+            "{t}"
+        );
+        has(
+            &t,
+            r#"container_gpu_energy_joules_total{container_id="",pod_uid="",namespace="",pod="",container="",qos="",runtime="",hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="idle"} 250.5"#,
         );
     }
 

@@ -16,8 +16,9 @@ use node_api::{
     },
     podresources::{
         pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
-        AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-        ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
+        AllocatableResourcesRequest, AllocatableResourcesResponse, CdiDevice, ClaimResource,
+        ContainerDevices, ContainerResources, DynamicResource, ListPodResourcesRequest,
+        ListPodResourcesResponse, PodResources,
     },
     tonic,
 };
@@ -34,15 +35,43 @@ pub struct FakeContainer {
     pub gpus: Vec<String>,
 }
 
+/// A DRA claim the kubelet reports for a container (pod-resources `dynamic_resources`).
+#[derive(Clone, Debug)]
+pub struct FakeClaim {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub claim_name: String,
+    /// (driver name, device name, CDI device names) per allocated device.
+    pub devices: Vec<(String, String, Vec<String>)>,
+}
+
 #[derive(Clone, Default)]
 pub struct World {
     containers: Arc<Mutex<Vec<FakeContainer>>>,
+    claims: Arc<Mutex<Vec<FakeClaim>>>,
+    /// nvidia.com/gpu device ids the kubelet can allocate (time-slicing: `<uuid>::N`).
+    allocatable: Arc<Mutex<Vec<String>>>,
+    /// CRI Version's runtime_name; "fake" when unset.
+    runtime_name: Arc<Mutex<Option<String>>>,
     list_calls: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl World {
     pub fn set(&self, cs: Vec<FakeContainer>) {
         *self.containers.lock().unwrap() = cs;
+    }
+
+    pub fn set_claims(&self, cs: Vec<FakeClaim>) {
+        *self.claims.lock().unwrap() = cs;
+    }
+
+    pub fn set_allocatable(&self, ids: Vec<String>) {
+        *self.allocatable.lock().unwrap() = ids;
+    }
+
+    pub fn set_runtime_name(&self, name: &str) {
+        *self.runtime_name.lock().unwrap() = Some(name.to_string());
     }
 
     /// How many ListContainers calls arrived (the agent must not poll blindly).
@@ -59,9 +88,10 @@ impl RuntimeService for Cri {
         &self,
         _: tonic::Request<VersionRequest>,
     ) -> Result<tonic::Response<VersionResponse>, tonic::Status> {
+        let name = self.0.runtime_name.lock().unwrap().clone();
         Ok(tonic::Response::new(VersionResponse {
             version: "0.1.0".into(),
-            runtime_name: "fake".into(),
+            runtime_name: name.unwrap_or_else(|| "fake".into()),
             runtime_version: "1".into(),
             runtime_api_version: "v1".into(),
         }))
@@ -131,6 +161,7 @@ impl PodResourcesLister for PodRes {
                         device_ids: c.gpus.clone(),
                     }]
                 },
+                dynamic_resources: vec![],
             };
             match pods
                 .iter_mut()
@@ -144,6 +175,9 @@ impl PodResourcesLister for PodRes {
                 }),
             }
         }
+        for cl in self.0.claims.lock().unwrap().iter() {
+            add_claim(&mut pods, cl);
+        }
         Ok(tonic::Response::new(ListPodResourcesResponse {
             pod_resources: pods,
         }))
@@ -153,7 +187,58 @@ impl PodResourcesLister for PodRes {
         &self,
         _: tonic::Request<AllocatableResourcesRequest>,
     ) -> Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status> {
-        Ok(tonic::Response::new(AllocatableResourcesResponse::default()))
+        let ids = self.0.allocatable.lock().unwrap().clone();
+        let devices = if ids.is_empty() {
+            vec![]
+        } else {
+            vec![ContainerDevices {
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: ids,
+            }]
+        };
+        Ok(tonic::Response::new(AllocatableResourcesResponse {
+            devices,
+        }))
+    }
+}
+
+/// The claim on its container, which is added (with no devices) if the pod lacks it.
+fn add_claim(pods: &mut Vec<PodResources>, cl: &FakeClaim) {
+    let dr = DynamicResource {
+        claim_name: cl.claim_name.clone(),
+        claim_namespace: cl.namespace.clone(),
+        claim_resources: cl
+            .devices
+            .iter()
+            .map(|(driver, device, cdi)| ClaimResource {
+                cdi_devices: cdi.iter().map(|n| CdiDevice { name: n.clone() }).collect(),
+                driver_name: driver.clone(),
+                pool_name: "node".into(),
+                device_name: device.clone(),
+            })
+            .collect(),
+    };
+    let pod = match pods
+        .iter()
+        .position(|p| p.name == cl.pod && p.namespace == cl.namespace)
+    {
+        Some(i) => &mut pods[i],
+        None => {
+            pods.push(PodResources {
+                name: cl.pod.clone(),
+                namespace: cl.namespace.clone(),
+                containers: vec![],
+            });
+            pods.last_mut().unwrap()
+        }
+    };
+    match pod.containers.iter_mut().find(|c| c.name == cl.container) {
+        Some(c) => c.dynamic_resources.push(dr),
+        None => pod.containers.push(ContainerResources {
+            name: cl.container.clone(),
+            devices: vec![],
+            dynamic_resources: vec![dr],
+        }),
     }
 }
 

@@ -1,5 +1,6 @@
 //! An in-process OTLP receiver built from opentelemetry-proto, for exact assertions: gRPC
-//! (tonic MetricsService) and HTTP/protobuf (POST /v1/metrics) on loopback.
+//! (tonic MetricsService and LogsService) and HTTP/protobuf (POST /v1/metrics, /v1/logs)
+//! on loopback.
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
@@ -7,11 +8,16 @@ use std::{
 };
 
 use opentelemetry_proto::tonic::{
+    collector::logs::v1::{
+        logs_service_server::{LogsService, LogsServiceServer},
+        ExportLogsServiceRequest, ExportLogsServiceResponse,
+    },
     collector::metrics::v1::{
         metrics_service_server::{MetricsService, MetricsServiceServer},
         ExportMetricsServiceRequest, ExportMetricsServiceResponse,
     },
     common::v1::{any_value, KeyValue},
+    logs::v1::LogRecord,
     metrics::v1::{metric::Data, Metric, NumberDataPoint, ResourceMetrics},
 };
 use prost::Message;
@@ -59,6 +65,92 @@ impl Received {
     }
 }
 
+/// The log requests that arrived (usage records), and whether the receiver answers them:
+/// switched off, it refuses with UNAVAILABLE (gRPC) or 503 (HTTP), as a collector that is
+/// down or overloaded does.
+#[derive(Clone, Default)]
+pub struct ReceivedLogs {
+    requests: Arc<Mutex<Vec<ExportLogsServiceRequest>>>,
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReceivedLogs {
+    pub fn requests(&self) -> Vec<ExportLogsServiceRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Every log record received, with its resource's attributes.
+    pub fn records(&self) -> Vec<(Vec<KeyValue>, LogRecord)> {
+        let mut out = vec![];
+        for req in self.requests() {
+            for rl in req.resource_logs {
+                let ra = rl.resource.map(|r| r.attributes).unwrap_or_default();
+                for sl in rl.scope_logs {
+                    for lr in sl.log_records {
+                        out.push((ra.clone(), lr));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub fn set_refusing(&self, refuse: bool) {
+        self.refuse
+            .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn refusing(&self) -> bool {
+        self.refuse.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn push(&self, r: ExportLogsServiceRequest) {
+        self.requests.lock().unwrap().push(r);
+    }
+}
+
+struct LogsSvc(ReceivedLogs);
+
+#[tonic::async_trait]
+impl LogsService for LogsSvc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        if self.0.refusing() {
+            return Err(tonic::Status::unavailable("collector down (test)"));
+        }
+        self.0.push(request.into_inner());
+        Ok(tonic::Response::new(ExportLogsServiceResponse::default()))
+    }
+}
+
+/// POST /v1/logs.
+async fn http_logs(
+    logs: ReceivedLogs,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> (axum::http::StatusCode, Vec<u8>) {
+    if logs.refusing() {
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, vec![]);
+    }
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct != "application/x-protobuf" {
+        return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, vec![]);
+    }
+    let Ok(req) = ExportLogsServiceRequest::decode(body) else {
+        return (axum::http::StatusCode::BAD_REQUEST, vec![]);
+    };
+    logs.push(req);
+    (
+        axum::http::StatusCode::OK,
+        ExportLogsServiceResponse::default().encode_to_vec(),
+    )
+}
+
 struct Svc(Received);
 
 #[tonic::async_trait]
@@ -100,6 +192,7 @@ pub enum Kind {
 pub struct Receiver {
     pub addr: SocketAddr,
     pub received: Received,
+    pub logs: ReceivedLogs,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -108,9 +201,11 @@ impl Receiver {
     /// Binds 127.0.0.1:`port` (0: any free port).
     pub fn start(kind: Kind, port: u16) -> Receiver {
         let received = Received::default();
+        let logs = ReceivedLogs::default();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let r = received.clone();
+        let l = logs.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -134,6 +229,10 @@ impl Receiver {
                         builder
                             .add_service(
                                 MetricsServiceServer::new(Svc(r))
+                                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                            )
+                            .add_service(
+                                LogsServiceServer::new(LogsSvc(l))
                                     .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
                             )
                             .serve_with_incoming_shutdown(incoming, async {
@@ -181,6 +280,10 @@ impl Receiver {
                                 },
                             ),
                         );
+                        let app = app.route(
+                            "/v1/logs",
+                            axum::routing::post(move |h, b| http_logs(l.clone(), h, b)),
+                        );
                         axum::serve(listener, app)
                             .with_graceful_shutdown(async {
                                 let _ = stop_rx.await;
@@ -197,6 +300,7 @@ impl Receiver {
         Receiver {
             addr,
             received,
+            logs,
             stop: Some(stop_tx),
             thread: Some(thread),
         }

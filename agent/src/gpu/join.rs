@@ -7,12 +7,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpu_model::SourceStatus;
 pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
+use gpu_model::{SourceStatus, UsageRecord};
 
-use super::{DeviceSample, GpuSample, ProcessSample};
+use super::{
+    account::{self, Inputs, Ledgers},
+    sharing::Sharing,
+    DeviceSample, GpuSample, ProcessSample,
+};
 use crate::{
-    metadata::{parse_device_id, DeviceRef, Metadata},
+    metadata::{DeviceRef, Metadata},
     process::{Lookup, Placement, Resolver},
 };
 
@@ -24,7 +28,7 @@ pub enum Owner {
     Host,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Accumulated {
     pub gpu_seconds: f64,
     pub byte_seconds: f64,
@@ -39,6 +43,12 @@ pub struct Accumulated {
 pub struct Counters {
     pub map: HashMap<(Owner, String), Accumulated>,
     pub last_sample_ms: u64,
+    /// Energy, peaks, accounting and open sessions per (owner, device): see `account`.
+    pub ledgers: Ledgers,
+    /// Per GPU uuid: its energy counter at the last sample, mJ.
+    pub energy_mj: HashMap<String, u64>,
+    /// Per GPU uuid: energy charged to nobody (idle, not allocated), J.
+    pub idle_energy: HashMap<String, f64>,
 }
 
 /// Counters of an (owner, device) not seen for this long are forgotten.
@@ -46,12 +56,21 @@ const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
 
 /// What the cgroup says about an owner, copied into its snapshot entry.
 #[derive(Debug, Clone, Default)]
-struct OwnerMeta {
-    container_id: Option<String>,
-    pod_uid: Option<String>,
+pub(super) struct OwnerMeta {
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
     qos: Option<&'static str>,
     runtime: Option<&'static str>,
     cgroup_path: Option<String>,
+}
+
+/// The MPS server's command as the kernel keeps it (15 characters of
+/// `nvidia-cuda-mps-server`): infrastructure, not a workload.
+pub const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
+
+/// Is this the MPS server (its GPU memory is the clients' shared context)?
+pub fn is_mps_server(comm: &str) -> bool {
+    comm.starts_with(MPS_SERVER_COMM)
 }
 
 #[derive(Default)]
@@ -71,6 +90,8 @@ fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[Dev
         c.namespace = c.namespace.take().or_else(|| n.namespace.clone());
         c.container_name = c.container_name.take().or_else(|| n.container_name.clone());
         c.pod_uid = c.pod_uid.take().or_else(|| n.pod_uid.clone());
+        // The cgroupfs driver's paths do not name the runtime: the one that named it does.
+        c.runtime = c.runtime.or(n.runtime);
     }
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
         return;
@@ -78,14 +99,17 @@ fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[Dev
     let mut uuids = vec![];
     for a in metadata.allocations_of(ns, pod, name) {
         c.allocated_device_ids.extend(a.device_ids.iter().cloned());
-        for id in &a.device_ids {
-            let uuid = match parse_device_id(id) {
-                Some(DeviceRef::Uuid(u)) => Some(u),
-                Some(DeviceRef::Index(i)) => devices
+        for r in a.device_refs() {
+            let uuid = match r {
+                DeviceRef::Uuid(u) => Some(u),
+                DeviceRef::Index(i) => devices
                     .iter()
                     .find(|d| d.index == i)
                     .map(|d| d.uuid.clone()),
-                None => None,
+                DeviceRef::Minor(m) => devices
+                    .iter()
+                    .find(|d| d.sharing.minor_number == Some(m))
+                    .map(|d| d.uuid.clone()),
             };
             if let Some(u) = uuid.filter(|u| !uuids.contains(u)) {
                 uuids.push(u);
@@ -104,7 +128,7 @@ fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
 }
 
 /// Who a placed process is charged to, and what its cgroup says about that owner.
-fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMeta>) {
+pub(super) fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMeta>) {
     let Some(pl) = placed else {
         return (Owner::Host, None);
     };
@@ -152,17 +176,23 @@ impl Group {
     }
 }
 
-/// Every GPU process grouped by owner, and the per-process rows when asked for.
-fn group_processes(
-    procs: &impl Resolver,
-    sample: &GpuSample,
-    process_detail: bool,
-) -> (BTreeMap<Owner, Group>, Vec<ProcessUsage>) {
+/// GPU processes by owner, the per-process rows, and the MPS servers (device uuid, pid).
+type Grouped = (
+    BTreeMap<Owner, Group>,
+    Vec<ProcessUsage>,
+    Vec<(String, u32)>,
+);
+
+/// Every GPU process grouped by owner, the per-process rows when asked for, and the MPS
+/// servers (device uuid, pid), which are charged to nobody.
+fn group_processes(procs: &impl Resolver, sample: &GpuSample, process_detail: bool) -> Grouped {
     let mut groups: BTreeMap<Owner, Group> = BTreeMap::new();
     let mut processes = vec![];
+    let mut mps_servers = vec![];
     for dev in &sample.devices {
         for p in &dev.processes {
             let placed = procs.place(p.pid);
+            let server = placed.is_some_and(|pl| is_mps_server(pl.comm));
             let (owner, meta) = owner_of(placed);
             let uuid = p.device_uuid(dev);
             if process_detail {
@@ -181,6 +211,10 @@ fn group_processes(
                     exited: placed.is_some_and(|pl| !pl.live),
                 });
             }
+            if server {
+                mps_servers.push((dev.uuid.clone(), p.pid));
+                continue;
+            }
             let g = groups.entry(owner).or_default();
             if g.meta.is_none() {
                 g.meta = meta;
@@ -188,7 +222,7 @@ fn group_processes(
             g.add(uuid, &dev.uuid, p);
         }
     }
-    (groups, processes)
+    (groups, processes, mps_servers)
 }
 
 /// One entry per owner, its cumulative counters advanced by `dt` seconds.
@@ -201,13 +235,17 @@ fn accumulate(
     let mut counters = Counters {
         map: HashMap::with_capacity(prev.map.len()),
         last_sample_ms: taken_at_ms,
+        // Moved in by `join_with`, which owns the previous counters.
+        ledgers: Ledgers::default(),
+        energy_mj: HashMap::new(),
+        idle_energy: HashMap::new(),
     };
     let mut containers = Vec::with_capacity(groups.len());
     for (owner, g) in groups {
         let mut gpus = Vec::with_capacity(g.gpus.len());
         for (uuid, mut cg) in g.gpus {
             let key = (owner.clone(), uuid);
-            let mut acc = prev.map.get(&key).copied().unwrap_or_default();
+            let mut acc = prev.map.get(&key).cloned().unwrap_or_default();
             acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
             acc.last_seen_ms = taken_at_ms;
@@ -240,7 +278,7 @@ fn accumulate(
         if !counters.map.contains_key(k)
             && taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS
         {
-            counters.map.insert(k.clone(), *acc);
+            counters.map.insert(k.clone(), acc.clone());
         }
     }
     (containers, counters)
@@ -280,8 +318,15 @@ fn allocated_but_idle(metadata: &Metadata, containers: &[ContainerUsage]) -> Vec
     out
 }
 
-/// Joins one GPU sample with the process state. `max_gap` caps the time credited to the
-/// counters when samples were missed (NVML unavailable, the agent paused).
+/// How the join runs: `max_gap` caps the time credited to the counters when samples were
+/// missed (NVML unavailable, the agent paused); `process_detail` adds per-process rows.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinOptions {
+    pub max_gap: Duration,
+    pub process_detail: bool,
+}
+
+/// Joins one GPU sample with the process state.
 pub fn join(
     procs: &impl Resolver,
     metadata: &Metadata,
@@ -291,13 +336,51 @@ pub fn join(
     max_gap: Duration,
     process_detail: bool,
 ) -> (Snapshot, Counters) {
+    let opts = JoinOptions {
+        max_gap,
+        process_detail,
+    };
+    let (snap, counters, _) = join_with(
+        procs,
+        metadata,
+        sample,
+        nvml_status,
+        prev.clone(),
+        opts,
+        &Inputs::default(),
+    );
+    (snap, counters)
+}
+
+/// The join, with what the account pass needs (HAMi limits, accounting stats), and the
+/// usage records of the stretches of use that ended. Takes the previous counters by value:
+/// what carries over is moved, not copied.
+pub fn join_with(
+    procs: &impl Resolver,
+    metadata: &Metadata,
+    sample: &GpuSample,
+    nvml_status: &SourceStatus,
+    mut prev: Counters,
+    opts: JoinOptions,
+    inputs: &Inputs,
+) -> (Snapshot, Counters, Vec<UsageRecord>) {
     let dt = if prev.last_sample_ms == 0 || sample.taken_at_ms <= prev.last_sample_ms {
         0.0
     } else {
-        ((sample.taken_at_ms - prev.last_sample_ms) as f64 / 1000.0).min(max_gap.as_secs_f64())
+        ((sample.taken_at_ms - prev.last_sample_ms) as f64 / 1000.0).min(opts.max_gap.as_secs_f64())
     };
-    let (groups, processes) = group_processes(procs, sample, process_detail);
-    let (mut containers, counters) = accumulate(groups, prev, dt, sample.taken_at_ms);
+    let (groups, processes, mps_servers) = group_processes(procs, sample, opts.process_detail);
+    let (mut containers, mut counters) = accumulate(groups, &prev, dt, sample.taken_at_ms);
+    counters.energy_mj = std::mem::take(&mut prev.energy_mj);
+    counters.idle_energy = std::mem::take(&mut prev.idle_energy);
+    // Ledgers go with their counters, unless charged lately (an allocated, idle GPU's
+    // energy) or in the middle of a session.
+    counters.ledgers = std::mem::take(&mut prev.ledgers);
+    let now = sample.taken_at_ms;
+    counters.ledgers.retain(|l| {
+        l.session.is_some()
+            || now.saturating_sub(l.last_used_ms.max(l.last_charged_ms)) < FORGET_AFTER_MS
+    });
     for c in &mut containers {
         name_and_allocate(c, metadata, &sample.devices);
     }
@@ -306,12 +389,31 @@ pub fn join(
         name_and_allocate(c, metadata, &sample.devices);
     }
     containers.extend(idle);
+    let records = account::account(
+        &mut containers,
+        &mut counters,
+        &prev,
+        sample,
+        metadata,
+        inputs,
+    );
     let devices = sample
         .devices
         .iter()
-        .map(|d| DeviceSample {
-            processes: vec![],
-            ..d.clone()
+        .map(|d| {
+            let mut d = DeviceSample {
+                processes: vec![],
+                ..d.clone()
+            };
+            d.sharing.accounting.clear();
+            d.sharing.accounting_pids.clear();
+            d.sharing.mps_server_pids = mps_servers
+                .iter()
+                .filter(|(u, _)| *u == d.uuid)
+                .map(|(_, p)| *p)
+                .collect();
+            d.sharing.idle_energy_joules = counters.idle_energy.get(&d.uuid).copied();
+            d
         })
         .collect();
     let snap = Snapshot {
@@ -323,7 +425,7 @@ pub fn join(
         processes,
         container_xids: vec![],
     };
-    (snap, counters)
+    (snap, counters, records)
 }
 
 /// How long a GPU PID that nobody could place is left alone before /proc is asked again.
@@ -336,6 +438,8 @@ pub struct Joiner {
     counters: Counters,
     unresolved: HashMap<u32, Instant>,
     xids: super::xid_charge::XidCharges,
+    /// HAMi limits, exits for NVML accounting, and where usage records go.
+    pub sharing: Sharing,
 }
 
 /// What one cycle found out about the sample's PIDs.
@@ -374,7 +478,8 @@ impl Joiner {
         cov
     }
 
-    /// The pure join, with this owner's counters carried over.
+    /// The pure join, with this owner's counters carried over; then the exits it noticed
+    /// go to the NVML thread and the records of ended stretches to the usage sink.
     pub fn join(
         &mut self,
         procs: &impl Resolver,
@@ -384,18 +489,49 @@ impl Joiner {
         max_gap: Duration,
         process_detail: bool,
     ) -> Snapshot {
-        let (mut snap, counters) = join(
+        let (hami, accounted) = self.sharing.before(sample);
+        let inputs = Inputs {
+            hami: &hami,
+            accounted: &accounted,
+            peak_window_ms: self.sharing.peak_window_ms,
+        };
+        let opts = JoinOptions {
+            max_gap,
+            process_detail,
+        };
+        let (mut snap, counters, records) = join_with(
             procs,
             metadata,
             sample,
             nvml_status,
-            &self.counters,
-            max_gap,
-            process_detail,
+            std::mem::take(&mut self.counters),
+            opts,
+            &inputs,
         );
         self.counters = counters;
         snap.container_xids = self.xids.charge(procs, metadata, sample);
+        self.sharing.after(sample, procs, metadata);
+        self.sharing.emit(records);
         snap
+    }
+}
+
+impl Drop for Joiner {
+    /// Stretches still open when the agent stops: a record each (`agent_stopped`), so that
+    /// a restart loses no usage; the rest comes in a later record.
+    fn drop(&mut self) {
+        let open: Vec<(Owner, String)> = self
+            .counters
+            .ledgers
+            .iter()
+            .filter(|(_, _, l)| l.session.is_some())
+            .map(|(o, u, _)| (o.clone(), u.to_string()))
+            .collect();
+        let records = open
+            .iter()
+            .filter_map(|k| account::close(&mut self.counters, k, "agent_stopped"))
+            .collect();
+        self.sharing.emit(records);
     }
 }
 
@@ -634,6 +770,7 @@ mod tests {
                 namespace: Some("ml".into()),
                 container_name: Some("main".into()),
                 pod_uid: None,
+                runtime: None,
             },
         );
         md.allocations = vec![
@@ -643,6 +780,7 @@ mod tests {
                 container_name: "main".into(),
                 resource_name: "nvidia.com/gpu".into(),
                 device_ids: vec!["GPU-1::2".into(), "1".into()],
+                claim: None,
             },
             Allocation {
                 namespace: "ml".into(),
@@ -650,6 +788,7 @@ mod tests {
                 container_name: "sleepy".into(),
                 resource_name: "nvidia.com/gpu".into(),
                 device_ids: vec!["GPU-9".into()],
+                claim: None,
             },
         ];
         md.ids_by_name.insert(
@@ -768,5 +907,282 @@ mod tests {
         let cov = j.look_up_missing(&s, &mut fake);
         assert_eq!((cov.gpu_processes, cov.unresolved), (2, 1));
         assert_eq!(fake.looked_up, vec![2, 3]);
+    }
+}
+
+#[cfg(test)]
+mod sharing_tests {
+    use super::*;
+    use crate::gpu::account::{Accounted, RecordNames};
+    use crate::metadata::{Allocation, ContainerNames};
+    use crate::process::cgroup::ContainerRef;
+    use gpu_model::{AccountingSample, DeviceStatus, LimitSource};
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    /// pid -> (comm, container id): 1x in A, 2x in B.
+    struct Procs;
+
+    impl Resolver for Procs {
+        fn place(&self, pid: u32) -> Option<Placement<'_>> {
+            static REFS: std::sync::OnceLock<[ContainerRef; 2]> = std::sync::OnceLock::new();
+            let refs = REFS.get_or_init(|| {
+                [A, B].map(|id| ContainerRef {
+                    container_id: Some(id.into()),
+                    pod_uid: None,
+                    qos: None,
+                    runtime: None,
+                })
+            });
+            let (comm, c) = match pid {
+                100..=199 => ("python", &refs[0]),
+                200..=299 => ("python", &refs[1]),
+                900 => ("nvidia-cuda-mps", &refs[1]),
+                _ => return None,
+            };
+            Some(Placement {
+                comm,
+                live: true,
+                container: Some(c),
+                cgroup_path: None,
+            })
+        }
+    }
+
+    fn p(pid: u32, mem: u64, sm: Option<u32>) -> ProcessSample {
+        ProcessSample {
+            pid,
+            used_memory_bytes: mem,
+            sm_util: sm,
+            ..Default::default()
+        }
+    }
+
+    fn sample(t: u64, energy_mj: u64, procs: Vec<ProcessSample>) -> GpuSample {
+        GpuSample {
+            taken_at_ms: t,
+            driver_version: None,
+            devices: vec![DeviceSample {
+                uuid: "GPU-1".into(),
+                status: DeviceStatus::Ok,
+                memory_total_bytes: Some(1000),
+                energy_mj: Some(energy_mj),
+                processes: procs,
+                ..Default::default()
+            }],
+        }
+    }
+
+    const OPTS: JoinOptions = JoinOptions {
+        max_gap: Duration::from_secs(10),
+        process_detail: false,
+    };
+
+    fn run(
+        md: &Metadata,
+        samples: &[GpuSample],
+        inputs: &Inputs,
+    ) -> (Snapshot, Counters, Vec<UsageRecord>) {
+        let mut c = Counters::default();
+        let mut all = vec![];
+        let mut snap = Snapshot::default();
+        for s in samples {
+            let (sn, next, records) = join_with(&Procs, md, s, &SourceStatus::Ok, c, OPTS, inputs);
+            (snap, c) = (sn, next);
+            all.extend(records);
+        }
+        (snap, c, all)
+    }
+
+    fn energy(s: &Snapshot, id: &str) -> f64 {
+        let c = s
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(id))
+            .unwrap();
+        c.accounts.iter().map(|a| a.energy_joules).sum()
+    }
+
+    #[test]
+    fn energy_is_split_by_sm_share_and_the_idle_rest_kept_apart() {
+        let procs = || vec![p(100, 10, Some(30)), p(200, 10, Some(20))];
+        let samples = [
+            sample(1000, 1_000_000, procs()),
+            sample(2000, 1_100_000, procs()),
+        ];
+        let (snap, _, _) = run(&Metadata::default(), &samples, &Inputs::default());
+        assert!((energy(&snap, A) - 30.0).abs() < 1e-9);
+        assert!((energy(&snap, B) - 20.0).abs() < 1e-9);
+        let idle = snap.devices[0].sharing.idle_energy_joules.unwrap();
+        assert!((idle - 50.0).abs() < 1e-9, "{idle}");
+    }
+
+    #[test]
+    fn the_idle_rest_goes_to_the_allocated_container_and_memory_share_without_util() {
+        let mut md = Metadata::default();
+        md.names.insert(
+            A.into(),
+            ContainerNames {
+                pod_name: Some("p".into()),
+                namespace: Some("ns".into()),
+                container_name: Some("a".into()),
+                ..Default::default()
+            },
+        );
+        md.allocations = vec![Allocation {
+            namespace: "ns".into(),
+            pod_name: "p".into(),
+            container_name: "a".into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: vec!["GPU-1".into()],
+            claim: None,
+        }];
+        // No utilization known (MIG-like): memory shares of the GPU's 1000 bytes.
+        let procs = || vec![p(100, 100, None), p(200, 300, None)];
+        let samples = [
+            sample(1000, 1_000_000, procs()),
+            sample(2000, 1_100_000, procs()),
+        ];
+        let (snap, _, _) = run(&md, &samples, &Inputs::default());
+        assert!((energy(&snap, A) - (10.0 + 60.0)).abs() < 1e-9);
+        assert!((energy(&snap, B) - 30.0).abs() < 1e-9);
+        assert_eq!(snap.devices[0].sharing.idle_energy_joules, Some(0.0));
+    }
+
+    #[test]
+    fn a_stretch_of_use_ends_in_one_record() {
+        let samples = [
+            sample(1000, 0, vec![p(100, 10, Some(50)), p(200, 5, Some(0))]),
+            sample(2000, 0, vec![p(100, 30, Some(50)), p(200, 5, Some(0))]),
+            sample(3000, 0, vec![p(200, 5, Some(0))]),
+            sample(4000, 0, vec![p(200, 5, Some(0))]),
+        ];
+        let (snap, mut counters, records) = run(&Metadata::default(), &samples, &Inputs::default());
+        assert_eq!(records.len(), 1, "{records:?}");
+        let r = &records[0];
+        assert_eq!(r.container_id.as_deref(), Some(A));
+        assert_eq!((r.start_ms, r.end_ms), (1000, 2000));
+        assert!((r.gpu_seconds - 0.5).abs() < 1e-9, "{}", r.gpu_seconds);
+        assert!((r.memory_byte_seconds - 30.0).abs() < 1e-9);
+        assert_eq!(r.memory_peak_bytes, 30);
+        assert_eq!(r.reason, "exited");
+        assert_eq!(snap.containers.len(), 1);
+        // B is still running: its record comes when it stops (or the agent does).
+        let key = (Owner::Container(B.into()), "GPU-1".to_string());
+        let open = account::close(&mut counters, &key, "agent_stopped").unwrap();
+        assert_eq!((open.start_ms, open.end_ms), (1000, 4000));
+    }
+
+    #[test]
+    fn accounting_stats_are_charged_and_a_job_no_sample_saw_gets_its_record() {
+        let accounted = [Accounted {
+            owner: Owner::Container(A.into()),
+            names: RecordNames {
+                container_id: Some(A.into()),
+                ..Default::default()
+            },
+            uuid: "GPU-1".into(),
+            sample: AccountingSample {
+                pid: 150,
+                gpu_util: Some(80),
+                mem_util: Some(10),
+                max_memory_bytes: Some(512),
+                time_ms: 300,
+                start_time_us: 5_000_000,
+            },
+        }];
+        let inputs = Inputs {
+            accounted: &accounted,
+            ..Inputs::default()
+        };
+        let (snap, _, records) = run(
+            &Metadata::default(),
+            &[sample(9000, 0, vec![p(200, 5, Some(1))])],
+            &inputs,
+        );
+        assert_eq!(records.len(), 1);
+        let r = &records[0];
+        assert_eq!((r.start_ms, r.end_ms), (5000, 5300));
+        assert!((r.accounted_gpu_seconds - 0.24).abs() < 1e-9);
+        assert_eq!((r.accounted_processes, r.memory_peak_bytes), (1, 512));
+        assert_eq!(r.reason, "accounting");
+        // A has no process now: an entry of its own carries the charge.
+        let a = snap
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(A))
+            .unwrap();
+        assert!(a.gpus.is_empty());
+        assert_eq!(a.accounts[0].accounted_processes, 1);
+        assert!((a.accounts[0].accounted_gpu_seconds - 0.24).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_mps_server_is_charged_to_nobody() {
+        let mut s = sample(1000, 0, vec![p(900, 300, None), p(200, 5, Some(1))]);
+        s.devices[0].processes[1].mps = true;
+        let (snap, _, _) = run(&Metadata::default(), &[s], &Inputs::default());
+        assert_eq!(snap.devices[0].sharing.mps_server_pids, [900]);
+        let b = snap
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(B))
+            .unwrap();
+        assert_eq!(b.gpus[0].pids, [200]);
+        assert_eq!(b.gpus[0].memory_used_bytes, 5);
+    }
+
+    #[test]
+    fn dra_devices_by_minor_number_feed_the_allocation() {
+        let mut md = Metadata::default();
+        md.names.insert(
+            A.into(),
+            ContainerNames {
+                pod_name: Some("p".into()),
+                namespace: Some("ns".into()),
+                container_name: Some("a".into()),
+                ..Default::default()
+            },
+        );
+        md.allocations = vec![Allocation {
+            namespace: "ns".into(),
+            pod_name: "p".into(),
+            container_name: "a".into(),
+            resource_name: "gpu.nvidia.com".into(),
+            device_ids: vec!["gpu-7".into()],
+            claim: Some("ns/claim".into()),
+        }];
+        let mut s = sample(1000, 0, vec![p(100, 1, Some(1))]);
+        s.devices[0].sharing.minor_number = Some(7);
+        let (snap, _, _) = run(&md, &[s], &Inputs::default());
+        assert_eq!(snap.containers[0].allocated_gpus, ["GPU-1"]);
+    }
+
+    #[test]
+    fn a_mig_device_size_is_its_containers_memory_limit() {
+        let mut mig = p(100, 10, None);
+        mig.mig_uuid = Some("MIG-1".into());
+        let mut s = sample(1000, 0, vec![mig, p(200, 20, Some(5))]);
+        s.devices[0].mig_devices = vec![gpu_model::MigSample {
+            uuid: "MIG-1".into(),
+            memory_total_bytes: Some(400),
+            ..Default::default()
+        }];
+        let (snap, _, _) = run(&Metadata::default(), &[s], &Inputs::default());
+        let account = |id: &str| {
+            let c = snap
+                .containers
+                .iter()
+                .find(|c| c.container_id.as_deref() == Some(id));
+            c.unwrap().accounts[0].clone()
+        };
+        let a = account(A);
+        assert_eq!((a.uuid.as_str(), a.gpu_uuid.as_str()), ("MIG-1", "GPU-1"));
+        assert_eq!(a.memory_limit_bytes, Some(400));
+        assert_eq!(a.memory_limit_source, Some(LimitSource::Mig));
+        // A whole GPU, neither time-sliced nor under HAMi: no limit is known.
+        let b = account(B);
+        assert_eq!((b.memory_limit_bytes, b.memory_limit_source), (None, None));
     }
 }

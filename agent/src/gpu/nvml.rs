@@ -15,7 +15,7 @@ use nvml_wrapper::{
     Device, Nvml,
 };
 
-use gpu_model::{DeviceStatus, NvmlFeatures, SourceStatus};
+use gpu_model::{AccountingSample, DeviceStatus, NvmlFeatures, SourceStatus};
 
 use super::{
     fields::{self, NvlinkRates},
@@ -23,6 +23,10 @@ use super::{
     xid::Xids,
     DeviceSample, GpuSample, MigSample, ProcessSample,
 };
+
+/// How often a requested accounting read is retried while NVML still says the process runs
+/// (the driver may lag the kernel's exit by a cycle).
+const ACCOUNTING_TRIES: u8 = 5;
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -39,6 +43,8 @@ pub struct NvmlSampler {
     known: HashMap<u32, (String, String)>,
     /// dcgm-exporter's further fields.
     extras: Extras,
+    /// Per-process accounting: what the join asked for, and the lists already seen.
+    accounting: Accounting,
 }
 
 /// What dcgm-exporter's further fields keep between cycles: profiling samples, the XID
@@ -47,6 +53,17 @@ struct Extras {
     gpm: Gpm,
     xids: Xids,
     nvlink: NvlinkRates,
+}
+
+/// Accounting state across cycles.
+#[derive(Debug, Default)]
+pub struct Accounting {
+    /// Off by configuration: no accounting calls at all.
+    pub enabled: bool,
+    /// (device uuid, pid, tries left): stats to read, for processes the kernel saw exit.
+    pending: Vec<(String, u32, u8)>,
+    /// Per device uuid: the accounting PIDs listed last cycle.
+    listed: HashMap<String, Vec<u32>>,
 }
 
 enum Metric<T> {
@@ -84,6 +101,27 @@ impl NvmlSampler {
                 xids: Xids::new(None),
                 nvlink: NvlinkRates::default(),
             },
+            accounting: Accounting::default(),
+        }
+    }
+
+    /// Turns the accounting reads on (`usage.accounting`).
+    pub fn enable_accounting(&mut self, on: bool) {
+        self.accounting.enabled = on;
+    }
+
+    /// Asks for the accounting stats of these (device uuid, pid): processes the kernel
+    /// reported exited. Read on the next cycle.
+    pub fn request_accounting(&mut self, requests: Vec<(String, u32)>) {
+        let pending = &mut self.accounting.pending;
+        for (uuid, pid) in requests {
+            if !pending.iter().any(|(u, p, _)| *u == uuid && *p == pid) {
+                pending.push((uuid, pid, ACCOUNTING_TRIES));
+            }
+        }
+        // Bounded: a flood of exits must not grow this without end.
+        if pending.len() > 4096 {
+            pending.drain(..pending.len() - 4096);
         }
     }
 
@@ -170,7 +208,10 @@ impl NvmlSampler {
         for index in 0..count {
             let d = match nvml.device_by_index(index) {
                 Ok(dev) => {
-                    let d = sample_device(nvml, &dev, index, &mut self.last_seen);
+                    let mut d = sample_device(nvml, &dev, index, &mut self.last_seen);
+                    if self.accounting.enabled && d.status.is_ok() && !d.mig_enabled {
+                        read_accounting(&dev, &mut d, &mut self.accounting);
+                    }
                     self.extras.device(nvml, &dev, d)
                 }
                 Err(e) => DeviceSample {
@@ -309,6 +350,7 @@ fn sample_device(
     for p in lists.into_iter().flatten().flatten() {
         merge_process(&mut procs, &p, &d.mig_devices);
     }
+    read_mps_processes(&mut r, dev, &d.mig_devices, &mut procs);
     // MIG devices cannot say per-process utilization.
     if !r.lost && !d.mig_enabled {
         read_process_utilization(&mut r, dev, &d.uuid, last_seen, &mut procs);
@@ -354,6 +396,7 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
     d.mig_enabled = r
         .read("mig", || dev.mig_mode())
         .is_some_and(|m| m.current == 1);
+    d.sharing.minor_number = r.read("minor_number", || dev.minor_number());
 }
 
 fn read_mig_devices(r: &mut Reader, nvml: &Nvml, dev: &Device, d: &mut DeviceSample) {
@@ -425,7 +468,12 @@ fn read_process_utilization(
     }
 }
 
-fn merge_process(procs: &mut Vec<ProcessSample>, p: &ProcessInfo, migs: &[MigSample]) {
+/// Returns the merged entry: a process with several contexts is one process.
+fn merge_process<'a>(
+    procs: &'a mut Vec<ProcessSample>,
+    p: &ProcessInfo,
+    migs: &[MigSample],
+) -> &'a mut ProcessSample {
     let used = match p.used_gpu_memory {
         UsedGpuMemory::Used(b) => b,
         UsedGpuMemory::Unavailable => 0,
@@ -442,12 +490,13 @@ fn merge_process(procs: &mut Vec<ProcessSample>, p: &ProcessInfo, migs: &[MigSam
             .map(|m| m.uuid.clone()),
         _ => None,
     };
-    if let Some(e) = procs
-        .iter_mut()
-        .find(|e| e.pid == p.pid && e.mig_uuid == mig_uuid)
+    if let Some(i) = procs
+        .iter()
+        .position(|e| e.pid == p.pid && e.mig_uuid == mig_uuid)
     {
+        let e = &mut procs[i];
         e.used_memory_bytes = e.used_memory_bytes.max(used);
-        return;
+        return e;
     }
     procs.push(ProcessSample {
         pid: p.pid,
@@ -457,6 +506,7 @@ fn merge_process(procs: &mut Vec<ProcessSample>, p: &ProcessInfo, migs: &[MigSam
         mig_uuid,
         ..Default::default()
     });
+    procs.last_mut().unwrap()
 }
 
 /// GPU and compute instance ids of a MIG device handle. nvml-wrapper has no method for
@@ -480,4 +530,83 @@ fn instance_ids(nvml: &Nvml, mig: &Device) -> (Option<u32>, Option<u32>) {
             });
         (gi, ci)
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Sharing and accounting (MPS clients, per-process accounting at exit)
+
+/// MPS clients, merged into the per-process list: a PID the compute list already has is
+/// the same process (marked `mps`), attributed by host PID like any other.
+fn read_mps_processes(
+    r: &mut Reader,
+    dev: &Device,
+    migs: &[MigSample],
+    procs: &mut Vec<ProcessSample>,
+) {
+    let Some(list) = r.read("mps_processes", || dev.mps_running_compute_processes()) else {
+        return;
+    };
+    for p in &list {
+        merge_process(procs, p, migs).mps = true;
+    }
+}
+
+/// Accounting mode; the PIDs new in NVML's accounting list; and the stats of the
+/// processes the join saw exit. A process still running per NVML is asked about again next
+/// cycle, a few times; one NVML no longer knows is dropped.
+fn read_accounting(dev: &Device, d: &mut DeviceSample, acc: &mut Accounting) {
+    let mode = match dev.is_accounting_enabled() {
+        Ok(m) => Some(m),
+        Err(NvmlError::NotSupported)
+        | Err(NvmlError::FunctionNotFound)
+        | Err(NvmlError::FailedToLoadSymbol(_)) => {
+            d.unsupported.push("accounting");
+            None
+        }
+        Err(e) => {
+            tracing::debug!(uuid = %d.uuid, "accounting mode: {e}");
+            None
+        }
+    };
+    d.sharing.accounting_mode = mode;
+    if mode != Some(true) {
+        acc.pending.retain(|(u, _, _)| *u != d.uuid);
+        return;
+    }
+    if let Ok(pids) = dev.accounting_pids() {
+        let before = acc.listed.get(&d.uuid);
+        d.sharing.accounting_pids = pids
+            .iter()
+            .copied()
+            .filter(|p| !before.is_some_and(|b| b.contains(p)))
+            .collect();
+        acc.listed.insert(d.uuid.clone(), pids);
+    }
+    let uuid = d.uuid.clone();
+    acc.pending.retain_mut(|(u, pid, tries)| {
+        if *u != uuid {
+            return true;
+        }
+        match dev.accounting_stats_for(*pid) {
+            Ok(s) if !s.is_running => {
+                d.sharing.accounting.push(AccountingSample {
+                    pid: *pid,
+                    gpu_util: s.gpu_utilization,
+                    mem_util: s.memory_utilization,
+                    max_memory_bytes: s.max_memory_usage,
+                    time_ms: s.time,
+                    start_time_us: s.start_time,
+                });
+                false
+            }
+            Ok(_) => {
+                *tries -= 1;
+                *tries > 0
+            }
+            Err(e) => {
+                tracing::debug!(uuid = %u, pid, "accounting stats: {e}");
+                false
+            }
+        }
+    });
 }

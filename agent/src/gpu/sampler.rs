@@ -1,7 +1,7 @@
 //! The NVML thread: NVML calls block, so sampling runs on a thread of its own and sends one
 //! message per cycle to the pipeline.
 use std::{
-    sync::{atomic::Ordering::Relaxed, Arc},
+    sync::{atomic::Ordering::Relaxed, Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -18,13 +18,35 @@ use crate::{
 /// One cycle: the sample (None while NVML is unavailable) and NVML's health.
 pub type GpuMessage = (Option<GpuSample>, SourceStatus);
 
-/// Samples every `interval_ms` until `stop`, or until the receiver is gone.
+/// (device uuid, pid) of GPU processes the kernel reported exited: the join asks, the NVML
+/// thread reads their accounting stats on its next cycle (NVML calls stay on that thread).
+#[derive(Debug, Clone, Default)]
+pub struct AccountingRequests(Arc<Mutex<Vec<(String, u32)>>>);
+
+impl AccountingRequests {
+    /// Bounded: beyond 4096 waiting requests the oldest go.
+    pub fn push(&self, uuid: String, pid: u32) {
+        let mut q = self.0.lock().unwrap();
+        q.push((uuid, pid));
+        if q.len() > 4096 {
+            q.remove(0);
+        }
+    }
+
+    pub fn take(&self) -> Vec<(String, u32)> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// Samples every `interval_ms` until `stop`, or until the receiver is gone. With
+/// `accounting`, reads NVML's accounting stats of the processes the join asks about.
 pub fn spawn(
     cfg: NvmlConfig,
     xid: XidConfig,
     tx: mpsc::Sender<GpuMessage>,
     stats: Arc<Stats>,
     stop: CancellationToken,
+    accounting: Option<AccountingRequests>,
 ) -> std::io::Result<()> {
     let interval = Duration::from_millis(cfg.interval_ms);
     // The thread's own timer, to sleep until the next cycle or until the agent stops.
@@ -35,9 +57,13 @@ pub fn spawn(
         .name("nvml".into())
         .spawn(move || {
             let mut sampler = NvmlSampler::new(cfg.lib_path).with_kmsg(xid.kmsg_path());
+            sampler.enable_accounting(accounting.is_some());
             let mut next = Instant::now();
             while !stop.is_cancelled() {
                 let cpu0 = thread_cpu_ns();
+                if let Some(a) = &accounting {
+                    sampler.request_accounting(a.take());
+                }
                 let sample = sampler.sample();
                 stats
                     .nvml_sample_cpu_ns

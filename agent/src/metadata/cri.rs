@@ -3,6 +3,7 @@ use std::{collections::HashMap, path::Path};
 
 use node_api::cri::{
     runtime_service_client::RuntimeServiceClient, ContainerStatusRequest, ListContainersRequest,
+    VersionRequest,
 };
 
 use super::ContainerNames;
@@ -14,6 +15,48 @@ fn names_from_labels(labels: &HashMap<String, String>) -> ContainerNames {
         namespace: get("io.kubernetes.pod.namespace"),
         container_name: get("io.kubernetes.container.name"),
         pod_uid: get("io.kubernetes.pod.uid"),
+        runtime: None,
+    }
+}
+
+/// The runtime's name from CRI `Version` (`containerd`, `cri-o`, `docker` for
+/// cri-dockerd), as the snapshot spells runtimes.
+pub async fn runtime_name(socket: &Path) -> Result<&'static str, String> {
+    let channel = node_api::unix_channel(socket).map_err(|e| e.to_string())?;
+    let mut client = RuntimeServiceClient::new(channel);
+    let v = client
+        .version(VersionRequest {
+            version: "v1".into(),
+        })
+        .await
+        .map_err(|s| format!("Version: {}", s.message()))?
+        .into_inner();
+    Ok(intern_runtime(&v.runtime_name))
+}
+
+/// Runtimes as `&'static str`, like the cgroup parser's: the known ones by name, any other
+/// kept once (a node talks to one runtime; at most a handful of names are ever kept).
+fn intern_runtime(name: &str) -> &'static str {
+    use std::sync::Mutex;
+    static OTHERS: Mutex<Vec<&'static str>> = Mutex::new(vec![]);
+    let name = name.trim().to_ascii_lowercase();
+    match name.as_str() {
+        "containerd" => "containerd",
+        "cri-o" | "crio" => "cri-o",
+        "docker" | "cri-dockerd" => "docker",
+        "podman" => "podman",
+        _ => {
+            let mut others = OTHERS.lock().unwrap();
+            if let Some(s) = others.iter().find(|s| **s == name) {
+                return s;
+            }
+            if others.len() >= 8 {
+                return "other";
+            }
+            let s: &'static str = Box::leak(name.into_boxed_str());
+            others.push(s);
+            s
+        }
     }
 }
 

@@ -62,7 +62,33 @@ pub async fn inspect(socket: &Path, id: &str) -> Result<Option<ContainerNames>, 
                 .map(|n| n.trim_start_matches('/').to_string())
         }),
         pod_uid: label("io.kubernetes.pod.uid"),
+        runtime: Some("docker"),
     }))
+}
+
+/// `GET /_ping`: whether the Engine answers, so that its status is `ok` only after a call.
+pub async fn ping(socket: &Path) -> Result<(), String> {
+    let mut s = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        tokio::net::UnixStream::connect(socket),
+    )
+    .await
+    .map_err(|_| "connect timed out".to_string())?
+    .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .map_err(|_| "read timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let head = String::from_utf8_lossy(&buf);
+    match head.split_whitespace().nth(1) {
+        Some("200") => Ok(()),
+        Some(code) => Err(format!("/_ping: HTTP {code}")),
+        None => Err("/_ping: malformed response".into()),
+    }
 }
 
 fn dechunk(mut s: &str) -> String {

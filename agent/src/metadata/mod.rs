@@ -4,6 +4,7 @@
 //! Nothing needs cluster-wide RBAC, and unknown names never block export.
 pub mod cri;
 pub mod docker;
+pub mod hami;
 pub mod podresources;
 
 use std::{
@@ -26,6 +27,8 @@ pub struct ContainerNames {
     pub namespace: Option<String>,
     pub container_name: Option<String>,
     pub pod_uid: Option<String>,
+    /// The runtime that named it: CRI's `Version` answer, or `docker`.
+    pub runtime: Option<&'static str>,
 }
 
 /// The kubelet's allocation of devices to one container.
@@ -36,8 +39,29 @@ pub struct Allocation {
     pub container_name: String,
     pub resource_name: String,
     /// As the device plugin names them: `GPU-<uuid>`, `MIG-<uuid>`, an index, with an
-    /// optional `::N` time-slicing replica suffix, or GKE's `nvidia0/gi0`.
+    /// optional `::N` time-slicing replica suffix, or GKE's `nvidia0/gi0`. For a DRA
+    /// claim: the device's UUID, or the NVIDIA DRA driver's `gpu-<minor>`.
     pub device_ids: Vec<String>,
+    /// The DRA claim (`namespace/name`) the devices come from; None for device plugins.
+    pub claim: Option<String>,
+}
+
+impl Allocation {
+    /// The devices as the join can match them.
+    pub fn device_refs(&self) -> impl Iterator<Item = DeviceRef> + '_ {
+        self.device_ids.iter().filter_map(|id| match self.claim {
+            Some(_) => podresources::parse_dra_device(id),
+            None => parse_device_id(id),
+        })
+    }
+
+    /// How many time-slicing replicas of GPU `uuid` it holds (`<uuid>::N` ids).
+    pub fn replicas_of(&self, uuid: &str) -> u32 {
+        self.device_ids
+            .iter()
+            .filter(|id| id.split_once("::").is_some_and(|(u, _)| u == uuid))
+            .count() as u32
+    }
 }
 
 /// The latest metadata, published to the join.
@@ -47,6 +71,8 @@ pub struct Metadata {
     pub allocations: Vec<Allocation>,
     /// (namespace, pod, container) -> container id, to name allocated-but-idle containers.
     pub ids_by_name: HashMap<(String, String, String), String>,
+    /// Time-slicing replicas per GPU UUID (the kubelet's allocatable `<uuid>::N` devices).
+    pub replicas: HashMap<String, u32>,
 }
 
 impl Metadata {
@@ -85,11 +111,13 @@ pub fn is_gpu_resource(name: &str) -> bool {
     name.starts_with("nvidia.com/")
 }
 
-/// A device id as the join can match it: a UUID (`GPU-…`/`MIG-…`) or an NVML index.
+/// A device id as the join can match it: a UUID (`GPU-…`/`MIG-…`), an NVML index, or the
+/// minor number (/dev/nvidiaN) the NVIDIA DRA driver names GPUs by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceRef {
     Uuid(String),
     Index(u32),
+    Minor(u32),
 }
 
 /// Normalises a device plugin's id: strips the `::N` time-slicing suffix, maps an index or
@@ -119,30 +147,52 @@ pub const CRI_CANDIDATES: [&str; 6] = [
 /// Listings that may miss a pending id before it is given up.
 const PENDING_MISSES: u32 = 5;
 
-/// One source's health, logged on change only ("logs once").
+/// One source's health, logged on change only ("logs once"). `ok` only after a call
+/// succeeded; `not found` while there is no socket to call (and there never was);
+/// `unavailable: <reason>` after a failed call, or when a socket that answered is gone.
 #[derive(Debug, Default)]
 struct Health {
-    failing: Option<String>,
+    last: Option<SourceStatus>,
+    ever_ok: bool,
     next_try: Option<Instant>,
     backoff: Duration,
 }
 
 impl Health {
     fn ok(&mut self, what: &str) {
-        if self.failing.take().is_some() {
+        if matches!(self.last, Some(SourceStatus::Unavailable(_))) {
             tracing::info!("{what}: reachable again");
         }
+        self.last = Some(SourceStatus::Ok);
+        self.ever_ok = true;
         self.next_try = None;
         self.backoff = Duration::ZERO;
     }
 
     fn fail(&mut self, what: &str, err: String) {
-        if self.failing.as_deref() != Some(err.as_str()) {
+        if self.last.as_ref().and_then(SourceStatus::reason) != Some(err.as_str()) {
             tracing::warn!("{what}: {err}; running on with container ids only, retrying");
         }
-        self.failing = Some(err);
+        self.last = Some(SourceStatus::Unavailable(err));
         self.backoff = (self.backoff * 2).clamp(Duration::from_secs(2), Duration::from_secs(60));
         self.next_try = Some(Instant::now() + self.backoff);
+    }
+
+    /// No socket (`place` says where it was looked for): never there is `not found`; gone
+    /// after answering is a failure.
+    fn missing(&mut self, what: &str, place: &str) {
+        if self.ever_ok {
+            self.fail(what, format!("{place}: socket gone"));
+        } else {
+            if self.last != Some(SourceStatus::NotFound) {
+                tracing::info!("{what}: no socket at {place}; not used until one appears");
+            }
+            self.last = Some(SourceStatus::NotFound);
+        }
+    }
+
+    fn failing(&self) -> bool {
+        matches!(self.last, Some(SourceStatus::Unavailable(_)))
     }
 
     fn may_try(&self) -> bool {
@@ -150,10 +200,7 @@ impl Health {
     }
 
     fn status(&self) -> SourceStatus {
-        match &self.failing {
-            None => SourceStatus::Ok,
-            Some(e) => SourceStatus::Unavailable(e.clone()),
-        }
+        self.last.clone().unwrap_or(SourceStatus::Starting)
     }
 }
 
@@ -166,6 +213,8 @@ pub struct MetadataSource {
     podres: Health,
     docker: Health,
     last_cri_list: Option<Instant>,
+    /// The CRI runtime's name (its `Version` answer), asked once per connection.
+    cri_runtime: Option<&'static str>,
     /// Ids asked about that no source could name yet, with how many answered listings
     /// did not know them: retried on the timer, given up after a few.
     pending: Vec<(String, u32)>,
@@ -187,6 +236,7 @@ impl MetadataSource {
             podres: Health::default(),
             docker: Health::default(),
             last_cri_list: None,
+            cri_runtime: None,
             pending: vec![],
             stats,
             from_cri: HashSet::new(),
@@ -224,10 +274,8 @@ impl MetadataSource {
         let mut md = (**self.published.read().unwrap()).clone();
         let mut still_unknown: Vec<String> =
             self.pending.iter().map(|(id, _)| id.clone()).collect();
-        let answered = self.list_cri(&mut md, &mut still_unknown).await;
-        if !still_unknown.is_empty() && self.cfg.docker_socket.exists() && self.docker.may_try() {
-            self.inspect_docker(&mut md, &still_unknown).await;
-        }
+        let answered = self.names_from_cri(&mut md, &mut still_unknown).await;
+        self.names_from_docker(&mut md, &still_unknown).await;
         // Ids nobody could name (sources down, or a container no runtime knows) are retried
         // a bounded number of times: pending is capped.
         self.pending.retain(|(id, _)| !md.names.contains_key(id));
@@ -244,15 +292,22 @@ impl MetadataSource {
         self.publish(md);
     }
 
-    /// One CRI listing: every container's names, and those it no longer lists forgotten.
-    /// Returns whether the runtime answered.
-    async fn list_cri(&mut self, md: &mut Metadata, still_unknown: &mut Vec<String>) -> bool {
+    /// One CRI listing: every container's names (with the runtime's name), and those it no
+    /// longer lists forgotten; asks for ids not listed, drops what it named from
+    /// `still_unknown`. Whether the runtime answered.
+    async fn names_from_cri(&mut self, md: &mut Metadata, still_unknown: &mut Vec<String>) -> bool {
         let Some(sock) = self.cri_socket() else {
-            if self.cri.failing.is_none() && !still_unknown.is_empty() {
-                self.cri.fail("CRI", "no runtime socket found".into());
-            }
+            self.cri_runtime = None;
+            self.cri
+                .missing("CRI", "the usual containerd and CRI-O paths");
             return false;
         };
+        if !sock.exists() {
+            self.cri_runtime = None;
+            let place = sock.display().to_string();
+            self.cri.missing(&format!("CRI at {place}"), &place);
+            return false;
+        }
         if !self.cri.may_try() {
             return false;
         }
@@ -260,24 +315,33 @@ impl MetadataSource {
         let list = match cri::list(&sock).await {
             Ok(list) => list,
             Err(e) => {
+                self.cri_runtime = None;
                 self.cri.fail(&format!("CRI at {}", sock.display()), e);
                 return false;
             }
         };
         self.cri.ok("CRI");
+        if self.cri_runtime.is_none() {
+            match cri::runtime_name(&sock).await {
+                Ok(r) => self.cri_runtime = Some(r),
+                Err(e) => tracing::debug!("CRI Version: {e}"),
+            }
+        }
         let listed: HashSet<String> = list.iter().map(|(id, _)| id.clone()).collect();
         // Removed containers: their names go, so the map holds what exists.
         for gone in self.from_cri.difference(&listed) {
             md.forget(gone);
         }
         self.from_cri = listed;
-        for (id, names) in list {
+        for (id, mut names) in list {
+            names.runtime = self.cri_runtime;
             md.learn(id, names);
         }
         still_unknown.retain(|id| !md.names.contains_key(id));
         // Not listed (e.g. already removed): ask for its status directly.
         for id in still_unknown.clone() {
-            if let Ok(Some(names)) = cri::status(&sock, &id).await {
+            if let Ok(Some(mut names)) = cri::status(&sock, &id).await {
+                names.runtime = self.cri_runtime;
                 md.names.insert(id.clone(), names);
                 still_unknown.retain(|u| u != &id);
             }
@@ -285,25 +349,42 @@ impl MetadataSource {
         true
     }
 
-    async fn inspect_docker(&mut self, md: &mut Metadata, ids: &[String]) {
-        for id in ids {
-            match docker::inspect(&self.cfg.docker_socket, id).await {
+    /// The Docker API for ids the runtime did not name; a ping when there is nothing to
+    /// ask, so that its status is `ok` only after a call.
+    async fn names_from_docker(&mut self, md: &mut Metadata, still_unknown: &[String]) {
+        let sock = self.cfg.docker_socket.clone();
+        let what = format!("Docker at {}", sock.display());
+        if !sock.exists() {
+            self.docker.missing(&what, &sock.display().to_string());
+            return;
+        }
+        if !self.docker.may_try() {
+            return;
+        }
+        if still_unknown.is_empty() {
+            if self.docker.last.is_none() || self.docker.failing() {
+                match docker::ping(&sock).await {
+                    Ok(()) => self.docker.ok(&what),
+                    Err(e) => self.docker.fail(&what, e),
+                }
+            }
+            return;
+        }
+        for id in still_unknown {
+            match docker::inspect(&sock, id).await {
                 Ok(Some(names)) => {
-                    self.docker.ok("Docker");
+                    self.docker.ok(&what);
                     md.names.insert(id.clone(), names);
                     self.from_docker.insert(id.clone());
                 }
                 Ok(None) => {
-                    self.docker.ok("Docker");
+                    self.docker.ok(&what);
                     if self.from_docker.remove(id) {
                         md.forget(id);
                     }
                 }
                 Err(e) => {
-                    self.docker.fail(
-                        &format!("Docker at {}", self.cfg.docker_socket.display()),
-                        e,
-                    );
+                    self.docker.fail(&what, e);
                     break;
                 }
             }
@@ -329,22 +410,34 @@ impl MetadataSource {
         self.publish(md);
     }
 
-    /// Re-reads the kubelet's device allocations.
+    /// Re-reads the kubelet's device allocations (device plugins and DRA claims) and the
+    /// time-slicing replicas of each GPU.
     pub async fn refresh_allocations(&mut self) {
+        let sock = self.cfg.pod_resources_socket.clone();
+        let what = format!("kubelet pod-resources at {}", sock.display());
+        if !sock.exists() {
+            self.podres.missing(&what, &sock.display().to_string());
+            self.report_health();
+            return;
+        }
         if !self.podres.may_try() {
             return;
         }
-        let sock = self.cfg.pod_resources_socket.clone();
         match podresources::list(&sock).await {
             Ok(allocs) => {
-                self.podres.ok("kubelet pod-resources");
+                self.podres.ok(&what);
+                // Older kubelets may not answer this one: the shares are then unknown.
+                let replicas = podresources::replicas(&sock).await.unwrap_or_else(|e| {
+                    tracing::debug!("{what}: {e}");
+                    HashMap::new()
+                });
                 let mut md = (**self.published.read().unwrap()).clone();
                 md.allocations = allocs;
+                md.replicas = replicas;
                 self.publish(md);
             }
             Err(e) => {
-                self.podres
-                    .fail(&format!("kubelet pod-resources at {}", sock.display()), e);
+                self.podres.fail(&what, e);
                 self.report_health();
             }
         }

@@ -3,3 +3,4 @@
 pub mod export;
 pub mod http;
 pub mod top;
+pub mod usage;

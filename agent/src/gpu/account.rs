@@ -1,0 +1,650 @@
+//! What the join accounts to each container on each device besides its sampled use: its
+//! share of the GPU's energy, its peak memory, its memory limit, NVML's accounting stats of
+//! its exited processes, and the usage record of each stretch of use. Pure, like the join:
+//! the carried state goes in and comes out in `Counters`.
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use gpu_model::{
+    AccountingSample, ContainerUsage, DeviceSample, GpuAccount, GpuSample, LimitSource, UsageRecord,
+};
+
+use super::join::{Counters, Owner};
+use crate::metadata::{hami::HamiLimits, Metadata};
+
+/// The largest value over a sliding window: a deque of decreasing values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeakWindow(VecDeque<(u64, u64)>);
+
+impl PeakWindow {
+    pub fn push(&mut self, t_ms: u64, v: u64, window_ms: u64) {
+        while self.0.back().is_some_and(|(_, b)| *b <= v) {
+            self.0.pop_back();
+        }
+        self.0.push_back((t_ms, v));
+        let oldest = t_ms.saturating_sub(window_ms);
+        while self.0.len() > 1 && self.0.front().is_some_and(|(t, _)| *t < oldest) {
+            self.0.pop_front();
+        }
+    }
+
+    pub fn max(&self) -> Option<u64> {
+        self.0.front().map(|(_, v)| *v)
+    }
+}
+
+/// Who a record names: the container's identity and names when the session last saw it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordNames {
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
+    pub container_name: Option<String>,
+}
+
+impl RecordNames {
+    pub fn is_of(&self, c: &ContainerUsage) -> bool {
+        self.pod_name == c.pod_name
+            && self.namespace == c.namespace
+            && self.container_name == c.container_name
+            && self.pod_uid == c.pod_uid
+            && self.container_id == c.container_id
+    }
+
+    pub fn of(c: &ContainerUsage) -> RecordNames {
+        RecordNames {
+            container_id: c.container_id.clone(),
+            pod_uid: c.pod_uid.clone(),
+            pod_name: c.pod_name.clone(),
+            namespace: c.namespace.clone(),
+            container_name: c.container_name.clone(),
+        }
+    }
+}
+
+/// One stretch of use of a device by a container: from its first process there to its
+/// last. The totals at its start, to subtract at its end.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Session {
+    /// The physical GPU of the device.
+    pub gpu_uuid: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub gpu_seconds: f64,
+    pub byte_seconds: f64,
+    pub energy_j: f64,
+    pub accounted_processes: u64,
+    pub accounted_gpu_seconds: f64,
+    pub peak: u64,
+    pub names: RecordNames,
+}
+
+/// Per (owner, device): what this module carries across cycles.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledger {
+    pub energy_j: f64,
+    pub energy_since_ms: u64,
+    /// Last cycle that charged it anything (energy, accounting), ms.
+    pub last_charged_ms: u64,
+    /// Last cycle the owner had a process on the device, ms.
+    pub last_used_ms: u64,
+    pub accounted_processes: u64,
+    pub accounted_gpu_seconds: f64,
+    pub peak: PeakWindow,
+    pub session: Option<Session>,
+}
+
+/// Ledgers by owner, then by device: one hash lookup per owner a cycle, and a short scan
+/// of its few devices.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledgers(HashMap<Owner, Vec<(String, Ledger)>>);
+
+impl Ledgers {
+    pub fn get(&self, owner: &Owner, uuid: &str) -> Option<&Ledger> {
+        self.0
+            .get(owner)?
+            .iter()
+            .find(|(u, _)| u == uuid)
+            .map(|(_, l)| l)
+    }
+
+    /// The owner's devices, made on first use.
+    pub fn of(&mut self, owner: &Owner) -> &mut Vec<(String, Ledger)> {
+        if !self.0.contains_key(owner) {
+            self.0.insert(owner.clone(), vec![]);
+        }
+        self.0.get_mut(owner).unwrap()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &str, &Ledger)> {
+        self.0
+            .iter()
+            .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u.as_str(), l)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Keeps the ledgers `keep` says to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Ledger) -> bool) {
+        for v in self.0.values_mut() {
+            v.retain(|(_, l)| keep(l));
+        }
+        self.0.retain(|_, v| !v.is_empty());
+    }
+}
+
+/// The device's ledger in an owner's list, made on first use.
+pub fn device<'a>(devices: &'a mut Vec<(String, Ledger)>, uuid: &str) -> &'a mut Ledger {
+    let i = match devices.iter().position(|(u, _)| u == uuid) {
+        Some(i) => i,
+        None => {
+            devices.push((uuid.to_string(), Ledger::default()));
+            devices.len() - 1
+        }
+    };
+    &mut devices[i].1
+}
+
+/// An exited process's accounting stats, and whom to charge: its owner when it exited.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accounted {
+    pub owner: Owner,
+    pub names: RecordNames,
+    /// The GPU (accounting is per GPU).
+    pub uuid: String,
+    pub sample: AccountingSample,
+}
+
+/// What the account pass needs besides the join's own inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// HAMi limits of the sample's processes, by pid.
+    pub hami: &'a HashMap<u32, HamiLimits>,
+    pub accounted: &'a [Accounted],
+    /// The window of `memory_peak_bytes` (the export interval).
+    pub peak_window_ms: u64,
+}
+
+impl Default for Inputs<'_> {
+    fn default() -> Self {
+        static NONE: std::sync::OnceLock<HashMap<u32, HamiLimits>> = std::sync::OnceLock::new();
+        Inputs {
+            hami: NONE.get_or_init(HashMap::new),
+            accounted: &[],
+            peak_window_ms: 60_000,
+        }
+    }
+}
+
+/// The owner a snapshot entry stands for; None for an allocated container nobody can
+/// identify (no id: its names are all we have).
+pub fn owner_key(c: &ContainerUsage) -> Option<Owner> {
+    match (&c.container_id, &c.pod_uid) {
+        (Some(id), _) => Some(Owner::Container(id.clone())),
+        (None, Some(uid)) => Some(Owner::Pod(uid.clone())),
+        (None, None) if c.pod_name.is_some() => None,
+        (None, None) => Some(Owner::Host),
+    }
+}
+
+/// The ledger of (owner, device), made on first use; no key is built for a present one.
+fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &str) -> &'a mut Ledger {
+    device(counters.ledgers.of(owner), uuid)
+}
+
+/// The whole pass, in order: the energy split computed, then per container one pass over
+/// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
+/// sessions advanced), accounting charged, ended sessions closed into records, and each
+/// container's `accounts` filled.
+pub fn account(
+    containers: &mut Vec<ContainerUsage>,
+    counters: &mut Counters,
+    prev: &Counters,
+    sample: &GpuSample,
+    metadata: &Metadata,
+    inputs: &Inputs,
+) -> Vec<UsageRecord> {
+    let now = sample.taken_at_ms;
+    let owners: Vec<Option<Owner>> = containers.iter().map(owner_key).collect();
+    let mut charges: Vec<Vec<(&str, f64)>> = vec![vec![]; containers.len()];
+    for d in &sample.devices {
+        split_energy(d, containers, &owners, counters, &mut charges);
+    }
+    for ((c, owner), charge) in containers.iter().zip(&owners).zip(charges) {
+        if let Some(owner) = owner {
+            advance(c, owner, charge, counters, prev, inputs.peak_window_ms, now);
+        }
+    }
+    let mut records = charge_accounting(containers, &owners, counters, inputs, now);
+    records.extend(close_ended(counters, now));
+    let accounted = accounted_devices(counters);
+    add_accounted_owners(containers, &accounted, metadata);
+    for c in containers.iter_mut() {
+        fill_accounts(c, counters, &accounted, sample, metadata, inputs);
+    }
+    records
+}
+
+/// The devices each owner was charged NVML accounting on.
+fn accounted_devices(counters: &Counters) -> HashMap<&Owner, Vec<&str>> {
+    let mut out: HashMap<&Owner, Vec<&str>> = HashMap::new();
+    for (o, u, l) in counters.ledgers.iter() {
+        if l.accounted_processes > 0 {
+            out.entry(o).or_default().push(u);
+        }
+    }
+    out
+}
+
+/// Owners with no process now whose exited processes were charged through NVML accounting
+/// (a job shorter than a sample): an entry of their own, so that their accounting series
+/// go on, until their counters are forgotten.
+fn add_accounted_owners(
+    containers: &mut Vec<ContainerUsage>,
+    accounted: &HashMap<&Owner, Vec<&str>>,
+    metadata: &Metadata,
+) {
+    let present: HashSet<Owner> = containers.iter().filter_map(owner_key).collect();
+    let mut owners: Vec<&Owner> = accounted
+        .keys()
+        .copied()
+        .filter(|o| !present.contains(*o))
+        .collect();
+    owners.sort();
+    for o in owners {
+        let mut c = match o {
+            Owner::Container(id) => ContainerUsage {
+                container_id: Some(id.clone()),
+                ..Default::default()
+            },
+            Owner::Pod(uid) => ContainerUsage {
+                pod_uid: Some(uid.clone()),
+                ..Default::default()
+            },
+            Owner::Host => ContainerUsage::default(),
+        };
+        if let Some(n) = c
+            .container_id
+            .as_deref()
+            .and_then(|id| metadata.names_of(id))
+        {
+            c.pod_name = n.pod_name.clone();
+            c.namespace = n.namespace.clone();
+            c.container_name = n.container_name.clone();
+            c.pod_uid = n.pod_uid.clone();
+            c.runtime = n.runtime;
+        }
+        containers.push(c);
+    }
+}
+
+/// Splits the GPU's energy since the last sample over the containers on it by their
+/// SM-utilization share (memory share where no utilization is known); the rest (idle)
+/// goes to the containers the GPU is allocated to, in equal parts, else to the GPU's
+/// idle entry. Every joule of the delta lands somewhere.
+fn split_energy<'a>(
+    d: &DeviceSample,
+    containers: &'a [ContainerUsage],
+    owners: &[Option<Owner>],
+    counters: &mut Counters,
+    charges: &mut [Vec<(&'a str, f64)>],
+) {
+    let Some(e) = d.energy_mj.filter(|_| d.status.is_ok()) else {
+        return;
+    };
+    // The map holds the last sample's values: the one replaced is "before".
+    let before = counters.energy_mj.insert(d.uuid.clone(), e);
+    counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0);
+    let Some(before) = before.filter(|b| *b <= e) else {
+        return; // first sample, or the counter restarted (driver reload)
+    };
+    let delta = (e - before) as f64 / 1000.0;
+    let mut users: Vec<(usize, &'a str, Option<u32>, u64)> = vec![];
+    for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
+        if owner.is_none() {
+            continue;
+        }
+        for g in c.gpus.iter().filter(|g| g.gpu_uuid == d.uuid) {
+            users.push((i, &g.uuid, g.sm_util, g.memory_used_bytes));
+        }
+    }
+    let by_sm = users.iter().any(|u| u.2.is_some());
+    let total = d.memory_total_bytes.unwrap_or(0).max(1) as f64;
+    let weights: Vec<f64> = users
+        .iter()
+        .map(|u| match by_sm {
+            true => u.2.unwrap_or(0) as f64 / 100.0,
+            false => u.3 as f64 / total,
+        })
+        .collect();
+    let sum: f64 = weights.iter().sum();
+    let scale = if sum > 1.0 { 1.0 / sum } else { 1.0 };
+    let mut charged = 0.0;
+    for (u, w) in users.iter().zip(&weights) {
+        let j = delta * w * scale;
+        charges[u.0].push((u.1, j));
+        charged += j;
+    }
+    let idle = (delta - charged).max(0.0);
+    let holders = allocated_holders(d, containers, owners);
+    if holders.is_empty() {
+        *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += idle;
+    } else {
+        let part = idle / holders.len() as f64;
+        for (i, uuid) in holders {
+            charges[i].push((uuid, part));
+        }
+    }
+}
+
+fn charge_energy(l: &mut Ledger, j: f64, now: u64) {
+    if l.energy_since_ms == 0 {
+        l.energy_since_ms = now;
+    }
+    l.energy_j += j;
+    l.last_charged_ms = now;
+}
+
+/// The containers the kubelet allocated this GPU (or one of its MIG devices) to, each with
+/// the device it holds.
+fn allocated_holders<'a>(
+    d: &DeviceSample,
+    containers: &'a [ContainerUsage],
+    owners: &[Option<Owner>],
+) -> Vec<(usize, &'a str)> {
+    let ours = |u: &str| u == d.uuid || d.mig_devices.iter().any(|m| m.uuid == u);
+    let mut out: Vec<(usize, &str)> = vec![];
+    for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
+        if owner.is_none() {
+            continue;
+        }
+        for u in c.allocated_gpus.iter().filter(|u| ours(u)) {
+            if !out.iter().any(|(j, x)| *j == i && x == u) {
+                out.push((i, u));
+            }
+        }
+    }
+    out
+}
+
+/// Charges each exited process's accounting stats to its owner. A process no sample ever
+/// caught (it lived between two) gets a record of its own when its owner has no session
+/// open on the GPU.
+fn charge_accounting(
+    containers: &[ContainerUsage],
+    owners: &[Option<Owner>],
+    counters: &mut Counters,
+    inputs: &Inputs,
+    now: u64,
+) -> Vec<UsageRecord> {
+    let mut records = vec![];
+    for a in inputs.accounted {
+        let s = &a.sample;
+        let gpu_s = s.gpu_util.unwrap_or(0) as f64 / 100.0 * s.time_ms as f64 / 1000.0;
+        let max_mem = s.max_memory_bytes.unwrap_or(0);
+        let l = ledger(counters, &a.owner, &a.uuid);
+        l.accounted_processes += 1;
+        l.accounted_gpu_seconds += gpu_s;
+        l.peak.push(now, max_mem, inputs.peak_window_ms);
+        l.last_charged_ms = now;
+        if let Some(session) = &mut l.session {
+            session.peak = session.peak.max(max_mem);
+            continue;
+        }
+        let using = containers
+            .iter()
+            .zip(owners)
+            .any(|(c, o)| o.as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| g.uuid == a.uuid));
+        if using {
+            continue;
+        }
+        let start_ms = s.start_time_us / 1000;
+        records.push(UsageRecord {
+            container_id: a.names.container_id.clone(),
+            pod_uid: a.names.pod_uid.clone(),
+            pod_name: a.names.pod_name.clone(),
+            namespace: a.names.namespace.clone(),
+            container_name: a.names.container_name.clone(),
+            uuid: a.uuid.clone(),
+            gpu_uuid: a.uuid.clone(),
+            start_ms,
+            end_ms: start_ms + s.time_ms,
+            memory_peak_bytes: max_mem,
+            accounted_processes: 1,
+            accounted_gpu_seconds: gpu_s,
+            reason: "accounting".into(),
+            ..Default::default()
+        });
+    }
+    records
+}
+
+/// One container's devices this cycle, with one lookup of its owner: a session opens at
+/// the first cycle with a process (from the totals before it, so that it includes this
+/// cycle's credit), energy is charged, the peak and the open session advance.
+fn advance(
+    c: &ContainerUsage,
+    owner: &Owner,
+    charges: Vec<(&str, f64)>,
+    counters: &mut Counters,
+    prev: &Counters,
+    window_ms: u64,
+    now: u64,
+) {
+    let devices = counters.ledgers.of(owner);
+    for g in &c.gpus {
+        let l = device(devices, &g.uuid);
+        if l.session.is_none() {
+            let before = prev
+                .map
+                .get(&(owner.clone(), g.uuid.clone()))
+                .cloned()
+                .unwrap_or_default();
+            l.session = Some(Session {
+                gpu_uuid: g.gpu_uuid.clone(),
+                start_ms: now,
+                end_ms: now,
+                gpu_seconds: before.gpu_seconds,
+                byte_seconds: before.byte_seconds,
+                energy_j: l.energy_j,
+                accounted_processes: l.accounted_processes,
+                accounted_gpu_seconds: l.accounted_gpu_seconds,
+                peak: 0,
+                names: RecordNames::of(c),
+            });
+        }
+        l.last_used_ms = now;
+        l.peak.push(now, g.memory_used_bytes, window_ms);
+        if let Some(s) = &mut l.session {
+            s.end_ms = now;
+            s.peak = s.peak.max(g.memory_used_bytes);
+            // Names arrive after the first sample; copied only when they change.
+            if !s.names.is_of(c) {
+                s.names = RecordNames::of(c);
+            }
+        }
+    }
+    for (uuid, j) in charges {
+        charge_energy(device(devices, uuid), j, now);
+    }
+}
+
+/// Sessions whose container had no process on the device this cycle: one record each.
+fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
+    let ended: Vec<(Owner, String)> = counters
+        .ledgers
+        .iter()
+        .filter(|(_, _, l)| l.session.is_some() && l.last_used_ms != now)
+        .map(|(o, u, _)| (o.clone(), u.to_string()))
+        .collect();
+    let mut records = vec![];
+    for key in ended {
+        if let Some(r) = close(counters, &key, "exited") {
+            records.push(r);
+        }
+    }
+    records
+}
+
+/// Ends the session of `key` and returns its record.
+pub fn close(counters: &mut Counters, key: &(Owner, String), reason: &str) -> Option<UsageRecord> {
+    let acc = counters.map.get(key).cloned().unwrap_or_default();
+    let l = counters
+        .ledgers
+        .0
+        .get_mut(&key.0)?
+        .iter_mut()
+        .find(|(u, _)| *u == key.1)?;
+    let l = &mut l.1;
+    let s = l.session.take()?;
+    Some(UsageRecord {
+        container_id: s.names.container_id,
+        pod_uid: s.names.pod_uid,
+        pod_name: s.names.pod_name,
+        namespace: s.names.namespace,
+        container_name: s.names.container_name,
+        node: None,
+        uuid: key.1.clone(),
+        gpu_uuid: s.gpu_uuid,
+        start_ms: s.start_ms,
+        end_ms: s.end_ms,
+        gpu_seconds: (acc.gpu_seconds - s.gpu_seconds).max(0.0),
+        memory_byte_seconds: (acc.byte_seconds - s.byte_seconds).max(0.0),
+        memory_peak_bytes: s.peak,
+        energy_joules: (l.energy_j - s.energy_j).max(0.0),
+        accounted_processes: l.accounted_processes - s.accounted_processes,
+        accounted_gpu_seconds: (l.accounted_gpu_seconds - s.accounted_gpu_seconds).max(0.0),
+        reason: reason.into(),
+    })
+}
+
+/// Each device the container used or was allocated: its ledger and its limits.
+fn fill_accounts(
+    c: &mut ContainerUsage,
+    counters: &Counters,
+    accounted: &HashMap<&Owner, Vec<&str>>,
+    sample: &GpuSample,
+    metadata: &Metadata,
+    inputs: &Inputs,
+) {
+    let Some(owner) = owner_key(c) else { return };
+    let mut uuids: Vec<(&str, &str)> = c
+        .gpus
+        .iter()
+        .map(|g| (g.uuid.as_str(), g.gpu_uuid.as_str()))
+        .collect();
+    let charged = accounted.get(&owner).into_iter().flatten().copied();
+    for u in c.allocated_gpus.iter().map(String::as_str).chain(charged) {
+        if !uuids.iter().any(|(x, _)| *x == u) {
+            uuids.push((u, parent_of(sample, u).unwrap_or(u)));
+        }
+    }
+    let mut accounts = Vec::with_capacity(uuids.len());
+    for (uuid, gpu_uuid) in uuids {
+        let l = counters.ledgers.get(&owner, uuid);
+        let mut a = GpuAccount {
+            uuid: uuid.to_string(),
+            gpu_uuid: gpu_uuid.to_string(),
+            ..Default::default()
+        };
+        if let Some(l) = l {
+            a.energy_joules = l.energy_j;
+            a.energy_since_ms = l.energy_since_ms;
+            a.memory_peak_bytes = l.peak.max();
+            a.accounted_processes = l.accounted_processes;
+            a.accounted_gpu_seconds = l.accounted_gpu_seconds;
+        }
+        limits(&mut a, c, sample, metadata, inputs);
+        if l.is_some() || a.memory_limit_bytes.is_some() {
+            accounts.push(a);
+        }
+    }
+    c.accounts = accounts;
+}
+
+/// The GPU a MIG device belongs to.
+fn parent_of<'a>(sample: &'a GpuSample, uuid: &str) -> Option<&'a str> {
+    sample
+        .devices
+        .iter()
+        .find(|d| d.mig_devices.iter().any(|m| m.uuid == uuid))
+        .map(|d| d.uuid.as_str())
+}
+
+/// HAMi's limit (enforced in the container) first, then the MIG device's size, then the
+/// container's share of a time-sliced GPU.
+fn limits(
+    a: &mut GpuAccount,
+    c: &ContainerUsage,
+    sample: &GpuSample,
+    metadata: &Metadata,
+    inputs: &Inputs,
+) {
+    let only_device = c.gpus.len() == 1;
+    let pids = c
+        .gpus
+        .iter()
+        .filter(|g| g.uuid == a.uuid)
+        .flat_map(|g| &g.pids);
+    for l in pids.filter_map(|p| inputs.hami.get(p)) {
+        a.sm_limit_percent = a.sm_limit_percent.or(l.sm_percent);
+        if a.memory_limit_bytes.is_none() {
+            a.memory_limit_bytes = l
+                .memory_for(&a.uuid, only_device)
+                .or_else(|| l.memory_for(&a.gpu_uuid, only_device));
+            a.memory_limit_source = a.memory_limit_bytes.map(|_| LimitSource::Hami);
+        }
+    }
+    if a.memory_limit_bytes.is_some() {
+        return;
+    }
+    let gpu = sample.devices.iter().find(|d| d.uuid == a.gpu_uuid);
+    if a.uuid != a.gpu_uuid {
+        let mig = gpu.and_then(|d| d.mig_devices.iter().find(|m| m.uuid == a.uuid));
+        a.memory_limit_bytes = mig.and_then(|m| m.memory_total_bytes);
+        a.memory_limit_source = a.memory_limit_bytes.map(|_| LimitSource::Mig);
+        return;
+    }
+    // Only a time-sliced GPU has shares (and only then are the allocations scanned).
+    let replicas = metadata.replicas.get(&a.gpu_uuid).copied().unwrap_or(0);
+    if replicas < 2 {
+        return;
+    }
+    let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
+        return;
+    };
+    let held: u32 = metadata
+        .allocations_of(ns, pod, name)
+        .iter()
+        .map(|al| al.replicas_of(&a.gpu_uuid))
+        .sum();
+    let total = gpu.and_then(|d| d.memory_total_bytes);
+    if let (true, Some(total)) = (held >= 1, total) {
+        a.memory_limit_bytes = Some(total / replicas as u64 * held.min(replicas) as u64);
+        a.memory_limit_source = Some(LimitSource::Timeslice);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peak_window_keeps_the_largest_recent_value() {
+        let mut p = PeakWindow::default();
+        p.push(0, 5, 1000);
+        p.push(100, 9, 1000);
+        p.push(200, 3, 1000);
+        assert_eq!(p.max(), Some(9));
+        p.push(1150, 4, 1000);
+        assert_eq!(p.max(), Some(4), "9 fell out of the window");
+        p.push(1200, 2, 1000);
+        assert_eq!(p.max(), Some(4));
+    }
+}

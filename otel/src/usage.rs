@@ -1,0 +1,512 @@
+//! Usage records as OTLP log records (opentelemetry-proto's logs service): one log record
+//! per record, on the container's resource so that the Collector's k8sattributes processor
+//! enriches it and any logs pipeline can route it to a store. Sent over the same transport
+//! and settings as the metrics, with a queue bounded in records that survives a collector
+//! outage; what falls off the queue is counted.
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use gpu_model::{ContainerUsage, UsageRecord};
+use opentelemetry_proto::tonic::{
+    collector::logs::v1::{logs_service_client::LogsServiceClient, ExportLogsServiceRequest},
+    common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
+    logs::v1::{LogRecord, ResourceLogs, ScopeLogs, SeverityNumber},
+    resource::v1::Resource,
+};
+use prost::Message;
+
+use crate::{
+    export::{retry_after, OtlpSettings, Protocol, SendError},
+    otlp::{container_attributes, kv, ExportContext},
+    settings::redact_url,
+};
+
+/// Usage-record counters, shared with the agent's stats.
+#[derive(Debug, Default)]
+pub struct UsageCounters {
+    /// Records the join emitted.
+    pub emitted: AtomicU64,
+    /// Records lost: the queue over its bound while the collector was down, refused by the
+    /// collector, or neither sent nor written at shutdown.
+    pub dropped: AtomicU64,
+    /// Records waiting for the collector.
+    pub queued: AtomicU64,
+    /// Records the collector accepted.
+    pub sent: AtomicU64,
+}
+
+/// The log record attributes of a usage record, besides `hw.id` and `hw.parent`
+/// (docs/usage.md lists them).
+pub const RECORD_ATTRIBUTES: [&str; 10] = [
+    "gpu_agent.usage.start_ms",
+    "gpu_agent.usage.end_ms",
+    "gpu_agent.usage.duration_s",
+    "gpu_agent.usage.gpu_seconds",
+    "gpu_agent.usage.memory_byte_seconds",
+    "gpu_agent.usage.memory_peak_bytes",
+    "gpu_agent.usage.energy_joules",
+    "gpu_agent.usage.accounted_processes",
+    "gpu_agent.usage.accounted_gpu_seconds",
+    "gpu_agent.usage.reason",
+];
+
+/// The `event.name`-like body prefix, so that a log query can pick the records out.
+pub const EVENT_NAME: &str = "gpu_agent.usage_record";
+
+fn int(key: &str, v: i64) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::IntValue(v)),
+        }),
+        ..Default::default()
+    }
+}
+
+fn double(key: &str, v: f64) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::DoubleValue(v)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The container a record belongs to, as the metrics' resources name it.
+fn owner_of(r: &UsageRecord) -> ContainerUsage {
+    ContainerUsage {
+        container_id: r.container_id.clone(),
+        pod_uid: r.pod_uid.clone(),
+        pod_name: r.pod_name.clone(),
+        namespace: r.namespace.clone(),
+        container_name: r.container_name.clone(),
+        ..Default::default()
+    }
+}
+
+/// One log record: the JSON line as its body, the values as attributes.
+pub fn log_record(r: &UsageRecord, observed_ms: u64) -> LogRecord {
+    let [start, end, duration, gpu_s, mem_bs, peak, energy, procs, acct_s, reason] =
+        RECORD_ATTRIBUTES;
+    let mut attributes = vec![
+        kv("event.name", EVENT_NAME),
+        kv("hw.id", r.uuid.clone()),
+        int(start, r.start_ms as i64),
+        int(end, r.end_ms as i64),
+        double(
+            duration,
+            r.end_ms.saturating_sub(r.start_ms) as f64 / 1000.0,
+        ),
+        double(gpu_s, r.gpu_seconds),
+        double(mem_bs, r.memory_byte_seconds),
+        int(peak, r.memory_peak_bytes as i64),
+        double(energy, r.energy_joules),
+        int(procs, r.accounted_processes as i64),
+        double(acct_s, r.accounted_gpu_seconds),
+        kv(reason, r.reason.clone()),
+    ];
+    if r.gpu_uuid != r.uuid {
+        attributes.push(kv("hw.parent", r.gpu_uuid.clone()));
+    }
+    LogRecord {
+        time_unix_nano: r.end_ms * 1_000_000,
+        observed_time_unix_nano: observed_ms * 1_000_000,
+        severity_number: SeverityNumber::Info as i32,
+        severity_text: "INFO".into(),
+        body: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(
+                serde_json::to_string(r).unwrap_or_default(),
+            )),
+        }),
+        attributes,
+        ..Default::default()
+    }
+}
+
+/// One request for a batch: one resource per container, its records under it.
+pub fn build_logs_request(
+    records: &[UsageRecord],
+    ctx: &ExportContext,
+    now_ms: u64,
+) -> ExportLogsServiceRequest {
+    let mut resource_logs: Vec<ResourceLogs> = vec![];
+    let mut keys: Vec<(Option<String>, Option<String>)> = vec![];
+    for r in records {
+        let key = (r.container_id.clone(), r.pod_uid.clone());
+        let i = match keys.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None => {
+                keys.push(key);
+                resource_logs.push(ResourceLogs {
+                    resource: Some(Resource {
+                        attributes: container_attributes(ctx, &owner_of(r)),
+                        ..Default::default()
+                    }),
+                    scope_logs: vec![ScopeLogs {
+                        scope: Some(InstrumentationScope {
+                            name: "gpu-agent".into(),
+                            version: env!("CARGO_PKG_VERSION").into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                });
+                resource_logs.len() - 1
+            }
+        };
+        resource_logs[i].scope_logs[0]
+            .log_records
+            .push(log_record(r, now_ms));
+    }
+    ExportLogsServiceRequest { resource_logs }
+}
+
+/// Where the logs go: OTEL_EXPORTER_OTLP_LOGS_ENDPOINT (used as is), else the metrics
+/// endpoint (gRPC), or its HTTP URL with `/v1/logs` for `/v1/metrics`.
+pub fn logs_url(
+    settings: &OtlpSettings,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    if let Some(u) = env("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT").filter(|u| !u.trim().is_empty()) {
+        if !(u.starts_with("http://") || u.starts_with("https://")) {
+            return Err(format!(
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: {:?} must start with http:// or https://",
+                redact_url(&u)
+            ));
+        }
+        return Ok(u);
+    }
+    match settings.protocol {
+        Protocol::Grpc => Ok(settings.url.clone()),
+        Protocol::HttpProtobuf => match settings.url.strip_suffix("/v1/metrics") {
+            Some(base) => Ok(format!("{base}/v1/logs")),
+            None => Err(format!(
+                "the metrics URL {} has no /v1/metrics to derive the logs URL from: set \
+                 OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                settings.redacted_url()
+            )),
+        },
+    }
+}
+
+enum Transport {
+    Grpc(LogsServiceClient<tonic::transport::Channel>),
+    Http(reqwest::Client),
+}
+
+/// Sends usage records as OTLP logs; keeps up to `max_queued` records while the collector
+/// is down, dropping (and counting) the oldest beyond that.
+pub struct LogsExporter {
+    url: String,
+    settings: OtlpSettings,
+    ctx: ExportContext,
+    transport: Transport,
+    queue: VecDeque<UsageRecord>,
+    max_queued: usize,
+    backoff: Duration,
+    next_attempt: Instant,
+    counters: Arc<UsageCounters>,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(120);
+/// Records per request.
+const BATCH: usize = 512;
+
+impl LogsExporter {
+    pub fn new(
+        settings: OtlpSettings,
+        url: String,
+        ctx: ExportContext,
+        max_queued: usize,
+        counters: Arc<UsageCounters>,
+    ) -> Result<LogsExporter, String> {
+        let ca = match &settings.certificate {
+            Some(p) => Some(std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?),
+            None => None,
+        };
+        let transport = match settings.protocol {
+            Protocol::Grpc => {
+                let mut ep = tonic::transport::Endpoint::from_shared(url.clone())
+                    .map_err(|e| format!("OTLP logs endpoint {}: {e}", redact_url(&url)))?
+                    .timeout(settings.timeout)
+                    .connect_timeout(settings.timeout);
+                if url.starts_with("https://") {
+                    let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
+                    if let Some(ca) = &ca {
+                        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+                    }
+                    ep = ep.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
+                }
+                let mut client = LogsServiceClient::new(ep.connect_lazy());
+                if settings.gzip {
+                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+                }
+                Transport::Grpc(client)
+            }
+            Protocol::HttpProtobuf => {
+                let mut b = reqwest::Client::builder().timeout(settings.timeout);
+                if let Some(ca) = &ca {
+                    let cert = reqwest::Certificate::from_pem(ca)
+                        .map_err(|e| format!("CA bundle: {e}"))?;
+                    b = b.add_root_certificate(cert);
+                }
+                Transport::Http(b.build().map_err(|e| format!("HTTP client: {e}"))?)
+            }
+        };
+        Ok(LogsExporter {
+            url,
+            settings,
+            ctx,
+            transport,
+            queue: VecDeque::new(),
+            max_queued: max_queued.max(1),
+            backoff: BACKOFF_MIN,
+            next_attempt: Instant::now(),
+            counters,
+        })
+    }
+
+    /// The logs URL with any credentials in it masked, for logs and errors.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Queues a record; beyond the bound the oldest is dropped and counted.
+    pub fn push(&mut self, r: UsageRecord) {
+        self.queue.push_back(r);
+        while self.queue.len() > self.max_queued {
+            self.queue.pop_front();
+            self.counters.dropped.fetch_add(1, Relaxed);
+        }
+        self.counters.queued.store(self.queue.len() as u64, Relaxed);
+    }
+
+    /// Sends what is queued, oldest first, unless backing off. Returns false while the
+    /// collector is unreachable (the records stay queued).
+    pub async fn flush(&mut self, ignore_backoff: bool, now_ms: u64) -> bool {
+        if !ignore_backoff && Instant::now() < self.next_attempt {
+            return self.queue.is_empty();
+        }
+        while !self.queue.is_empty() {
+            let n = self.queue.len().min(BATCH);
+            let batch: Vec<UsageRecord> = self.queue.iter().take(n).cloned().collect();
+            let req = build_logs_request(&batch, &self.ctx, now_ms);
+            match self.send(req).await {
+                Ok(()) => {
+                    self.queue.drain(..n);
+                    self.counters.sent.fetch_add(n as u64, Relaxed);
+                    if self.backoff > BACKOFF_MIN {
+                        tracing::info!(url = %self.redacted_url(), "OTLP usage records: sending again");
+                    }
+                    self.backoff = BACKOFF_MIN;
+                }
+                Err(SendError::Permanent(e)) => {
+                    tracing::warn!(url = %self.redacted_url(), records = n,
+                        "OTLP usage records rejected and dropped: {e}");
+                    self.queue.drain(..n);
+                    self.counters.dropped.fetch_add(n as u64, Relaxed);
+                }
+                Err(SendError::Retryable(e, after)) => {
+                    if self.backoff == BACKOFF_MIN {
+                        tracing::warn!(url = %self.redacted_url(), queued = self.queue.len(),
+                            "OTLP usage records not sent, kept and retried: {e}");
+                    }
+                    // The collector's Retry-After is honoured within the backoff bounds.
+                    let wait = after.map_or(self.backoff, |a| a.clamp(self.backoff, BACKOFF_MAX));
+                    self.next_attempt = Instant::now() + wait;
+                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                    break;
+                }
+            }
+        }
+        self.counters.queued.store(self.queue.len() as u64, Relaxed);
+        self.queue.is_empty()
+    }
+
+    async fn send(&mut self, req: ExportLogsServiceRequest) -> Result<(), SendError> {
+        match &mut self.transport {
+            Transport::Grpc(client) => {
+                let mut r = tonic::Request::new(req);
+                for (k, v) in &self.settings.headers {
+                    if let (Ok(k), Ok(v)) = (
+                        k.to_ascii_lowercase()
+                            .parse::<tonic::metadata::MetadataKey<_>>(),
+                        v.parse(),
+                    ) {
+                        r.metadata_mut().insert(k, v);
+                    }
+                }
+                r.set_timeout(self.settings.timeout);
+                client.export(r).await.map(|_| ()).map_err(|s| {
+                    use tonic::Code::*;
+                    let msg = format!("{}: {}", s.code(), s.message());
+                    match s.code() {
+                        Unavailable | ResourceExhausted | DeadlineExceeded | Aborted
+                        | Cancelled | Unknown | Internal | DataLoss => {
+                            SendError::Retryable(msg, None)
+                        }
+                        _ => SendError::Permanent(msg),
+                    }
+                })
+            }
+            Transport::Http(client) => {
+                let mut rb = client
+                    .post(&self.url)
+                    .header("content-type", "application/x-protobuf");
+                let mut body = req.encode_to_vec();
+                if self.settings.gzip {
+                    use std::io::Write;
+                    let mut enc =
+                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                    enc.write_all(&body).ok();
+                    body = enc.finish().unwrap_or_default();
+                    rb = rb.header("content-encoding", "gzip");
+                }
+                for (k, v) in &self.settings.headers {
+                    rb = rb.header(k, v);
+                }
+                match rb.body(body).send().await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    Ok(r) => {
+                        let st = r.status();
+                        let msg = format!("HTTP {st}");
+                        if matches!(st.as_u16(), 408 | 429) || st.is_server_error() {
+                            Err(SendError::Retryable(msg, retry_after(&r)))
+                        } else {
+                            Err(SendError::Permanent(msg))
+                        }
+                    }
+                    // Without the URL: it may carry credentials.
+                    Err(e) => Err(SendError::Retryable(e.without_url().to_string(), None)),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::OtlpConfig;
+
+    fn record(reason: &str) -> UsageRecord {
+        UsageRecord {
+            container_id: Some("c".repeat(64)),
+            pod_uid: Some("uid-1".into()),
+            pod_name: Some("trainer-0".into()),
+            namespace: Some("ml".into()),
+            container_name: Some("main".into()),
+            uuid: "MIG-1".into(),
+            gpu_uuid: "GPU-1".into(),
+            start_ms: 1_000,
+            end_ms: 61_000,
+            gpu_seconds: 30.0,
+            memory_byte_seconds: 6e10,
+            memory_peak_bytes: 1 << 30,
+            energy_joules: 12_000.0,
+            reason: reason.into(),
+            ..Default::default()
+        }
+    }
+
+    fn settings(url: &str, protocol: &str) -> OtlpSettings {
+        OtlpConfig {
+            endpoint: Some(url.into()),
+            protocol: Some(protocol.into()),
+            ..Default::default()
+        }
+        .resolve(|_| None)
+        .unwrap()
+        .unwrap()
+    }
+
+    #[test]
+    fn one_log_record_per_record_on_its_container_resource() {
+        let ctx = ExportContext {
+            service_name: "gpu-agent".into(),
+            ..Default::default()
+        };
+        let req = build_logs_request(&[record("exited"), record("exited")], &ctx, 99_000);
+        assert_eq!(req.resource_logs.len(), 1, "one container, one resource");
+        let rl = &req.resource_logs[0];
+        let keys: Vec<&str> = rl
+            .resource
+            .as_ref()
+            .unwrap()
+            .attributes
+            .iter()
+            .map(|k| k.key.as_str())
+            .collect();
+        assert!(
+            keys.contains(&"container.id") && keys.contains(&"k8s.namespace.name"),
+            "{keys:?}"
+        );
+        let logs = &rl.scope_logs[0].log_records;
+        assert_eq!(logs.len(), 2);
+        assert_eq!(logs[0].time_unix_nano, 61_000 * 1_000_000);
+        let body = match &logs[0].body.as_ref().unwrap().value {
+            Some(any_value::Value::StringValue(s)) => s.clone(),
+            other => panic!("{other:?}"),
+        };
+        let back: UsageRecord = serde_json::from_str(&body).unwrap();
+        assert_eq!(back, record("exited"));
+        let a = &logs[0].attributes;
+        assert!(a.iter().any(|k| k.key == "hw.parent"));
+        for key in RECORD_ATTRIBUTES {
+            assert!(a.iter().any(|k| k.key == key), "{key}");
+        }
+    }
+
+    #[test]
+    fn logs_url_follows_the_metrics_endpoint() {
+        let h = settings("http://c:4318", "http/protobuf");
+        assert_eq!(logs_url(&h, |_| None).unwrap(), "http://c:4318/v1/logs");
+        let g = settings("http://c:4317", "grpc");
+        assert_eq!(logs_url(&g, |_| None).unwrap(), "http://c:4317");
+        let env = |k: &str| (k == "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT").then(|| "https://l/x".into());
+        assert_eq!(logs_url(&h, env).unwrap(), "https://l/x");
+        let mut odd = h.clone();
+        odd.url = "http://c/custom".into();
+        assert!(logs_url(&odd, |_| None)
+            .unwrap_err()
+            .contains("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"));
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_kept_while_the_collector_is_down() {
+        let s = settings("http://127.0.0.1:9", "http/protobuf");
+        let url = logs_url(&s, |_| None).unwrap();
+        let counters = Arc::new(UsageCounters::default());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut ex =
+                LogsExporter::new(s, url, ExportContext::default(), 3, counters.clone()).unwrap();
+            for _ in 0..5 {
+                ex.push(record("exited"));
+            }
+            assert_eq!(ex.queued(), 3);
+            assert_eq!(counters.dropped.load(Relaxed), 2);
+            // Port 9 refuses: kept for a retry, nothing more lost.
+            assert!(!ex.flush(true, 1).await);
+            assert_eq!(ex.queued(), 3);
+            assert_eq!(counters.dropped.load(Relaxed), 2);
+            assert_eq!(counters.queued.load(Relaxed), 3);
+        });
+    }
+}

@@ -1,0 +1,434 @@
+//! Usage a platform team can bill from, end to end: NVML accounting charged at a process's
+//! exit, energy split over containers, usage records sent as OTLP logs to the in-process
+//! receiver and written to the local file, and `gpu-agent report` reading that file.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use tests::{
+    agent_binary,
+    cgroups::{sleeper, systemd_container, Proc, TestCgroup},
+    fake_node::{FakeContainer, FakeNode, World},
+    fake_nvml_lib,
+    nvml::Scenario,
+    otlp_receiver::{attr_str, Kind, Receiver},
+    random_hex, random_uid, Agent,
+};
+
+const GIB: u64 = 1 << 30;
+const G0: &str = "GPU-0a0a0a0a-1111-2222-3333-444444444444";
+const G1: &str = "GPU-1b1b1b1b-1111-2222-3333-444444444444";
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        let d = std::env::temp_dir().join(format!("usage-{}", random_hex(8)));
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The agent on the fake library; `node`: the fake kubelet and CRI; `env`: more variables.
+fn start(
+    sc: &Scenario,
+    dir: &Path,
+    node: Option<&FakeNode>,
+    extra: &str,
+    env: &[(&str, &str)],
+) -> Agent {
+    let lib = fake_nvml_lib();
+    let (cri, podres) = match node {
+        Some(n) => (n.cri.clone(), n.pod_resources.clone()),
+        None => (dir.join("no-cri.sock"), dir.join("no-kubelet.sock")),
+    };
+    let cfg = format!(
+        "[nvml]\ninterval_ms = 200\n[cache]\ntombstone_secs = 60\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\ndocker_socket = \"{}\"\nallocation_interval_secs = 1\n{extra}",
+        cri.display(),
+        podres.display(),
+        dir.join("no-docker.sock").display()
+    );
+    let mut all = vec![("FAKE_NVML_SCENARIO", sc.path())];
+    all.extend_from_slice(env);
+    Agent::start_env(
+        &cfg,
+        &["--nvml-lib", lib.to_str().unwrap(), "--prometheus"],
+        &all,
+    )
+}
+
+fn wait_snapshot(agent: &Agent, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        last = agent.json("/debug/snapshot");
+        if pred(&last) {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "timed out waiting for {what}; last snapshot:\n{last:#}\nagent log:\n{}",
+        agent.log()
+    );
+}
+
+fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
+    snap["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["container_id"] == json!(id))
+}
+
+fn p(pid: u32, mem: u64, sm: u32) -> Value {
+    json!({"pid": pid, "used_memory": mem, "sm_util": sm, "mem_util": 3, "enc_util": 0, "dec_util": 0})
+}
+
+fn gpu(index: u32, uuid: &str, power_mw: u32, procs: Vec<Value>) -> Value {
+    json!({"index": index, "uuid": uuid, "memory_total": 80 * GIB, "power_mw": power_mw,
+           "energy_mj": 1_000_000_000u64, "accounting_mode": true, "processes": procs})
+}
+
+fn read_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_300ms_gpu_job_gets_its_accounting_stats_charged() {
+    let dir = Dir::new();
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let sc = Scenario::new(&json!({"devices": [gpu(0, G0, 100_000, vec![])]}));
+    let file = dir.0.join("usage.jsonl");
+    let extra = format!("[usage]\nfile = \"{}\"\n", file.display());
+    let agent = start(&sc, &dir.0, None, &extra, &[]);
+    // A job of 300 ms: it starts and ends between two samples; no sample lists it.
+    let started = Instant::now();
+    let mut job = cg.spawn(Command::new("sleep").arg("0.3"));
+    let pid = job.id();
+    job.wait().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // What the driver kept for it, now that accounting mode lists it.
+    let mut dev = gpu(0, G0, 100_000, vec![]);
+    dev["accounting"] = json!([{"pid": pid, "gpu_util": 70, "mem_util": 20,
+                                "max_memory": 3 * GIB, "time_ms": 300}]);
+    sc.write(&json!({"devices": [dev]}));
+    let snap = wait_snapshot(&agent, "the job's accounting stats", |s| {
+        container(s, &id).is_some_and(|c| c["accounts"][0]["accounted_processes"] == 1)
+    });
+    let a = &container(&snap, &id).unwrap()["accounts"][0];
+    assert!(
+        (a["accounted_gpu_seconds"].as_f64().unwrap() - 0.21).abs() < 1e-9,
+        "{a}"
+    );
+    assert_eq!(a["memory_peak_bytes"], json!(3 * GIB));
+    assert_eq!(a["uuid"], G0);
+    let (_, text) = tests::http::get(&agent.addr, "/metrics").unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("container_gpu_accounting_processes_total{") && l.contains(&id))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.ends_with(" 1"), "{line}");
+    // The job no sample saw has a record of its own.
+    agent.wait_until("its record", Duration::from_secs(10), || {
+        !read_lines(&file).is_empty()
+    });
+    let r = &read_lines(&file)[0];
+    assert_eq!(r["reason"], "accounting");
+    assert_eq!(r["container_id"], json!(id));
+    assert_eq!(
+        r["end_ms"].as_u64().unwrap() - r["start_ms"].as_u64().unwrap(),
+        300
+    );
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn energy_per_container_sums_to_the_device_energy() {
+    let dir = Dir::new();
+    let ids: Vec<(String, String)> = (0..2).map(|_| (random_uid(), random_hex(64))).collect();
+    let cgs: Vec<TestCgroup> = ids
+        .iter()
+        .map(|(u, i)| TestCgroup::v2(&systemd_container(u, i)))
+        .collect();
+    let a = Proc(cgs[0].spawn(&mut sleeper()));
+    let b = Proc(cgs[1].spawn(&mut sleeper()));
+    let a2 = Proc(cgs[0].spawn(&mut sleeper()));
+    // GPU 0, 300 W, time-sliced between A (30% SM) and B (20% SM), both allocated: the idle
+    // half goes to them. GPU 1, 200 W, A alone at 40%, allocated to nobody: an idle entry.
+    let sc = Scenario::new(&json!({"devices": [
+        gpu(0, G0, 300_000, vec![p(a.pid(), GIB, 30), p(b.pid(), GIB, 20)]),
+        gpu(1, G1, 200_000, vec![p(a2.pid(), GIB, 40)])
+    ]}));
+    let world = World::default();
+    let fc = |i: usize, pod: &str, gpus: Vec<String>| FakeContainer {
+        id: ids[i].1.clone(),
+        pod_uid: ids[i].0.clone(),
+        namespace: "ml".into(),
+        pod: pod.into(),
+        name: "main".into(),
+        gpus,
+    };
+    world.set(vec![
+        fc(0, "a", vec![format!("{G0}::0")]),
+        fc(1, "b", vec![format!("{G0}::1")]),
+    ]);
+    let node = FakeNode::start(&dir.0, world);
+    let agent = start(&sc, &dir.0, Some(&node), "", &[]);
+    let energy = |s: &Value, i: usize, uuid: &str| -> f64 {
+        container(s, &ids[i].1)
+            .and_then(|c| c["accounts"].as_array())
+            .and_then(|a| a.iter().find(|x| x["uuid"] == uuid))
+            .and_then(|x| x["energy_joules"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let device = |s: &Value, i: usize| s["devices"][i]["energy_mj"].as_f64().unwrap() / 1000.0;
+    let idle = |s: &Value, i: usize| {
+        s["devices"][i]["idle_energy_joules"]
+            .as_f64()
+            .unwrap_or(0.0)
+    };
+    let allocated = |s: &Value| {
+        ids.iter()
+            .all(|(_, i)| container(s, i).is_some_and(|c| c["allocated_gpus"] == json!([G0])))
+    };
+    let s1 = wait_snapshot(&agent, "allocations and energy", |s| {
+        allocated(s) && energy(s, 0, G0) > 0.0
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let s2 = wait_snapshot(&agent, "a later sample", |s| {
+        s["taken_at_ms"].as_u64() > s1["taken_at_ms"].as_u64()
+    });
+    let d0 = device(&s2, 0) - device(&s1, 0);
+    let (ea, eb) = (
+        energy(&s2, 0, G0) - energy(&s1, 0, G0),
+        energy(&s2, 1, G0) - energy(&s1, 1, G0),
+    );
+    assert!(d0 > 600.0, "about 3 s at 300 W: {d0}");
+    assert!(
+        ((ea + eb) - d0).abs() <= 0.01 * d0,
+        "containers {ea} + {eb} vs the GPU's {d0}"
+    );
+    // SM shares 30:20, the idle half split equally: 55% and 45%.
+    assert!((ea / d0 - 0.55).abs() < 0.01, "{}", ea / d0);
+    assert!(
+        (idle(&s2, 0) - idle(&s1, 0)).abs() < 1e-9,
+        "GPU 0 is allocated: no idle entry grows"
+    );
+    let d1 = device(&s2, 1) - device(&s1, 1);
+    let (e1, i1) = (
+        energy(&s2, 0, G1) - energy(&s1, 0, G1),
+        idle(&s2, 1) - idle(&s1, 1),
+    );
+    assert!(
+        ((e1 + i1) - d1).abs() <= 0.01 * d1,
+        "{e1} + idle {i1} vs {d1}"
+    );
+    assert!((e1 / d1 - 0.40).abs() < 0.01, "{}", e1 / d1);
+    // The same in Prometheus: a counter per container and GPU, the idle entry apart.
+    let (_, text) = tests::http::get(&agent.addr, "/metrics").unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("container_gpu_energy_joules_total{")
+                && l.contains(&format!("hw_id=\"{G1}\""))
+                && l.contains("owner=\"idle\"")),
+        "{text}"
+    );
+}
+
+/// The record's log, as the receiver got it, with its resource's attributes.
+fn record_logs(
+    rx: &Receiver,
+) -> Vec<(Vec<opentelemetry_proto::tonic::common::v1::KeyValue>, Value)> {
+    rx.logs
+        .records()
+        .into_iter()
+        .map(|(res, lr)| {
+            let body = match lr.body.and_then(|b| b.value) {
+                Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => s,
+                other => panic!("body {other:?}"),
+            };
+            (res, serde_json::from_str(&body).unwrap())
+        })
+        .collect()
+}
+
+fn report(file: &Path, args: &[&str]) -> String {
+    let out = Command::new(agent_binary())
+        .args(["report", "--file", file.to_str().unwrap(), "--since", "1h"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_container_that_stops_yields_one_record_over_otlp_and_in_the_file_and_report_prints_it() {
+    let dir = Dir::new();
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let w = Proc(cg.spawn(&mut sleeper()));
+    let sc =
+        Scenario::new(&json!({"devices": [gpu(0, G0, 300_000, vec![p(w.pid(), 2 * GIB, 50)])]}));
+    let world = World::default();
+    world.set(vec![FakeContainer {
+        id: id.clone(),
+        pod_uid: uid.clone(),
+        namespace: "team-a".into(),
+        pod: "train-0".into(),
+        name: "main".into(),
+        gpus: vec![G0.into()],
+    }]);
+    let node = FakeNode::start(&dir.0, world);
+    let rx = Receiver::start(Kind::Http, 0);
+    // The collector is down when the record is made: it must wait in the queue.
+    rx.logs.set_refusing(true);
+    let file = dir.0.join("records").join("usage.jsonl");
+    let extra = format!("[usage]\nfile = \"{}\"\n", file.display());
+    let url = rx.url();
+    let agent = start(
+        &sc,
+        &dir.0,
+        Some(&node),
+        &extra,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &url)],
+    );
+    wait_snapshot(&agent, "some GPU time", |s| {
+        container(s, &id).is_some_and(|c| {
+            c["pod_name"] == "train-0" && c["gpus"][0]["gpu_time_seconds"].as_f64() > Some(1.0)
+        })
+    });
+    // The container stops: its process exits and NVML no longer lists it.
+    drop(w);
+    sc.write(&json!({"devices": [gpu(0, G0, 300_000, vec![])]}));
+    agent.wait_until("the record in the file", Duration::from_secs(10), || {
+        !read_lines(&file).is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        rx.logs.records().is_empty(),
+        "the collector refused everything so far"
+    );
+    assert_eq!(agent.stats()["usage_records_queued"], 1);
+    rx.logs.set_refusing(false);
+    agent.wait_until(
+        "the record at the collector",
+        Duration::from_secs(20),
+        || !rx.logs.records().is_empty(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let logs = record_logs(&rx);
+    let lines = read_lines(&file);
+    assert_eq!(
+        (logs.len(), lines.len()),
+        (1, 1),
+        "exactly one record: {logs:?} {lines:?}"
+    );
+    let (resource, r) = &logs[0];
+    assert_eq!(&lines[0], r, "the file and the log carry the same record");
+    assert_eq!(attr_str(resource, "container.id"), Some(id.as_str()));
+    assert_eq!(attr_str(resource, "k8s.namespace.name"), Some("team-a"));
+    assert_eq!(r["namespace"], "team-a");
+    assert_eq!(r["pod_name"], "train-0");
+    assert_eq!(r["uuid"], G0);
+    assert_eq!(r["reason"], "exited");
+    assert_eq!(r["memory_peak_bytes"], json!(2 * GIB));
+    let gpu_s = r["gpu_seconds"].as_f64().unwrap();
+    assert!(gpu_s > 0.5, "{r}");
+    assert!(r["energy_joules"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["end_ms"].as_u64() > r["start_ms"].as_u64());
+    let st = agent.stats();
+    assert_eq!(
+        (
+            st["usage_records"].as_u64(),
+            st["usage_records_dropped"].as_u64()
+        ),
+        (Some(1), Some(0)),
+        "{st}"
+    );
+    assert_eq!(st["usage_records_queued"], 0);
+    // The report prints it, per namespace, in each format.
+    let table = report(&file, &["--by", "namespace"]);
+    let mut rows = table.lines();
+    assert!(
+        rows.next()
+            .unwrap()
+            .starts_with("NAMESPACE  RECORDS  GPU_HOURS"),
+        "{table}"
+    );
+    let row: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..2], ["team-a", "1"], "{table}");
+    assert!(
+        (row[2].parse::<f64>().unwrap() - gpu_s / 3600.0).abs() < 1e-4,
+        "{table}"
+    );
+    let csv = report(&file, &["--by", "namespace,pod", "--format", "csv"]);
+    assert!(
+        csv.lines().nth(1).unwrap().starts_with("team-a,train-0,1,"),
+        "{csv}"
+    );
+    let json: Value = serde_json::from_str(&report(&file, &["--format", "json"])).unwrap();
+    assert_eq!(json[0]["namespace"], "team-a");
+    assert_eq!(json[0]["records"], 1);
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn records_beyond_the_queue_during_an_outage_are_counted_as_lost() {
+    let dir = Dir::new();
+    let ids: Vec<(String, String)> = (0..3).map(|_| (random_uid(), random_hex(64))).collect();
+    let cgs: Vec<TestCgroup> = ids
+        .iter()
+        .map(|(u, i)| TestCgroup::v2(&systemd_container(u, i)))
+        .collect();
+    let procs: Vec<Proc> = cgs.iter().map(|c| Proc(c.spawn(&mut sleeper()))).collect();
+    let running: Vec<Value> = procs.iter().map(|w| p(w.pid(), GIB, 10)).collect();
+    let sc = Scenario::new(&json!({"devices": [gpu(0, G0, 100_000, running)]}));
+    let rx = Receiver::start(Kind::Grpc, 0);
+    rx.logs.set_refusing(true);
+    let url = rx.url();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ];
+    let agent = start(&sc, &dir.0, None, "[usage]\nqueue_records = 2\n", &env);
+    wait_snapshot(&agent, "three containers", |s| {
+        ids.iter().all(|(_, i)| container(s, i).is_some())
+    });
+    drop(procs);
+    sc.write(&json!({"devices": [gpu(0, G0, 100_000, vec![])]}));
+    agent.wait_until("three records, one lost", Duration::from_secs(15), || {
+        let st = agent.stats();
+        st["usage_records"] == 3 && st["usage_records_dropped"] == 1
+    });
+    rx.logs.set_refusing(false);
+    agent.wait_until("the two kept", Duration::from_secs(20), || {
+        rx.logs.records().len() == 2
+    });
+    assert_eq!(agent.stats()["usage_records_queued"], 0);
+    let (_, text) = tests::http::get(&agent.addr, "/metrics").unwrap();
+    assert!(
+        text.contains("gpu_agent_usage_records_dropped_total 1"),
+        "{text}"
+    );
+}
