@@ -23,6 +23,9 @@ pub struct Config {
     /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
     pub node_name: Option<String>,
     pub metadata: MetadataConfig,
+    /// dcgm-exporter compatibility and XID events: see [`DcgmConfig`], [`XidConfig`].
+    pub dcgm: DcgmConfig,
+    pub xid: XidConfig,
     /// Usage records, NVML accounting, peaks and quotas (see `UsageConfig`).
     pub usage: UsageConfig,
 }
@@ -307,7 +310,7 @@ impl Config {
         self.cache.validate()?;
         self.cgroup.validate()?;
         self.metadata.validate()?;
-        self.prometheus.validate()?;
+        self.validate_dcgm()?;
         self.http.validate()?;
         self.usage.validate()?;
         Ok(())
@@ -495,15 +498,76 @@ impl MetadataConfig {
     }
 }
 
-impl PrometheusConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
-        match self.compat.as_deref() {
-            None | Some("dcgm") => Ok(()),
-            Some(_) => invalid(
-                "prometheus.compat",
-                "the only compatibility mode is \"dcgm\"",
-            ),
+/// dcgm-exporter compatibility (`--prometheus-compat dcgm` or `dcgm-virtual-gpus`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DcgmConfig {
+    /// A dcgm-exporter counters CSV (`-f`, `--collectors`): the DCGM fields to serve, with
+    /// their types and help. dcgm-exporter's default counters when unset.
+    pub collectors: Option<PathBuf>,
+}
+
+/// XID errors: NVML's event API counts them per GPU; the kernel log names the process.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct XidConfig {
+    /// Where the kernel log is read to charge an XID to the process (and container) it
+    /// names; "" does not read it. Needs CAP_SYSLOG (or kernel.dmesg_restrict=0).
+    pub kmsg: PathBuf,
+}
+
+impl Default for XidConfig {
+    fn default() -> Self {
+        XidConfig {
+            kmsg: PathBuf::from("/dev/kmsg"),
         }
+    }
+}
+
+impl XidConfig {
+    pub fn kmsg_path(&self) -> Option<PathBuf> {
+        (!self.kmsg.as_os_str().is_empty()).then(|| self.kmsg.clone())
+    }
+}
+
+impl Config {
+    /// `prometheus.compat` and `dcgm.collectors`: a counters CSV that names a field gpu-agent
+    /// cannot serve is refused, naming the line.
+    fn validate_dcgm(&self) -> Result<(), ConfigError> {
+        self.dcgm_compat().map(|_| ())
+    }
+
+    /// What `--prometheus-compat` serves, with the counters CSV read; None without it.
+    pub fn dcgm_compat(&self) -> Result<Option<otel::dcgm::DcgmCompat>, ConfigError> {
+        use otel::dcgm::{DcgmCompat, Mode};
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let Some(c) = &self.prometheus.compat else {
+            if self.dcgm.collectors.is_some() {
+                return Err(invalid(
+                    "dcgm.collectors",
+                    "needs prometheus.compat (\"dcgm\" or \"dcgm-virtual-gpus\")".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let mode = Mode::parse(c).ok_or_else(|| {
+            invalid(
+                "prometheus.compat",
+                format!("expected \"dcgm\" or \"dcgm-virtual-gpus\", got {c:?}"),
+            )
+        })?;
+        let Some(path) = &self.dcgm.collectors else {
+            return Ok(Some(DcgmCompat::defaults(mode)));
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            invalid(
+                "dcgm.collectors",
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        DcgmCompat::from_csv(mode, &text)
+            .map(Some)
+            .map_err(|e| invalid("dcgm.collectors", format!("{}: {e}", path.display())))
     }
 }
 

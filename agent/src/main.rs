@@ -91,9 +91,15 @@ struct RunArgs {
     /// Serve Prometheus text at /metrics on the HTTP address.
     #[arg(long)]
     prometheus: bool,
-    /// Also serve dcgm-exporter's metric names at /metrics (implies --prometheus).
-    #[arg(long, value_name = "MODE", value_parser = ["dcgm"])]
+    /// Also serve dcgm-exporter's metrics at /metrics (implies --prometheus): `dcgm`, its
+    /// default layout (the allocated pod's labels on each device's series), or
+    /// `dcgm-virtual-gpus`, its --kubernetes-virtual-gpus layout (a series per pod).
+    #[arg(long, value_name = "MODE", value_parser = ["dcgm", "dcgm-virtual-gpus"])]
     prometheus_compat: Option<String>,
+    /// dcgm-exporter's counters CSV (`field, type, help` lines) choosing its fields (implies
+    /// --prometheus-compat dcgm unless given) [default: dcgm-exporter's default counters].
+    #[arg(short = 'f', long = "collectors", value_name = "PATH")]
+    collectors: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -142,6 +148,14 @@ fn load_config(sources: &SourceArgs, run: Option<&RunArgs>) -> Result<Loaded, Co
         }
         if let Some(c) = &args.prometheus_compat {
             config.prometheus.compat = Some(c.clone());
+        }
+        if let Some(p) = &args.collectors {
+            config.dcgm.collectors = Some(p.clone());
+            config.prometheus.enabled = true;
+            config
+                .prometheus
+                .compat
+                .get_or_insert_with(|| "dcgm".into());
         }
     }
     config.resolve(|k| std::env::var(k).ok())

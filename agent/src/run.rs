@@ -110,8 +110,8 @@ impl Sources {
         // NVML calls block: they run on a thread of their own and send samples here.
         let (gpu_tx, gpu_rx) = tokio::sync::mpsc::channel(2);
         if config.nvml.enabled {
-            let (nvml, stop) = (config.nvml.clone(), stop.clone());
-            sampler::spawn(nvml, gpu_tx, stats.clone(), stop, accounting)?;
+            let (nvml, xid, stop) = (config.nvml.clone(), config.xid.clone(), stop.clone());
+            sampler::spawn(nvml, xid, gpu_tx, stats.clone(), stop, accounting)?;
         }
         let mut tasks = vec![];
         // Names and allocations: their own task, asked when an unknown container id shows up.
@@ -249,11 +249,12 @@ async fn serve_http(
     stop: &CancellationToken,
 ) -> Result<JoinHandle<()>> {
     let node = node_identity(config);
+    let dcgm = config.dcgm_compat()?;
     let prometheus = config.prometheus.enabled.then(|| {
         Arc::new(otel::prometheus::PromOptions {
             node,
             groups: config.metrics.clone(),
-            dcgm_compat: config.prometheus.compat.as_deref() == Some("dcgm"),
+            dcgm,
         })
     });
     let heartbeat = Arc::new(http::Heartbeat::default());

@@ -9,7 +9,7 @@ use std::{
     },
 };
 
-use gpu_model::{AgentStats, ExportTarget, ProgramStats, SourceStatus, TrackingMode};
+use gpu_model::{AgentStats, ExportTarget, NvmlFeatures, ProgramStats, SourceStatus, TrackingMode};
 
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -49,6 +49,8 @@ pub struct Stats {
     pub programs: RwLock<Vec<ProgramStats>>,
     /// Unix ms when the agent started.
     pub started_ms: AtomicU64,
+    /// Written by the NVML sampler: profiling and XID events, and why not.
+    pub nvml_features: RwLock<NvmlFeatures>,
 }
 
 impl Stats {
@@ -100,6 +102,7 @@ impl Stats {
             export_dropped_batches: n(&self.export.dropped_batches),
             export_queued_bytes: n(&self.export.queued_bytes),
             programs: self.programs.read().unwrap().clone(),
+            nvml_features: self.nvml_features.read().unwrap().clone(),
             usage_records: n(&self.usage.emitted),
             usage_records_dropped: n(&self.usage.dropped),
             usage_records_queued: n(&self.usage.queued),

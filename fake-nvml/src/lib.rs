@@ -9,6 +9,10 @@
 mod scenario;
 mod sharing;
 mod state;
+// Health fields, profiling and XID events (dcgm-exporter's fields).
+mod events;
+mod fields;
+mod gpm;
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};

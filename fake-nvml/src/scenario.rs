@@ -100,7 +100,7 @@ pub struct DeviceSpec {
     pub memory_total: u64,
     #[serde(default)]
     pub memory_used: Option<u64>,
-    #[serde(default)]
+    #[serde(default, alias = "fb_reserved")]
     pub memory_reserved: u64,
     #[serde(default)]
     pub utilization_gpu: u32,
@@ -140,6 +140,25 @@ pub struct DeviceSpec {
     pub max_mig_devices: Option<u32>,
     #[serde(default)]
     pub mig_devices: Vec<MigSpec>,
+    // Health, profiling and XIDs (dcgm-exporter's fields): fields.rs, gpm.rs, events.rs.
+    #[serde(default)]
+    pub memory_temperature_c: Option<u32>,
+    #[serde(default)]
+    pub encoder_util: u32,
+    #[serde(default)]
+    pub decoder_util: u32,
+    #[serde(default)]
+    pub pcie_replay: u32,
+    #[serde(default)]
+    pub remapped_rows: RemappedRowsSpec,
+    #[serde(default)]
+    pub nvlink_bandwidth: Option<NvlinkSpec>,
+    #[serde(default)]
+    pub vgpu_licensed: Option<bool>,
+    #[serde(default)]
+    pub gpm: Option<GpmSpec>,
+    #[serde(default)]
+    pub xid_events: Vec<XidEventSpec>,
     /// MPS clients (and the server), as `nvmlDeviceGetMPSComputeRunningProcesses_v3` lists them.
     #[serde(default)]
     pub mps_processes: Vec<ProcessSpec>,
@@ -149,6 +168,64 @@ pub struct DeviceSpec {
     /// Accounting records of processes that ended (or still run), by pid.
     #[serde(default)]
     pub accounting: Vec<AccountingSpec>,
+}
+
+/// `nvmlDeviceGetRemappedRows`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemappedRowsSpec {
+    #[serde(default)]
+    pub correctable: u32,
+    #[serde(default)]
+    pub uncorrectable: u32,
+    #[serde(default)]
+    pub pending: bool,
+    #[serde(default)]
+    pub failure: bool,
+}
+
+/// NVLink data counters (KiB, all links): a start value and a rate, like `energy_mj`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NvlinkSpec {
+    #[serde(default)]
+    pub tx_kib: u64,
+    #[serde(default)]
+    pub rx_kib: u64,
+    #[serde(default)]
+    pub tx_kib_per_s: u64,
+    #[serde(default)]
+    pub rx_kib_per_s: u64,
+}
+
+/// GPM metrics as DCGM names them: activities are ratios (0-1), bandwidths bytes per
+/// second. `nvmlGpmMetricsGet` answers in NVML's units (percent, MiB/s). An absent key
+/// answers NOT_SUPPORTED for that metric.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpmSpec {
+    pub sm_active: Option<f64>,
+    pub sm_occupancy: Option<f64>,
+    pub tensor_active: Option<f64>,
+    pub dram_active: Option<f64>,
+    pub fp64_active: Option<f64>,
+    pub fp32_active: Option<f64>,
+    pub fp16_active: Option<f64>,
+    pub gr_engine_active: Option<f64>,
+    pub pcie_tx_bytes: Option<f64>,
+    pub pcie_rx_bytes: Option<f64>,
+    pub nvlink_tx_bytes: Option<f64>,
+    pub nvlink_rx_bytes: Option<f64>,
+}
+
+/// A critical XID error, delivered through `nvmlEventSetWait_v2` `at_ms` after the event
+/// first appeared in a loaded scenario.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct XidEventSpec {
+    pub xid: u64,
+    #[serde(default)]
+    pub at_ms: u64,
 }
 
 /// One `nvmlAccountingStats_t`.
@@ -229,6 +306,14 @@ pub enum Feature {
     Throttle,
     Mig,
     Pci,
+    EncoderUtilization,
+    DecoderUtilization,
+    PcieReplay,
+    RemappedRows,
+    FieldValues,
+    VgpuLicense,
+    Gpm,
+    Events,
     MpsProcesses,
     Accounting,
 }
@@ -278,6 +363,9 @@ pub struct MigSpec {
     pub memory_used: Option<u64>,
     #[serde(default)]
     pub processes: Vec<ProcessSpec>,
+    /// This GPU instance's profiling (`nvmlGpmMigSampleGet`).
+    #[serde(default)]
+    pub gpm: Option<GpmSpec>,
 }
 
 fn process_memory(procs: &[ProcessSpec]) -> u64 {

@@ -39,6 +39,10 @@ struct EnergyBase {
 pub struct Loaded {
     pub scenario: Scenario,
     energy: Vec<EnergyBase>,
+    /// Per device, per `xid_events` entry: when it first appeared in a loaded scenario.
+    pub xid_seen: Vec<Vec<Instant>>,
+    /// Per device: since when its NVLink counters grow (carried while the spec is unchanged).
+    nvlink_since: Vec<Instant>,
 }
 
 impl Loaded {
@@ -60,7 +64,45 @@ impl Loaded {
                 }
             })
             .collect();
-        Loaded { scenario, energy }
+        let xid_seen = crate::events::first_seen(&scenario, previous, now);
+        let nvlink_since = scenario
+            .devices
+            .iter()
+            .map(|d| {
+                previous
+                    .and_then(|p| {
+                        let pos = p.scenario.devices.iter().position(|o| o.uuid == d.uuid)?;
+                        (p.scenario.devices[pos].nvlink_bandwidth == d.nvlink_bandwidth)
+                            .then(|| p.nvlink_since[pos])
+                    })
+                    .unwrap_or(now)
+            })
+            .collect();
+        Loaded {
+            scenario,
+            energy,
+            xid_seen,
+            nvlink_since,
+        }
+    }
+
+    /// NVLink (tx, rx) KiB of the device at `pos`: the start values plus rate x time.
+    pub fn nvlink_at(&self, pos: usize, now: Instant) -> Option<(u64, u64)> {
+        let n = self.scenario.devices[pos].nvlink_bandwidth?;
+        let ms = u128::from(
+            u64::try_from(
+                now.saturating_duration_since(self.nvlink_since[pos])
+                    .as_millis(),
+            )
+            .unwrap_or(u64::MAX),
+        );
+        let grow = |base: u64, rate: u64| {
+            base.saturating_add(u64::try_from(u128::from(rate) * ms / 1000).unwrap_or(u64::MAX))
+        };
+        Some((
+            grow(n.tx_kib, n.tx_kib_per_s),
+            grow(n.rx_kib, n.rx_kib_per_s),
+        ))
     }
 
     /// Total energy in millijoules of the device at position `pos`.

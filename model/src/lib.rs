@@ -4,6 +4,11 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::{Deserialize, Serialize, Serializer};
 
+mod fields;
+pub use fields::{
+    ContainerXid, DeviceFields, GpmMetrics, NvmlFeatures, RemappedRows, XidCount, XidProcess,
+};
+
 /// One collection cycle over every device.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct GpuSample {
@@ -38,6 +43,9 @@ pub struct DeviceSample {
     pub mig_enabled: bool,
     pub mig_devices: Vec<MigSample>,
     pub processes: Vec<ProcessSample>,
+    /// The further fields dcgm-exporter serves (health, profiling, XIDs), from NVML.
+    #[serde(flatten)]
+    pub fields: DeviceFields,
     /// Sharing and accounting (see [`DeviceSharing`]).
     #[serde(flatten)]
     pub sharing: DeviceSharing,
@@ -86,6 +94,10 @@ pub struct MigSample {
     pub compute_instance_id: u32,
     pub memory_total_bytes: Option<u64>,
     pub memory_used_bytes: Option<u64>,
+    /// The MIG profile, e.g. `1g.10gb` (from the MIG device's name).
+    pub profile: Option<String>,
+    /// Profiling (GPM) of this GPU instance; None where GPM cannot say.
+    pub gpm: Option<GpmMetrics>,
 }
 
 /// A process NVML reports on a device, by host PID.
@@ -128,6 +140,8 @@ pub struct Snapshot {
     pub containers: Vec<ContainerUsage>,
     /// Per-process detail, only when enabled (cardinality).
     pub processes: Vec<ProcessUsage>,
+    /// XID errors the kernel log charged to containers' processes.
+    pub container_xids: Vec<ContainerXid>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -146,6 +160,9 @@ pub struct ContainerUsage {
     /// Devices the kubelet allocated to this container (GPU or MIG UUIDs), whether it uses
     /// them or not; empty when unknown or none.
     pub allocated_gpus: Vec<String>,
+    /// The same allocation as the device plugin named it (`GPU-<uuid>::3` for a
+    /// time-slicing replica): dcgm-exporter's `vgpu` label.
+    pub allocated_device_ids: Vec<String>,
     /// Energy, peak memory, limits and accounting per device it used or was allocated.
     pub accounts: Vec<GpuAccount>,
 }
@@ -335,6 +352,8 @@ pub struct AgentStats {
     pub export_queued_bytes: u64,
     /// Per-program kernel statistics, when `ebpf.program_stats` is on.
     pub programs: Vec<ProgramStats>,
+    /// NVML's optional features (profiling, XID events) and why one is unavailable.
+    pub nvml_features: NvmlFeatures,
     /// Usage records emitted, lost (queue full, file or collector failing past the
     /// queue), and waiting for the collector.
     pub usage_records: u64,

@@ -101,15 +101,20 @@ fn main() {
         bytes = req.encode_to_vec().len();
     }
     let build_us = (thread_cpu_ns() - cpu0) as f64 / iters as f64 / 1000.0;
-    let prom = otel::prometheus::PromOptions {
+    // /metrics as it is served: the stream of chunks, consumed (dcgm-exporter's default
+    // fields on, every container allocated its GPUs as dcgm's pod labels need).
+    let prom = std::sync::Arc::new(otel::prometheus::PromOptions {
         node: ctx.node.clone(),
         groups: otel::Groups::default(),
-        dcgm_compat: true,
-    };
+        dcgm: Some(otel::dcgm::DcgmCompat::defaults(otel::dcgm::Mode::Default)),
+    });
+    let snap = std::sync::Arc::new(snap);
     let mut prom_bytes = 0;
     let cpu0 = thread_cpu_ns();
     for _ in 0..iters {
-        prom_bytes = otel::prometheus::render(&snap, &stats, &prom).len();
+        prom_bytes = otel::prometheus::chunks(snap.clone(), stats.clone(), prom.clone())
+            .map(|c| c.len())
+            .sum();
     }
     let prom_us = (thread_cpu_ns() - cpu0) as f64 / iters as f64 / 1000.0;
     println!("BENCH containers={n} gpus=8 build_us={build_us:.0} bytes={bytes} prom_us={prom_us:.0} prom_bytes={prom_bytes}");

@@ -85,8 +85,39 @@ const LABEL: Attribute = Attribute {
 pub const GPU_TASKS: [&str; 4] = ["general", "memory_controller", "encoder", "decoder"];
 /// Values of `hw.state`: a GPU that fell off the bus, or has no handle, is `failed`.
 pub const HW_STATES: [&str; 2] = ["ok", "failed"];
-/// Values of `error.type` on `hw.errors`.
+/// Values of `error.type` on `hw.errors` for memory ECC errors (and, on
+/// `hw.gpu.memory.remapped_rows`, the errors that made a row be remapped).
 pub const ECC_ERROR_TYPES: [&str; 2] = ["corrected", "uncorrected"];
+/// Every value of `error.type`: ECC, PCIe link replays, and XID errors (with `xid`).
+pub const ERROR_TYPES: [&str; 4] = ["corrected", "uncorrected", "pcie_replay", "xid"];
+/// Values of `hw.gpu.engine` on `hw.gpu.activity` (NVML GPM; DCGM's profiling fields).
+pub const GPU_ENGINES: [&str; 7] = ["graphics", "sm", "tensor", "dram", "fp64", "fp32", "fp16"];
+/// Values of `hw.gpu.link`.
+pub const GPU_LINKS: [&str; 2] = ["pcie", "nvlink"];
+/// Values of `network.io.direction`.
+pub const DIRECTIONS: [&str; 2] = ["transmit", "receive"];
+/// NVML's clock throttle reasons: the bit of `nvmlDeviceGetCurrentClocksThrottleReasons`
+/// and the value of `hw.gpu.throttle_reason`.
+pub const THROTTLE_REASONS: [(u64, &str); 9] = [
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+const THROTTLE_REASON_NAMES: [&str; 9] = {
+    let mut out = [""; 9];
+    let mut i = 0;
+    while i < 9 {
+        out[i] = THROTTLE_REASONS[i].1;
+        i += 1;
+    }
+    out
+};
 /// Values of `clock` on `hw.gpu.clock`.
 pub const CLOCKS: [&str; 2] = ["sm", "memory"];
 /// Values of `owner`: a container, a pod-level cgroup, or processes outside any container.
@@ -221,8 +252,42 @@ table! {
         ErrorType => Attribute {
             otlp: Some("error.type"),
             prometheus: Some("error_type"),
-            values: &ECC_ERROR_TYPES,
-            doc: "ECC error kind",
+            values: &ERROR_TYPES,
+            doc: "the kind of error: memory ECC (corrected, uncorrected), a PCIe link replay, an XID",
+            ..POINT
+        },
+        Xid => Attribute {
+            otlp: Some("xid"),
+            prometheus: Some("xid"),
+            doc: "the XID code (NVIDIA's GPU error numbers), with `error.type` = `xid`",
+            ..POINT
+        },
+        HwGpuEngine => Attribute {
+            otlp: Some("hw.gpu.engine"),
+            prometheus: Some("hw_gpu_engine"),
+            values: &GPU_ENGINES,
+            doc: "the unit profiled (NVML GPM): graphics engine, SMs, tensor pipes, DRAM interface, FP pipes",
+            ..POINT
+        },
+        HwGpuLink => Attribute {
+            otlp: Some("hw.gpu.link"),
+            prometheus: Some("hw_gpu_link"),
+            values: &GPU_LINKS,
+            doc: "the interconnect",
+            ..POINT
+        },
+        NetworkIoDirection => Attribute {
+            otlp: Some("network.io.direction"),
+            prometheus: Some("network_io_direction"),
+            values: &DIRECTIONS,
+            doc: "from the GPU (transmit) or to it (receive)",
+            ..POINT
+        },
+        ThrottleReason => Attribute {
+            otlp: Some("hw.gpu.throttle_reason"),
+            prometheus: Some("hw_gpu_throttle_reason"),
+            values: &THROTTLE_REASON_NAMES,
+            doc: "why NVML holds the clocks down (`nvmlClocksThrottleReason*`)",
             ..POINT
         },
         Clock => Attribute {
@@ -310,6 +375,26 @@ table! {
         DcgmGpuInstance => Attribute {
             prometheus: Some("GPU_I_ID"),
             doc: "dcgm-exporter: MIG GPU instance id, on MIG series",
+            ..LABEL
+        },
+        DcgmGpuProfile => Attribute {
+            prometheus: Some("GPU_I_PROFILE"),
+            doc: "dcgm-exporter: MIG profile (e.g. `1g.10gb`), on MIG series",
+            ..LABEL
+        },
+        DcgmVgpu => Attribute {
+            prometheus: Some("vgpu"),
+            doc: "dcgm-exporter (`dcgm-virtual-gpus`): the time-slicing replica the pod holds (`::N`)",
+            ..LABEL
+        },
+        DcgmErrCode => Attribute {
+            prometheus: Some("err_code"),
+            doc: "dcgm-exporter: the XID code, on `DCGM_FI_DEV_XID_ERRORS`",
+            ..LABEL
+        },
+        DcgmErrMsg => Attribute {
+            prometheus: Some("err_msg"),
+            doc: "dcgm-exporter: what the XID means, on `DCGM_FI_DEV_XID_ERRORS`",
             ..LABEL
         },
         DcgmHostname => Attribute {
@@ -516,7 +601,27 @@ pub const AGENT: AttrSet = AttrSet {
     otlp: &[],
     prometheus: &[],
 };
-/// dcgm-exporter's labels: `GPU_I_ID` on MIG series; the pod's on per-container series.
+/// XID errors charged to a container: its identity (OTLP: its resource) and the device.
+pub const XID_CHARGE: AttrSet = AttrSet {
+    name: "xid charge",
+    otlp: &{
+        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
+        [a, b, c, d, e, f, Attr::HwId, Attr::HwParent]
+    },
+    prometheus: &[
+        Attr::ContainerId,
+        Attr::PodUid,
+        Attr::Namespace,
+        Attr::PodName,
+        Attr::ContainerName,
+        Attr::HwId,
+        Attr::GpuUuid,
+        Attr::Node,
+    ],
+};
+/// dcgm-exporter's labels: `GPU_I_PROFILE`, `GPU_I_ID` on MIG series; the allocated pod's
+/// where the kubelet allocated the device; `pod_uid` and `vgpu` on the per-pod series of
+/// `dcgm-virtual-gpus`; `err_code`, `err_msg` on `DCGM_FI_DEV_XID_ERRORS`.
 pub const DCGM: AttrSet = AttrSet {
     name: "dcgm",
     otlp: &[],
@@ -526,6 +631,7 @@ pub const DCGM: AttrSet = AttrSet {
         Attr::PciBusId,
         Attr::DcgmDevice,
         Attr::DcgmModelName,
+        Attr::DcgmGpuProfile,
         Attr::DcgmGpuInstance,
         Attr::DcgmHostname,
         Attr::DcgmDriverVersion,
@@ -533,7 +639,9 @@ pub const DCGM: AttrSet = AttrSet {
         Attr::Namespace,
         Attr::PodName,
         Attr::PodUid,
-        Attr::ContainerId,
+        Attr::DcgmVgpu,
+        Attr::DcgmErrCode,
+        Attr::DcgmErrMsg,
     ],
 };
 
@@ -543,18 +651,78 @@ pub enum Source {
     /// The metric's value; its data point with the attribute at that value, where it has
     /// several.
     Metric(MetricId, Option<(Attr, &'static str)>),
-    /// The first metric's value minus the second's.
-    Difference(MetricId, MetricId),
+    /// The metric's data point with the attributes at these values.
+    Metrics(MetricId, &'static [(Attr, &'static str)]),
+    /// The first metric's value minus the others'.
+    Difference(MetricId, &'static [MetricId]),
+    /// No gpu-agent metric carries it: how it is made.
+    Derived(&'static str),
 }
 
-/// A dcgm-exporter field (the entry's Prometheus name is the field name).
+/// A dcgm-exporter field (the entry's Prometheus name is the field name; its `unit`,
+/// `kind` and `help` are dcgm-exporter's, as its default counters CSV declares them).
 #[derive(Clone, Copy, Debug)]
 pub struct Dcgm {
-    /// What its device series (one per GPU and MIG device, empty pod labels) restates.
-    pub device: Source,
-    /// What its per-container series restate; None: device series only.
-    pub container: Option<Source>,
+    /// What its series restate.
+    pub source: Source,
+    /// gpu-agent's value per dcgm-exporter unit (MiB: 1048576 bytes; %: 0.01).
+    pub per: f64,
+    /// The NVML call behind it.
+    pub nvml: &'static str,
+    /// In dcgm-exporter's default counters CSV, so served without `-f`.
+    pub default: bool,
+    /// Also served per MIG device (GPU instance), as DCGM does.
+    pub mig: bool,
+    /// Under `dcgm-virtual-gpus`, a pod's own series carries this instead of the device's
+    /// value (dcgm-exporter's per-process fields: FB_USED and GPU_UTIL).
+    pub per_pod: Option<Source>,
 }
+
+const DCGM_DEFAULT: Dcgm = Dcgm {
+    source: Source::Derived(""),
+    per: 1.0,
+    nvml: "",
+    default: true,
+    mig: false,
+    per_pod: None,
+};
+
+/// dcgm-exporter fields gpu-agent does not serve, and why: a counters CSV naming one is
+/// refused with the reason.
+pub const DCGM_UNSERVED: &[(&str, &str)] = &[
+    ("DCGM_FI_DEV_POWER_VIOLATION", "not in dcgm-exporter's default set, and not read (NVML has it: nvmlDeviceGetViolationStatus); `hw_gpu_clock_throttled{hw_gpu_throttle_reason=\"sw_power_cap\"}` says the same"),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "not in dcgm-exporter's default set, and not read; `hw_gpu_clock_throttled{hw_gpu_throttle_reason=~\".*thermal.*\"}` says the same"),
+    ("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "not in dcgm-exporter's default set, and not read"),
+    ("DCGM_FI_DEV_BOARD_LIMIT_VIOLATION", "not in dcgm-exporter's default set, and not read"),
+    ("DCGM_FI_DEV_LOW_UTIL_VIOLATION", "not in dcgm-exporter's default set, and not read"),
+    ("DCGM_FI_DEV_RELIABILITY_VIOLATION", "not in dcgm-exporter's default set, and not read"),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "aggregate ECC counts are not read (volatile ones are: DCGM_FI_DEV_ECC_SBE_VOL_TOTAL)"),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "aggregate ECC counts are not read (volatile ones are: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL)"),
+    ("DCGM_FI_DEV_RETIRED_SBE", "page retirement predates row remapping (Ampere and later use DCGM_FI_DEV_*_REMAPPED_ROWS)"),
+    ("DCGM_FI_DEV_RETIRED_DBE", "page retirement predates row remapping (Ampere and later use DCGM_FI_DEV_*_REMAPPED_ROWS)"),
+    ("DCGM_FI_DEV_RETIRED_PENDING", "page retirement predates row remapping (Ampere and later use DCGM_FI_DEV_ROW_REMAP_PENDING)"),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "per-link NVLink error counters are not read"),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "per-link NVLink error counters are not read"),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "per-link NVLink error counters are not read"),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "per-link NVLink error counters are not read"),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_L0", "per-link NVLink bandwidth is not read (all links: DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL)"),
+    ("DCGM_FI_NVML_VERSION", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_FI_DEV_BRAND", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_FI_DEV_SERIAL", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_FI_DEV_OEM_INFOROM_VER", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_FI_DEV_ECC_INFOROM_VER", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_FI_DEV_POWER_INFOROM_VER", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_FI_DEV_INFOROM_IMAGE_VER", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_FI_DEV_VBIOS_VERSION", "only DCGM_FI_DRIVER_VERSION is served as a label"),
+    ("DCGM_EXP_CLOCK_EVENTS_COUNT", "dcgm-exporter's own counter of DCGM clock events, which need DCGM's policy engine"),
+    ("DCGM_EXP_XID_ERRORS_COUNT", "dcgm-exporter's own windowed count; gpu-agent counts every XID: `hw_errors_total{error_type=\"xid\"}`"),
+    ("DCGM_EXP_GPU_HEALTH_STATUS", "DCGM's health watches, which need the DCGM host engine"),
+    ("DCGM_EXP_P2P_STATUS", "DCGM's P2P status, which needs the DCGM host engine"),
+    ("DCGM_FI_PROF_PIPE_INT_ACTIVE", "not among the GPM metrics gpu-agent samples"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE", "not among the GPM metrics gpu-agent samples"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE", "not among the GPM metrics gpu-agent samples"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE", "not among the GPM metrics gpu-agent samples"),
+];
 
 /// One metric. `otlp` or `prometheus` is None where that sink does not emit it.
 #[derive(Clone, Debug)]
@@ -620,6 +788,64 @@ const DCGM_FIELD: Metric = Metric {
     base: DCGM,
     ..DEVICE_METRIC
 };
+
+/// A dcgm-exporter field: its name, unit, type and help as its counters CSV declares them.
+const fn dcgm(
+    name: &'static str,
+    unit: &'static str,
+    kind: Kind,
+    help: &'static str,
+    d: Dcgm,
+) -> Metric {
+    Metric {
+        prometheus: Some(name),
+        unit,
+        kind,
+        help,
+        dcgm: Some(d),
+        ..DCGM_FIELD
+    }
+}
+
+/// A field that restates `id` (its point with `sel`), `per` of ours to one of theirs.
+const fn restates(
+    id: MetricId,
+    sel: Option<(Attr, &'static str)>,
+    per: f64,
+    nvml: &'static str,
+) -> Dcgm {
+    Dcgm {
+        source: Source::Metric(id, sel),
+        per,
+        nvml,
+        ..DCGM_DEFAULT
+    }
+}
+
+/// The same, also per MIG device.
+const fn restates_mig(
+    id: MetricId,
+    sel: Option<(Attr, &'static str)>,
+    per: f64,
+    nvml: &'static str,
+) -> Dcgm {
+    Dcgm {
+        mig: true,
+        ..restates(id, sel, per, nvml)
+    }
+}
+
+/// Not in dcgm-exporter's default CSV: served when a counters CSV names it.
+const fn optional(d: Dcgm) -> Dcgm {
+    Dcgm {
+        default: false,
+        ..d
+    }
+}
+
+const MIB_: f64 = 1_048_576.0;
+const PCT: f64 = 0.01;
+const GPM: &str = "nvmlGpmSampleGet, nvmlGpmMigSampleGet, nvmlGpmMetricsGet";
 
 use self::{Kind::*, MetricId as M};
 
@@ -687,9 +913,9 @@ table! {
             prometheus: Some("hw_errors_total"),
             unit: "{error}",
             kind: Counter,
-            help: "GPU memory ECC errors since the driver loaded.",
-            extra: &[Attr::ErrorType],
-            note: "Volatile ECC counts",
+            help: "GPU errors: memory ECC (since the driver loaded), PCIe link replays, XIDs (since the agent started).",
+            extra: &[Attr::ErrorType, Attr::Xid],
+            note: "ECC: volatile counts, `error.type` = `corrected` / `uncorrected`; `pcie_replay`: link-level retries; `xid`: critical XID errors from NVML's event API, one series per code (`xid`)",
             ..DEVICE_METRIC
         },
         HwStatus => Metric {
@@ -707,6 +933,92 @@ table! {
             unit: "Hz",
             help: "GPU clock frequency, hertz.",
             extra: &[Attr::Clock],
+            ..DEVICE_METRIC
+        },
+        // Health, profiling and interconnect (dcgm-exporter's fields, in our names).
+        HwGpuMemoryReserved => Metric {
+            otlp: Some("hw.gpu.memory.reserved"),
+            prometheus: Some("hw_gpu_memory_reserved_bytes"),
+            unit: "By",
+            kind: UpDownCounter,
+            help: "GPU memory the driver reserves for itself, bytes.",
+            ..DEVICE_METRIC
+        },
+        HwGpuMemoryTemperature => Metric {
+            otlp: Some("hw.gpu.memory.temperature"),
+            prometheus: Some("hw_gpu_memory_temperature_celsius"),
+            unit: "Cel",
+            help: "GPU memory (HBM) temperature, degrees Celsius.",
+            ..DEVICE_METRIC
+        },
+        HwGpuMemoryRemappedRows => Metric {
+            otlp: Some("hw.gpu.memory.remapped_rows"),
+            prometheus: Some("hw_gpu_memory_remapped_rows_total"),
+            unit: "{row}",
+            kind: Counter,
+            help: "GPU memory rows remapped after ECC errors, by the kind of error.",
+            extra: &[Attr::ErrorType],
+            note: "Ampere and later; `error.type` = `corrected` / `uncorrected`",
+            ..DEVICE_METRIC
+        },
+        HwGpuMemoryRowRemapPending => Metric {
+            otlp: Some("hw.gpu.memory.row_remap.pending"),
+            prometheus: Some("hw_gpu_memory_row_remap_pending"),
+            help: "1 while a row remapping waits for the next GPU reset.",
+            ..DEVICE_METRIC
+        },
+        HwGpuMemoryRowRemapFailed => Metric {
+            otlp: Some("hw.gpu.memory.row_remap.failed"),
+            prometheus: Some("hw_gpu_memory_row_remap_failed"),
+            help: "1 when a row remapping failed: the GPU needs service.",
+            ..DEVICE_METRIC
+        },
+        HwGpuIo => Metric {
+            otlp: Some("hw.gpu.io"),
+            prometheus: Some("hw_gpu_io_bytes_total"),
+            unit: "By",
+            kind: Counter,
+            help: "Bytes moved over the GPU's NVLinks since the driver loaded, all links.",
+            extra: &[Attr::HwGpuLink, Attr::NetworkIoDirection],
+            note: "`hw.gpu.link` = `nvlink`; NVML counts KiB (`NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`/`_RX`)",
+            ..DEVICE_METRIC
+        },
+        HwGpuBandwidth => Metric {
+            otlp: Some("hw.gpu.bandwidth"),
+            prometheus: Some("hw_gpu_bandwidth_bytes_per_second"),
+            unit: "By/s",
+            help: "PCIe and NVLink traffic over the last sample period, bytes per second (NVML GPM).",
+            extra: &[Attr::HwGpuLink, Attr::NetworkIoDirection],
+            note: "GPU and MIG devices, Hopper and later; absent where GPM is unsupported (`/debug/stats` says why)",
+            ..DEVICE_METRIC
+        },
+        HwGpuActivity => Metric {
+            otlp: Some("hw.gpu.activity"),
+            prometheus: Some("hw_gpu_activity_ratio"),
+            help: "Fraction of the last sample period each unit was active (NVML GPM).",
+            extra: &[Attr::HwGpuEngine],
+            note: "GPU and MIG devices, Hopper and later; absent where GPM is unsupported (`/debug/stats` says why)",
+            ..DEVICE_METRIC
+        },
+        HwGpuSmOccupancy => Metric {
+            otlp: Some("hw.gpu.sm.occupancy"),
+            prometheus: Some("hw_gpu_sm_occupancy_ratio"),
+            help: "Warps resident on the SMs over the maximum, averaged over the last sample period (NVML GPM).",
+            note: "As `hw.gpu.activity`",
+            ..DEVICE_METRIC
+        },
+        HwGpuClockThrottled => Metric {
+            otlp: Some("hw.gpu.clock.throttled"),
+            prometheus: Some("hw_gpu_clock_throttled"),
+            help: "1 while the clocks are held down for this reason, 0 otherwise.",
+            extra: &[Attr::ThrottleReason],
+            note: "One series per reason NVML knows",
+            ..DEVICE_METRIC
+        },
+        HwGpuVgpuLicensed => Metric {
+            otlp: Some("hw.gpu.vgpu.licensed"),
+            prometheus: Some("hw_gpu_vgpu_licensed"),
+            help: "1 when the vGPU license is held, 0 otherwise (also where the GPU has no GRID licensing).",
             ..DEVICE_METRIC
         },
         // Container group (container resource; the host entry's on the node resource).
@@ -766,6 +1078,17 @@ table! {
             prometheus: Some("container_gpu_allocated_idle"),
             help: "1 when the container holds this allocated device but used neither its memory nor its SMs.",
             base: ALLOCATION,
+            ..CONTAINER_METRIC
+        },
+        ContainerGpuErrors => Metric {
+            otlp: Some("container.gpu.errors"),
+            prometheus: Some("container_gpu_errors_total"),
+            unit: "{error}",
+            kind: Counter,
+            help: "XID errors of the device that the kernel log charged to the container's processes.",
+            base: XID_CHARGE,
+            extra: &[Attr::ErrorType, Attr::Xid],
+            note: "From `NVRM: Xid (...): N, pid=P` lines of /dev/kmsg, since the agent started; the series stays after the process (or container) is gone",
             ..CONTAINER_METRIC
         },
         // Sharing and billing (container resource; the idle entry on the node resource).
@@ -923,93 +1246,114 @@ table! {
             extra: &[Attr::Version],
             ..SELF_METRIC
         },
-        // dcgm-exporter compatibility: its field names and units, Prometheus only.
-        DcgmFbUsed => Metric {
-            prometheus: Some("DCGM_FI_DEV_FB_USED"),
-            unit: "MiB",
-            help: "Framebuffer memory used (in MiB); with pod labels, that container's memory on the device.",
-            dcgm: Some(Dcgm {
-                device: Source::Metric(M::HwGpuMemoryUsage, None),
-                container: Some(Source::Metric(M::ContainerGpuMemoryUsage, None)),
+        // dcgm-exporter's fields: its names, units, types and help, Prometheus only. Table
+        // order is dcgm-exporter's default counters CSV; the optional ones follow.
+        DcgmSmClock => dcgm("DCGM_FI_DEV_SM_CLOCK", "MHz", Gauge, "SM clock frequency (in MHz).",
+            restates(M::HwGpuClock, Some((Attr::Clock, CLOCKS[0])), 1e6, "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)")),
+        DcgmMemClock => dcgm("DCGM_FI_DEV_MEM_CLOCK", "MHz", Gauge, "Memory clock frequency (in MHz).",
+            restates(M::HwGpuClock, Some((Attr::Clock, CLOCKS[1])), 1e6, "nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)")),
+        DcgmMemoryTemp => dcgm("DCGM_FI_DEV_MEMORY_TEMP", "C", Gauge, "Memory temperature (in C).",
+            restates(M::HwGpuMemoryTemperature, None, 1.0, "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)")),
+        DcgmGpuTemp => dcgm("DCGM_FI_DEV_GPU_TEMP", "C", Gauge, "GPU temperature (in C).",
+            restates(M::HwTemperature, None, 1.0, "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)")),
+        DcgmPowerUsage => dcgm("DCGM_FI_DEV_POWER_USAGE", "W", Gauge, "Power draw (in W).",
+            restates(M::HwPower, None, 1.0, "nvmlDeviceGetPowerUsage")),
+        DcgmTotalEnergy => dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "mJ", Counter, "Total energy consumption since boot (in mJ).",
+            restates(M::HwEnergy, None, 0.001, "nvmlDeviceGetTotalEnergyConsumption")),
+        DcgmPcieReplay => dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "{retry}", Counter, "Total number of PCIe retries.",
+            restates(M::HwErrors, Some((Attr::ErrorType, ERROR_TYPES[2])), 1.0, "nvmlDeviceGetPcieReplayCounter")),
+        DcgmGpuUtil => dcgm("DCGM_FI_DEV_GPU_UTIL", "%", Gauge, "GPU utilization (in %).",
+            Dcgm {
+                per_pod: Some(Source::Metric(M::ContainerGpuUtilization, Some((Attr::HwGpuTask, GPU_TASKS[0])))),
+                ..restates(M::HwGpuUtilization, Some((Attr::HwGpuTask, GPU_TASKS[0])), PCT, "nvmlDeviceGetUtilizationRates")
             }),
-            ..DCGM_FIELD
-        },
-        DcgmFbFree => Metric {
-            prometheus: Some("DCGM_FI_DEV_FB_FREE"),
-            unit: "MiB",
-            help: "Framebuffer memory free (in MiB).",
-            dcgm: Some(Dcgm {
-                device: Source::Difference(M::HwGpuMemoryLimit, M::HwGpuMemoryUsage),
-                container: None,
+        DcgmMemCopyUtil => dcgm("DCGM_FI_DEV_MEM_COPY_UTIL", "%", Gauge, "Memory utilization (in %).",
+            restates(M::HwGpuUtilization, Some((Attr::HwGpuTask, GPU_TASKS[1])), PCT, "nvmlDeviceGetUtilizationRates")),
+        DcgmEncUtil => dcgm("DCGM_FI_DEV_ENC_UTIL", "%", Gauge, "Encoder utilization (in %).",
+            restates(M::HwGpuUtilization, Some((Attr::HwGpuTask, GPU_TASKS[2])), PCT, "nvmlDeviceGetEncoderUtilization")),
+        DcgmDecUtil => dcgm("DCGM_FI_DEV_DEC_UTIL", "%", Gauge, "Decoder utilization (in %).",
+            restates(M::HwGpuUtilization, Some((Attr::HwGpuTask, GPU_TASKS[3])), PCT, "nvmlDeviceGetDecoderUtilization")),
+        DcgmXidErrors => dcgm("DCGM_FI_DEV_XID_ERRORS", "{xid}", Gauge, "Value of the last XID error encountered.",
+            Dcgm {
+                source: Source::Derived("the last XID code NVML's event API delivered since the agent started, 0 before any, with `err_code` and `err_msg` (every XID is counted in `hw_errors_total{error_type=\"xid\"}`)"),
+                nvml: "nvmlDeviceRegisterEvents(nvmlEventTypeXidCriticalError), nvmlEventSetWait_v2",
+                ..DCGM_DEFAULT
             }),
-            ..DCGM_FIELD
-        },
-        DcgmGpuUtil => Metric {
-            prometheus: Some("DCGM_FI_DEV_GPU_UTIL"),
-            unit: "%",
-            help: "GPU utilization (in %); with pod labels, that container's SM utilization.",
-            dcgm: Some(Dcgm {
-                device: Source::Metric(M::HwGpuUtilization, Some((Attr::HwGpuTask, GPU_TASKS[0]))),
-                container: Some(Source::Metric(
-                    M::ContainerGpuUtilization,
-                    Some((Attr::HwGpuTask, GPU_TASKS[0])),
-                )),
+        DcgmFbFree => dcgm("DCGM_FI_DEV_FB_FREE", "MiB", Gauge, "Framebuffer memory free (in MiB).",
+            Dcgm {
+                source: Source::Difference(M::HwGpuMemoryLimit, &[M::HwGpuMemoryUsage, M::HwGpuMemoryReserved]),
+                ..restates_mig(M::HwGpuMemoryLimit, None, MIB_, "nvmlDeviceGetMemoryInfo_v2")
             }),
-            ..DCGM_FIELD
-        },
-        DcgmMemCopyUtil => Metric {
-            prometheus: Some("DCGM_FI_DEV_MEM_COPY_UTIL"),
-            unit: "%",
-            help: "Memory utilization (in %); with pod labels, that container's.",
-            dcgm: Some(Dcgm {
-                device: Source::Metric(M::HwGpuUtilization, Some((Attr::HwGpuTask, GPU_TASKS[1]))),
-                container: Some(Source::Metric(
-                    M::ContainerGpuUtilization,
-                    Some((Attr::HwGpuTask, GPU_TASKS[1])),
-                )),
+        DcgmFbUsed => dcgm("DCGM_FI_DEV_FB_USED", "MiB", Gauge, "Framebuffer memory used (in MiB).",
+            Dcgm {
+                per_pod: Some(Source::Metric(M::ContainerGpuMemoryUsage, None)),
+                ..restates_mig(M::HwGpuMemoryUsage, None, MIB_, "nvmlDeviceGetMemoryInfo_v2")
             }),
-            ..DCGM_FIELD
-        },
-        DcgmPowerUsage => Metric {
-            prometheus: Some("DCGM_FI_DEV_POWER_USAGE"),
-            unit: "W",
-            help: "Power draw (in W).",
-            dcgm: Some(Dcgm {
-                device: Source::Metric(M::HwPower, None),
-                container: None,
+        DcgmFbReserved => dcgm("DCGM_FI_DEV_FB_RESERVED", "MiB", Gauge, "Framebuffer memory reserved (in MiB).",
+            restates(M::HwGpuMemoryReserved, None, MIB_, "nvmlDeviceGetMemoryInfo_v2")),
+        DcgmNvlinkBandwidthTotal => dcgm("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "MB/s", Counter, "Total number of NVLink bandwidth counters for all lanes.",
+            Dcgm {
+                source: Source::Derived("the rate of `hw_gpu_io_bytes_total{hw_gpu_link=\"nvlink\"}`, both directions, over the last sample: KiB per second / 1000, truncated, as DCGM computes it (a rate, though the CSV says counter); absent at the first sample"),
+                nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _RX; all links)",
+                ..DCGM_DEFAULT
             }),
-            ..DCGM_FIELD
-        },
-        DcgmGpuTemp => Metric {
-            prometheus: Some("DCGM_FI_DEV_GPU_TEMP"),
-            unit: "C",
-            help: "GPU temperature (in C).",
-            dcgm: Some(Dcgm {
-                device: Source::Metric(M::HwTemperature, None),
-                container: None,
+        DcgmVgpuLicenseStatus => dcgm("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "1", Gauge, "vGPU License status",
+            restates(M::HwGpuVgpuLicensed, None, 1.0, "nvmlDeviceGetGridLicensableFeatures_v4")),
+        DcgmUncorrectableRemappedRows => dcgm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "{row}", Counter, "Number of remapped rows for uncorrectable errors",
+            restates(M::HwGpuMemoryRemappedRows, Some((Attr::ErrorType, ECC_ERROR_TYPES[1])), 1.0, "nvmlDeviceGetRemappedRows")),
+        DcgmCorrectableRemappedRows => dcgm("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "{row}", Counter, "Number of remapped rows for correctable errors",
+            restates(M::HwGpuMemoryRemappedRows, Some((Attr::ErrorType, ECC_ERROR_TYPES[0])), 1.0, "nvmlDeviceGetRemappedRows")),
+        DcgmRowRemapFailure => dcgm("DCGM_FI_DEV_ROW_REMAP_FAILURE", "1", Gauge, "Whether remapping of rows has failed",
+            restates(M::HwGpuMemoryRowRemapFailed, None, 1.0, "nvmlDeviceGetRemappedRows")),
+        DcgmProfGrEngineActive => dcgm("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "1", Gauge, "Ratio of time the graphics engine is active.",
+            restates_mig(M::HwGpuActivity, Some((Attr::HwGpuEngine, GPU_ENGINES[0])), 1.0, GPM)),
+        DcgmProfPipeTensorActive => dcgm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "1", Gauge, "Ratio of cycles the tensor (HMMA) pipe is active.",
+            restates_mig(M::HwGpuActivity, Some((Attr::HwGpuEngine, GPU_ENGINES[2])), 1.0, GPM)),
+        DcgmProfDramActive => dcgm("DCGM_FI_PROF_DRAM_ACTIVE", "1", Gauge, "Ratio of cycles the device memory interface is active sending or receiving data.",
+            restates_mig(M::HwGpuActivity, Some((Attr::HwGpuEngine, GPU_ENGINES[3])), 1.0, GPM)),
+        DcgmProfPcieTxBytes => dcgm("DCGM_FI_PROF_PCIE_TX_BYTES", "B/s", Gauge, "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            Dcgm {
+                source: Source::Metrics(M::HwGpuBandwidth, &[(Attr::HwGpuLink, GPU_LINKS[0]), (Attr::NetworkIoDirection, DIRECTIONS[0])]),
+                ..restates_mig(M::HwGpuBandwidth, None, MIB_, GPM)
             }),
-            ..DCGM_FIELD
-        },
-        DcgmSmClock => Metric {
-            prometheus: Some("DCGM_FI_DEV_SM_CLOCK"),
-            unit: "MHz",
-            help: "SM clock frequency (in MHz).",
-            dcgm: Some(Dcgm {
-                device: Source::Metric(M::HwGpuClock, Some((Attr::Clock, CLOCKS[0]))),
-                container: None,
+        DcgmProfPcieRxBytes => dcgm("DCGM_FI_PROF_PCIE_RX_BYTES", "B/s", Gauge, "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            Dcgm {
+                source: Source::Metrics(M::HwGpuBandwidth, &[(Attr::HwGpuLink, GPU_LINKS[0]), (Attr::NetworkIoDirection, DIRECTIONS[1])]),
+                ..restates_mig(M::HwGpuBandwidth, None, MIB_, GPM)
             }),
-            ..DCGM_FIELD
-        },
-        DcgmMemClock => Metric {
-            prometheus: Some("DCGM_FI_DEV_MEM_CLOCK"),
-            unit: "MHz",
-            help: "Memory clock frequency (in MHz).",
-            dcgm: Some(Dcgm {
-                device: Source::Metric(M::HwGpuClock, Some((Attr::Clock, CLOCKS[1]))),
-                container: None,
-            }),
-            ..DCGM_FIELD
-        },
+        // Optional: served when a counters CSV names them.
+        DcgmProfSmActive => dcgm("DCGM_FI_PROF_SM_ACTIVE", "1", Gauge, "The ratio of cycles an SM has at least 1 warp assigned.",
+            optional(restates_mig(M::HwGpuActivity, Some((Attr::HwGpuEngine, GPU_ENGINES[1])), 1.0, GPM))),
+        DcgmProfSmOccupancy => dcgm("DCGM_FI_PROF_SM_OCCUPANCY", "1", Gauge, "The ratio of number of warps resident on an SM.",
+            optional(restates_mig(M::HwGpuSmOccupancy, None, 1.0, GPM))),
+        DcgmProfPipeFp64Active => dcgm("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "1", Gauge, "Ratio of cycles the fp64 pipes are active.",
+            optional(restates_mig(M::HwGpuActivity, Some((Attr::HwGpuEngine, GPU_ENGINES[4])), 1.0, GPM))),
+        DcgmProfPipeFp32Active => dcgm("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "1", Gauge, "Ratio of cycles the fp32 pipes are active.",
+            optional(restates_mig(M::HwGpuActivity, Some((Attr::HwGpuEngine, GPU_ENGINES[5])), 1.0, GPM))),
+        DcgmProfPipeFp16Active => dcgm("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "1", Gauge, "Ratio of cycles the fp16 pipes are active.",
+            optional(restates_mig(M::HwGpuActivity, Some((Attr::HwGpuEngine, GPU_ENGINES[6])), 1.0, GPM))),
+        DcgmProfNvlinkTxBytes => dcgm("DCGM_FI_PROF_NVLINK_TX_BYTES", "B/s", Gauge, "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+            optional(Dcgm {
+                source: Source::Metrics(M::HwGpuBandwidth, &[(Attr::HwGpuLink, GPU_LINKS[1]), (Attr::NetworkIoDirection, DIRECTIONS[0])]),
+                ..restates_mig(M::HwGpuBandwidth, None, MIB_, GPM)
+            })),
+        DcgmProfNvlinkRxBytes => dcgm("DCGM_FI_PROF_NVLINK_RX_BYTES", "B/s", Gauge, "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+            optional(Dcgm {
+                source: Source::Metrics(M::HwGpuBandwidth, &[(Attr::HwGpuLink, GPU_LINKS[1]), (Attr::NetworkIoDirection, DIRECTIONS[1])]),
+                ..restates_mig(M::HwGpuBandwidth, None, MIB_, GPM)
+            })),
+        DcgmClockThrottleReasons => dcgm("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "1", Gauge, "Current clock throttle reasons (bitmask of DCGM_CLOCKS_THROTTLE_REASON_*).",
+            optional(Dcgm {
+                source: Source::Derived("the bitmask NVML returns (`hw_gpu_clock_throttled` has one series per reason)"),
+                nvml: "nvmlDeviceGetCurrentClocksThrottleReasons",
+                ..DCGM_DEFAULT
+            })),
+        DcgmRowRemapPending => dcgm("DCGM_FI_DEV_ROW_REMAP_PENDING", "1", Gauge, "Whether remapping of rows is pending.",
+            optional(restates(M::HwGpuMemoryRowRemapPending, None, 1.0, "nvmlDeviceGetRemappedRows"))),
+        DcgmEccSbeVolTotal => dcgm("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "{error}", Counter, "Total number of single-bit volatile ECC errors.",
+            optional(restates(M::HwErrors, Some((Attr::ErrorType, ECC_ERROR_TYPES[0])), 1.0, "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)"))),
+        DcgmEccDbeVolTotal => dcgm("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "{error}", Counter, "Total number of double-bit volatile ECC errors.",
+            optional(restates(M::HwErrors, Some((Attr::ErrorType, ECC_ERROR_TYPES[1])), 1.0, "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)"))),
     }
 }
 
@@ -1042,14 +1386,15 @@ pub fn prometheus_names() -> impl Iterator<Item = &'static str> {
 /// The dcgm-exporter fields that restate `id` (in `table`, the catalogue or a copy).
 pub fn dcgm_fields_of(table: &[Metric], id: MetricId) -> Vec<&'static str> {
     let restates = |s: &Source| match *s {
-        Source::Metric(m, _) => m == id,
-        Source::Difference(a, b) => a == id || b == id,
+        Source::Metric(m, _) | Source::Metrics(m, _) => m == id,
+        Source::Difference(a, b) => a == id || b.contains(&id),
+        Source::Derived(_) => false,
     };
     table
         .iter()
         .filter(|m| {
             m.dcgm
-                .is_some_and(|d| restates(&d.device) || d.container.as_ref().is_some_and(restates))
+                .is_some_and(|d| restates(&d.source) || d.per_pod.as_ref().is_some_and(restates))
         })
         .filter_map(|m| m.prometheus)
         .collect()
@@ -1099,7 +1444,8 @@ mod tests {
             if m.group == Group::Dcgm {
                 assert!(m.otlp.is_none(), "{id:?}: dcgm names are Prometheus only");
             }
-            if let Some(p) = m.prometheus {
+            // dcgm-exporter's names are its own: DCGM_FI_DEV_PCIE_REPLAY_COUNTER is a counter.
+            if let Some(p) = m.prometheus.filter(|_| m.group != Group::Dcgm) {
                 assert_eq!(
                     p.ends_with("_total"),
                     m.kind == Kind::Counter,
@@ -1163,7 +1509,9 @@ mod tests {
             dcgm_fields_of(&CATALOGUE, MetricId::HwGpuUtilization),
             [
                 MetricId::DcgmGpuUtil.prometheus(),
-                MetricId::DcgmMemCopyUtil.prometheus()
+                MetricId::DcgmMemCopyUtil.prometheus(),
+                MetricId::DcgmEncUtil.prometheus(),
+                MetricId::DcgmDecUtil.prometheus(),
             ]
         );
     }

@@ -2,6 +2,7 @@
 //! HTTP/protobuf), and as Prometheus text. Sinks only read snapshots; they never reach
 //! back into the sources.
 pub mod catalogue;
+pub mod dcgm;
 pub mod export;
 pub mod otlp;
 pub mod prometheus;

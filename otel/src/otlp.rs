@@ -1,7 +1,7 @@
 //! Snapshot -> OTLP `ExportMetricsServiceRequest`: one resource for the node (device and
 //! self metrics, and the host entry's GPU use) and one per container or pod, because the
 //! Collector's k8sattributes processor enriches resources, not data points.
-use gpu_model::{AgentStats, ContainerUsage, DeviceSample, Snapshot};
+use gpu_model::{AgentStats, ContainerUsage, ContainerXid, DeviceSample, Snapshot};
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::ExportMetricsServiceRequest,
     common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
@@ -14,8 +14,9 @@ use opentelemetry_proto::tonic::{
 
 use crate::{
     catalogue::{
-        Attr, Dropped, Kind, MetricId as M, MetricId, CLOCKS, ECC_ERROR_TYPES, GPU_TASKS,
-        HW_STATES, HW_TYPE_GPU, HW_VENDOR_NVIDIA, OWNER_IDLE,
+        Attr, Dropped, Kind, MetricId as M, MetricId, CLOCKS, DIRECTIONS, ECC_ERROR_TYPES,
+        ERROR_TYPES, GPU_ENGINES, GPU_LINKS, GPU_TASKS, HW_STATES, HW_TYPE_GPU, HW_VENDOR_NVIDIA,
+        OWNER_IDLE, THROTTLE_REASONS,
     },
     Groups, NodeIdentity,
 };
@@ -262,6 +263,7 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
         );
         memory(m, &a, d.memory_used_bytes, d.memory_total_bytes);
         let [general, memctl, ..] = GPU_TASKS;
+        let [.., encoder, decoder] = GPU_TASKS;
         m.points(
             M::HwGpuUtilization,
             &a,
@@ -269,6 +271,8 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
             [
                 (general, pct(d.utilization_gpu)),
                 (memctl, pct(d.utilization_memory)),
+                (encoder, pct(d.fields.encoder_util)),
+                (decoder, pct(d.fields.decoder_util)),
             ],
         );
         if let Some(v) = d.power_mw {
@@ -300,6 +304,10 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
                 (memory_clock, mhz(d.mem_clock_mhz)),
             ],
         );
+        health_metrics(m, &a, d);
+        if let Some(g) = &d.fields.gpm {
+            gpm_metrics(m, &a, g);
+        }
         for mig in &d.mig_devices {
             let ma = m.attrs([
                 s(Attr::HwId, mig.uuid.clone()),
@@ -308,7 +316,10 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
                 s(Attr::HwModel, d.name.clone()),
                 s(Attr::HwParent, d.uuid.clone()),
             ]);
-            // NVML tells a MIG device's memory only; no utilization of it.
+            // NVML tells a MIG device's memory (and GPM) only; no utilization of it.
+            if let Some(g) = &mig.gpm {
+                gpm_metrics(m, &ma, g);
+            }
             if let Some(v) = mig.memory_used_bytes {
                 m.point(M::HwGpuMemoryUsage, v as f64, ma.clone());
             }
@@ -316,6 +327,128 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
                 m.point(M::HwGpuMemoryLimit, v as f64, ma);
             }
         }
+    }
+}
+
+/// The health fields dcgm-exporter serves, in our names: reserved memory, memory
+/// temperature, PCIe replays, XIDs per code, remapped rows, NVLink bytes, throttling, vGPU
+/// licensing.
+fn health_metrics(m: &mut Metrics, a: &[KeyValue], d: &DeviceSample) {
+    let x = &d.fields;
+    let one = |m: &mut Metrics, id, v: Option<f64>| {
+        if let Some(v) = v {
+            m.point(id, v, a.to_vec());
+        }
+    };
+    one(
+        m,
+        M::HwGpuMemoryReserved,
+        x.memory_reserved_bytes.map(|v| v as f64),
+    );
+    one(
+        m,
+        M::HwGpuMemoryTemperature,
+        x.memory_temperature_c.map(f64::from),
+    );
+    let [.., replay, xid] = ERROR_TYPES;
+    m.points(
+        M::HwErrors,
+        a,
+        Attr::ErrorType,
+        [(replay, x.pcie_replay.map(|v| v as f64))],
+    );
+    for c in x.xid_errors.iter().flatten() {
+        let mut pa = m.with(a, s(Attr::ErrorType, xid));
+        encode_onto(&mut pa, [int(Attr::Xid, c.xid as i64)], m.drop);
+        m.point(M::HwErrors, c.count as f64, pa);
+    }
+    if let Some(r) = x.remapped_rows {
+        let [corrected, uncorrected] = ECC_ERROR_TYPES;
+        m.points(
+            M::HwGpuMemoryRemappedRows,
+            a,
+            Attr::ErrorType,
+            [
+                (corrected, Some(r.correctable as f64)),
+                (uncorrected, Some(r.uncorrectable as f64)),
+            ],
+        );
+        one(
+            m,
+            M::HwGpuMemoryRowRemapPending,
+            Some(r.pending as u8 as f64),
+        );
+        one(
+            m,
+            M::HwGpuMemoryRowRemapFailed,
+            Some(r.failure as u8 as f64),
+        );
+    }
+    let nvlink = m.with(a, s(Attr::HwGpuLink, GPU_LINKS[1]));
+    let [tx, rx] = DIRECTIONS;
+    let kib = |v: Option<u64>| v.map(|k| k as f64 * 1024.0);
+    m.points(
+        M::HwGpuIo,
+        &nvlink,
+        Attr::NetworkIoDirection,
+        [(tx, kib(x.nvlink_tx_kib)), (rx, kib(x.nvlink_rx_kib))],
+    );
+    if let Some(mask) = d.throttle_reasons {
+        for (bit, reason) in THROTTLE_REASONS {
+            let pa = m.with(a, s(Attr::ThrottleReason, reason));
+            m.point(M::HwGpuClockThrottled, (mask & bit != 0) as u8 as f64, pa);
+        }
+    }
+    one(
+        m,
+        M::HwGpuVgpuLicensed,
+        x.vgpu_licensed.map(|b| b as u8 as f64),
+    );
+}
+
+/// NVML GPM's profiling of a GPU or MIG device; bandwidths in bytes per second.
+fn gpm_metrics(m: &mut Metrics, a: &[KeyValue], g: &gpu_model::GpmMetrics) {
+    let activity = [
+        g.gr_engine_active,
+        g.sm_active,
+        g.tensor_active,
+        g.dram_active,
+        g.fp64_active,
+        g.fp32_active,
+        g.fp16_active,
+    ];
+    let [e0, e1, e2, e3, e4, e5, e6] = GPU_ENGINES;
+    let [a0, a1, a2, a3, a4, a5, a6] = activity;
+    m.points(
+        M::HwGpuActivity,
+        a,
+        Attr::HwGpuEngine,
+        [
+            (e0, a0),
+            (e1, a1),
+            (e2, a2),
+            (e3, a3),
+            (e4, a4),
+            (e5, a5),
+            (e6, a6),
+        ],
+    );
+    if let Some(v) = g.sm_occupancy {
+        m.point(M::HwGpuSmOccupancy, v, a.to_vec());
+    }
+    let [tx, rx] = DIRECTIONS;
+    let bps = |v: Option<f64>| v.map(|v| v * 1_048_576.0);
+    for (link, t, r) in [
+        (GPU_LINKS[0], g.pcie_tx_mibps, g.pcie_rx_mibps),
+        (GPU_LINKS[1], g.nvlink_tx_mibps, g.nvlink_rx_mibps),
+    ] {
+        let la = m.with(a, s(Attr::HwGpuLink, link));
+        m.points(
+            M::HwGpuBandwidth,
+            &la,
+            Attr::NetworkIoDirection,
+            [(tx, bps(t)), (rx, bps(r))],
+        );
     }
 }
 
@@ -371,6 +504,20 @@ fn container_metrics(m: &mut Metrics, c: &ContainerUsage) {
             since,
         );
         m.point(M::ContainerGpuProcesses, g.pids.len() as f64, a);
+    }
+}
+
+/// XID errors the kernel log charged to the container's processes.
+fn xid_metrics(m: &mut Metrics, xids: &[&ContainerXid]) {
+    for x in xids {
+        let mut a = vec![s(Attr::HwId, x.uuid.clone())];
+        if x.gpu_uuid != x.uuid {
+            a.push(s(Attr::HwParent, x.gpu_uuid.clone()));
+        }
+        a.push(s(Attr::ErrorType, ERROR_TYPES[3]));
+        a.push(int(Attr::Xid, x.xid as i64));
+        let a = m.attrs(a);
+        m.point(M::ContainerGpuErrors, x.count as f64, a);
     }
 }
 
@@ -473,6 +620,48 @@ fn self_metrics(m: &mut Metrics, st: &AgentStats) {
     m.point(M::Mode, 1.0, mode);
 }
 
+/// XID charges of containers no longer in the snapshot (the process, or the container,
+/// died of it): a resource of their own, so that their counters go on.
+fn xids_of_gone_containers(
+    snap: &Snapshot,
+    node: &[KeyValue],
+    fresh: impl Fn() -> Metrics,
+    drop: Dropped,
+    out: &mut Vec<ResourceMetrics>,
+) {
+    let present = |x: &ContainerXid| {
+        snap.containers
+            .iter()
+            .any(|c| c.container_id == x.container_id && c.pod_uid == x.pod_uid)
+    };
+    let mut done: Vec<(&Option<String>, &Option<String>)> = vec![];
+    for x in snap.container_xids.iter().filter(|x| !present(x)) {
+        if done.contains(&(&x.container_id, &x.pod_uid)) {
+            continue;
+        }
+        done.push((&x.container_id, &x.pod_uid));
+        let same = |y: &&ContainerXid| y.container_id == x.container_id && y.pod_uid == x.pod_uid;
+        let mut m = fresh();
+        xid_metrics(
+            &mut m,
+            &snap.container_xids.iter().filter(same).collect::<Vec<_>>(),
+        );
+        let c = ContainerUsage {
+            container_id: x.container_id.clone(),
+            pod_uid: x.pod_uid.clone(),
+            pod_name: x.pod_name.clone(),
+            namespace: x.namespace.clone(),
+            container_name: x.container_name.clone(),
+            ..Default::default()
+        };
+        out.push(ResourceMetrics {
+            resource: Some(container_resource(node, &c, drop)),
+            scope_metrics: vec![m.into_scope()],
+            ..Default::default()
+        });
+    }
+}
+
 /// Builds the request for one export. `now_ms` stamps it when the snapshot has no time yet.
 pub fn build_request(
     snap: &Snapshot,
@@ -507,6 +696,12 @@ pub fn build_request(
         if ctx.groups.container {
             container_metrics(target, c);
             allocation_metrics(target, c);
+            let mine =
+                |x: &&ContainerXid| x.container_id == c.container_id && x.pod_uid == c.pod_uid;
+            xid_metrics(
+                target,
+                &snap.container_xids.iter().filter(mine).collect::<Vec<_>>(),
+            );
             account_metrics(target, c);
         }
         if ctx.groups.process {
@@ -519,6 +714,9 @@ pub fn build_request(
                 ..Default::default()
             });
         }
+    }
+    if ctx.groups.container {
+        xids_of_gone_containers(snap, &node_resource, fresh, drop, &mut resource_metrics);
     }
     if !node.is_empty() {
         resource_metrics.insert(
@@ -705,5 +903,104 @@ mod tests {
                     .all(|p| p.attributes.iter().all(|k| k.key != "hw.parent")));
             }
         }
+    }
+
+    /// The health, profiling and XID values reach OTLP under their semantic-convention
+    /// style names, and an XID charged to a container that is gone keeps a resource.
+    #[test]
+    fn health_profiling_and_xids_in_otlp() {
+        use gpu_model::{ContainerXid, GpmMetrics, XidCount};
+        let mut sn = snap();
+        let f = &mut sn.devices[0].fields;
+        f.pcie_replay = Some(4);
+        f.xid_errors = Some(vec![XidCount { xid: 79, count: 2 }]);
+        f.gpm = Some(GpmMetrics {
+            sm_active: Some(0.5),
+            pcie_tx_mibps: Some(2.0),
+            ..Default::default()
+        });
+        sn.devices[0].throttle_reasons = Some(0x20);
+        sn.container_xids = vec![ContainerXid {
+            container_id: Some("gone".into()),
+            pod_uid: Some("p9".into()),
+            uuid: "GPU-a".into(),
+            gpu_uuid: "GPU-a".into(),
+            xid: 43,
+            count: 1,
+            ..Default::default()
+        }];
+        let r = build_request(&sn, &AgentStats::default(), &ctx(), 0);
+        let points = |rm: &ResourceMetrics, name: &str| -> Vec<(Vec<(String, String)>, f64)> {
+            let m = rm.scope_metrics[0].metrics.iter().find(|m| m.name == name);
+            let pts = match m.and_then(|m| m.data.as_ref()) {
+                Some(Data::Gauge(g)) => &g.data_points,
+                Some(Data::Sum(s)) => &s.data_points,
+                _ => return vec![],
+            };
+            pts.iter()
+                .map(|p| {
+                    let a = p.attributes.iter().map(|kv| {
+                        let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(any_value::Value::StringValue(s)) => s.clone(),
+                            Some(any_value::Value::IntValue(i)) => i.to_string(),
+                            _ => String::new(),
+                        };
+                        (kv.key.clone(), v)
+                    });
+                    let v = match p.value {
+                        Some(number_data_point::Value::AsDouble(v)) => v,
+                        _ => f64::NAN,
+                    };
+                    (a.collect(), v)
+                })
+                .collect()
+        };
+        let node = &r.resource_metrics[0];
+        let has = |pts: &[(Vec<(String, String)>, f64)], kv: (&str, &str), v: f64| {
+            pts.iter()
+                .any(|(a, x)| *x == v && a.iter().any(|(k, val)| k == kv.0 && val == kv.1))
+        };
+        let errors = points(node, "hw.errors");
+        assert!(
+            has(&errors, ("error.type", "pcie_replay"), 4.0),
+            "{errors:?}"
+        );
+        assert!(has(&errors, ("xid", "79"), 2.0), "{errors:?}");
+        let activity = points(node, "hw.gpu.activity");
+        assert!(has(&activity, ("hw.gpu.engine", "sm"), 0.5), "{activity:?}");
+        assert_eq!(
+            activity.len(),
+            1,
+            "unknown activities have no point: {activity:?}"
+        );
+        let bw = points(node, "hw.gpu.bandwidth");
+        assert!(
+            has(&bw, ("network.io.direction", "transmit"), 2.0 * 1_048_576.0),
+            "{bw:?}"
+        );
+        let throttled = points(node, "hw.gpu.clock.throttled");
+        assert!(has(
+            &throttled,
+            ("hw.gpu.throttle_reason", "sw_thermal_slowdown"),
+            1.0
+        ));
+        assert!(has(&throttled, ("hw.gpu.throttle_reason", "gpu_idle"), 0.0));
+        // The gone container: a resource of its own with its XID count.
+        let gone = r
+            .resource_metrics
+            .iter()
+            .find(|rm| {
+                rm.resource.as_ref().unwrap().attributes.iter().any(|kv| {
+                    kv.key == "container.id"
+                        && kv.value.as_ref().and_then(|v| v.value.as_ref())
+                            == Some(&any_value::Value::StringValue("gone".into()))
+                })
+            })
+            .expect("a resource for the gone container");
+        assert!(has(
+            &points(gone, "container.gpu.errors"),
+            ("xid", "43"),
+            1.0
+        ));
     }
 }

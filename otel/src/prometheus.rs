@@ -3,16 +3,28 @@
 //! Names are the OpenTelemetry -> Prometheus mapping of the OTLP names (`hw.gpu.memory.usage`
 //! in By -> `hw_gpu_memory_usage_bytes`), so that the two sinks can be joined in queries.
 //! Every family has HELP and TYPE and passes `promtool check metrics`; the one exception is
-//! dcgm-exporter's own `modelName` label in the compatibility families (see `dcgm`).
-use std::{cmp::Ordering, fmt::Write};
+//! dcgm-exporter's own `modelName` label in the compatibility families (dcgm.rs).
+//!
+//! The text is made one family at a time ([`chunks`]), so that /metrics streams it: the
+//! whole body never sits in memory, and the first bytes leave before the last are made.
+//! Each series' label block is written once per object (device, container) and reused by
+//! every family of it.
+use std::{
+    collections::HashSet,
+    fmt::Write,
+    hash::{BuildHasherDefault, Hasher},
+    sync::Arc,
+};
 
 use gpu_model::{AgentStats, ContainerUsage, DeviceSample, Snapshot};
 
 use crate::{
     catalogue::{
-        Attr, Dropped, MetricId as M, MetricId, CATALOGUE, CLOCKS, ECC_ERROR_TYPES, GPU_TASKS,
-        HW_STATES, OWNERS, OWNER_IDLE,
+        Attr, Dropped, Group, Kind, MetricId as M, MetricId, CLOCKS, DIRECTIONS, ECC_ERROR_TYPES,
+        ERROR_TYPES, GPU_ENGINES, GPU_LINKS, GPU_TASKS, HW_STATES, OWNERS, OWNER_IDLE,
+        THROTTLE_REASONS,
     },
+    dcgm::{self, DcgmCompat, Entity, Mode},
     Groups, NodeIdentity,
 };
 
@@ -20,110 +32,166 @@ use crate::{
 pub struct PromOptions {
     pub node: NodeIdentity,
     pub groups: Groups,
-    /// Also emit dcgm-exporter's names (DCGM_FI_DEV_*), per container.
-    pub dcgm_compat: bool,
+    /// Also serve dcgm-exporter's names (`--prometheus-compat dcgm` or `dcgm-virtual-gpus`).
+    pub dcgm: Option<DcgmCompat>,
 }
 
-type Labels = Vec<(Attr, String)>;
+/// Renders the snapshot and the agent's own stats in the Prometheus text format 0.0.4.
+pub fn render(snap: &Snapshot, stats: &AgentStats, opts: &PromOptions) -> String {
+    let b = Blocks::new(snap, opts);
+    let r = Renderer {
+        snap,
+        stats,
+        opts,
+        b: &b,
+    };
+    let mut s = String::new();
+    for &id in &b.plan {
+        r.family(id, &mut s);
+    }
+    s
+}
 
-/// The series of each family, indexed by [`MetricId`]: families render in catalogue order,
-/// so the output does not depend on which values a snapshot happens to have.
-struct Out {
-    series: Vec<Vec<(Labels, f64)>>,
-    /// Labels configured away (metrics.drop_attributes).
+/// The same text in pieces of about `CHUNK` bytes (a family at least), made as they are
+/// asked for: what /metrics streams.
+pub fn chunks(
+    snap: Arc<Snapshot>,
+    stats: AgentStats,
+    opts: Arc<PromOptions>,
+) -> impl Iterator<Item = String> + Send + 'static {
+    let b = Blocks::new(&snap, &opts);
+    let mut next = 0;
+    std::iter::from_fn(move || {
+        if next >= b.plan.len() {
+            return None;
+        }
+        let r = Renderer {
+            snap: &snap,
+            stats: &stats,
+            opts: &opts,
+            b: &b,
+        };
+        let mut s = String::with_capacity(CHUNK + CHUNK / 4);
+        while next < b.plan.len() && s.len() < CHUNK {
+            r.family(b.plan[next], &mut s);
+            next += 1;
+        }
+        Some(s)
+    })
+}
+
+const CHUNK: usize = 256 << 10;
+
+/// A fast hash of a series' label block, to drop a repeated one: a repeated label set would
+/// make Prometheus reject the whole scrape.
+#[derive(Default)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w))
+                .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// One family being written: HELP and TYPE go out with its first series.
+struct Family<'o> {
+    out: &'o mut String,
+    name: &'static str,
+    help: &'o str,
+    kind: Kind,
+    started: bool,
+    seen: HashSet<u64, BuildHasherDefault<Fx>>,
     drop: Dropped,
 }
 
-impl Out {
-    fn new(drop: Dropped) -> Out {
-        Out {
-            series: vec![vec![]; CATALOGUE.len()],
-            drop,
+impl Family<'_> {
+    /// A series: `prefix` is a ready label block (`a="x",b="y"`), `extra` more labels.
+    fn series(&mut self, prefix: &str, extra: &[(Attr, &str)], value: f64) {
+        if !self.started {
+            self.started = true;
+            let _ = writeln!(self.out, "# HELP {} {}", self.name, escape_help(self.help));
+            let _ = writeln!(
+                self.out,
+                "# TYPE {} {}",
+                self.name,
+                self.kind.prometheus_type()
+            );
         }
-    }
-
-    fn add(&mut self, id: MetricId, mut labels: Labels, value: f64) {
-        debug_assert!(
-            labels.iter().all(|(a, _)| id.def().carries_label(*a)),
-            "{id:?}: {labels:?} not all in the catalogue"
-        );
-        if !self.drop.is_empty() {
-            labels.retain(|(a, _)| !self.drop.contains(*a));
+        let start = self.out.len();
+        self.out.push_str(self.name);
+        let open = self.out.len();
+        self.out.push('{');
+        self.out.push_str(prefix);
+        let mut first = prefix.is_empty();
+        for &(k, v) in extra {
+            if !self.drop.contains(k) {
+                push_label(self.out, &mut first, k, v);
+            }
         }
-        self.series[id as usize].push((labels, value));
+        if first {
+            self.out.truncate(open); // no labels at all
+        } else {
+            self.out.push('}');
+        }
+        let mut h = Fx::default();
+        h.write(&self.out.as_bytes()[open..]);
+        if !self.seen.insert(h.finish()) {
+            self.out.truncate(start);
+            return;
+        }
+        self.out.push(' ');
+        write_value(self.out, value);
+        self.out.push('\n');
     }
 
     /// Skips unknown values: an absent series, not a made-up 0.
-    fn opt(&mut self, id: MetricId, labels: &Labels, value: Option<f64>) {
+    fn opt(&mut self, prefix: &str, extra: &[(Attr, &str)], value: Option<f64>) {
         if let Some(v) = value {
-            self.add(id, labels.clone(), v);
+            self.series(prefix, extra, v);
         }
-    }
-
-    fn render(self) -> String {
-        let mut s = String::new();
-        for (def, mut series) in CATALOGUE.iter().zip(self.series) {
-            let Some(name) = def.prometheus.filter(|_| !series.is_empty()) else {
-                continue;
-            };
-            // Sorted for stable output; a repeated label set would make Prometheus reject
-            // the whole scrape, so only its first value is kept.
-            series.sort_by(|a, b| cmp_labels(&a.0, &b.0));
-            series.dedup_by(|a, b| a.0 == b.0);
-            let _ = writeln!(s, "# HELP {name} {}", escape_help(def.help));
-            let _ = writeln!(s, "# TYPE {name} {}", def.kind.prometheus_type());
-            for (labels, value) in series {
-                s.push_str(name);
-                if !labels.is_empty() {
-                    s.push('{');
-                    for (i, (k, v)) in labels.iter().enumerate() {
-                        if i > 0 {
-                            s.push(',');
-                        }
-                        let _ = write!(s, "{}=\"{}\"", k.label(), escape_label(v));
-                    }
-                    s.push('}');
-                }
-                let _ = writeln!(s, " {}", format_value(value));
-            }
-        }
-        s
     }
 }
 
-/// Orders label sets as their text would sort: by name, then value, pair by pair.
-fn cmp_labels(a: &Labels, b: &Labels) -> Ordering {
-    for ((ka, va), (kb, vb)) in a.iter().zip(b) {
-        // Label names are unique per attribute: different attributes, different names.
-        if ka != kb {
-            return ka.label().cmp(kb.label());
-        }
-        let o = va.cmp(vb);
-        if o != Ordering::Equal {
-            return o;
-        }
+fn push_label(out: &mut String, first: &mut bool, k: Attr, v: &str) {
+    if !*first {
+        out.push(',');
     }
-    a.len().cmp(&b.len())
+    *first = false;
+    out.push_str(k.label());
+    out.push_str("=\"");
+    escape_label_into(out, v);
+    out.push('"');
 }
 
-fn with(base: &Labels, extra: &[(Attr, &str)]) -> Labels {
-    let mut l = Vec::with_capacity(base.len() + extra.len());
-    l.extend_from_slice(base);
-    l.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
-    l
-}
-
-fn escape_label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
+/// A label block from pairs, leaving out the dropped ones.
+fn block(drop: Dropped, pairs: &[(Attr, &str)]) -> String {
+    let mut s = String::with_capacity(pairs.len() * 24);
+    let mut first = true;
+    for &(k, v) in pairs {
+        if !drop.contains(k) {
+            push_label(&mut s, &mut first, k, v);
         }
     }
     s
+}
+
+fn escape_label_into(out: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
 }
 
 fn escape_help(v: &str) -> String {
@@ -132,16 +200,23 @@ fn escape_help(v: &str) -> String {
 
 /// Rust's `Display` for f64 is the shortest round-trip form and never uses an exponent, so
 /// integers print as integers (1536, not 1.536e3); only the non-finite ones need spelling.
-fn format_value(v: f64) -> String {
+fn write_value(out: &mut String, v: f64) {
     if v.is_nan() {
-        "NaN".into()
+        out.push_str("NaN");
     } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
     } else if v == 0.0 {
-        "0".into() // not "-0"
+        out.push('0'); // not "-0"
     } else {
-        v.to_string()
+        let _ = write!(out, "{v}");
     }
+}
+
+#[cfg(test)]
+fn format_value(v: f64) -> String {
+    let mut s = String::new();
+    write_value(&mut s, v);
+    s
 }
 
 fn pct(p: Option<u32>) -> Option<f64> {
@@ -155,89 +230,236 @@ fn ratio(used: Option<u64>, total: Option<u64>) -> Option<f64> {
     }
 }
 
-const MIB: f64 = (1u64 << 20) as f64;
-
-/// Renders the snapshot and the agent's own stats in the Prometheus text format 0.0.4.
-pub fn render(snap: &Snapshot, stats: &AgentStats, opts: &PromOptions) -> String {
-    let node = opts
-        .node
-        .node_name
-        .as_deref()
-        .unwrap_or(&opts.node.host_name);
-    let mut out = Out::new(Dropped::of(&opts.groups));
-    if opts.groups.device {
-        devices(&mut out, snap, node);
-    }
-    if opts.groups.container {
-        containers(&mut out, snap, node);
-    }
-    if opts.groups.process {
-        processes(&mut out, snap, node);
-    }
-    if opts.groups.self_metrics {
-        self_metrics(&mut out, stats);
-    }
-    if opts.dcgm_compat {
-        dcgm(&mut out, snap, node, &opts.groups);
-    }
-    out.render()
+fn f(v: Option<u64>) -> Option<f64> {
+    v.map(|v| v as f64)
 }
 
-fn devices(out: &mut Out, snap: &Snapshot, node: &str) {
-    let f = |v: Option<u64>| v.map(|v| v as f64);
-    let mhz = |v: Option<u32>| v.map(|v| v as f64 * 1e6);
-    for d in &snap.devices {
-        let l: Labels = vec![
-            (Attr::HwId, d.uuid.clone()),
-            (Attr::GpuIndex, d.index.to_string()),
-            (Attr::HwModel, d.name.clone()),
-            (Attr::PciBusId, d.pci_bus_id.clone().unwrap_or_default()),
-            (Attr::Node, node.to_string()),
-        ];
-        memory(out, &l, d.memory_used_bytes, d.memory_total_bytes);
-        let [general, memctl, ..] = GPU_TASKS;
-        let task = |t| with(&l, &[(Attr::HwGpuTask, t)]);
-        out.opt(M::HwGpuUtilization, &task(general), pct(d.utilization_gpu));
-        out.opt(
-            M::HwGpuUtilization,
-            &task(memctl),
-            pct(d.utilization_memory),
-        );
-        out.opt(M::HwPower, &l, d.power_mw.map(|v| v as f64 / 1000.0));
-        out.opt(M::HwEnergy, &l, d.energy_mj.map(|v| v as f64 / 1000.0));
-        out.opt(M::HwTemperature, &l, d.temperature_c.map(f64::from));
-        let [corrected, uncorrected] = ECC_ERROR_TYPES;
-        let error = |t| with(&l, &[(Attr::ErrorType, t)]);
-        out.opt(M::HwErrors, &error(corrected), f(d.ecc_corrected));
-        out.opt(M::HwErrors, &error(uncorrected), f(d.ecc_uncorrected));
-        // "lost" and "error: ..." (no handle) both mean the device cannot be used.
-        let ok = d.status.is_ok() as u8 as f64;
-        let [ok_state, failed_state] = HW_STATES;
-        out.add(M::HwStatus, with(&l, &[(Attr::HwState, ok_state)]), ok);
-        out.add(
-            M::HwStatus,
-            with(&l, &[(Attr::HwState, failed_state)]),
-            1.0 - ok,
-        );
-        let [sm, memory_clock] = CLOCKS;
-        let clock = |c| with(&l, &[(Attr::Clock, c)]);
-        out.opt(M::HwGpuClock, &clock(sm), mhz(d.sm_clock_mhz));
-        out.opt(M::HwGpuClock, &clock(memory_clock), mhz(d.mem_clock_mhz));
-        // MIG devices: NVML tells only their memory; the rest is the parent's.
-        for m in &d.mig_devices {
-            let mut ml = l.clone();
-            ml[0].1 = m.uuid.clone();
-            ml.push((Attr::HwParent, d.uuid.clone()));
-            memory(out, &ml, m.memory_used_bytes, m.memory_total_bytes);
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// What one render writes, made once: the families, in order, and the label blocks of
+/// every object (owned, so that a stream can keep them between chunks).
+struct Blocks {
+    drop: Dropped,
+    plan: Vec<MetricId>,
+    /// Per device (GPU), and per MIG device of it.
+    devices: Vec<String>,
+    migs: Vec<Vec<String>>,
+    /// Per container, per device it uses.
+    containers: Vec<Vec<String>>,
+    /// Per container, per device allocated to it.
+    allocations: Vec<Vec<String>>,
+    processes: Vec<String>,
+    /// Per XID charge to a container.
+    xids: Vec<String>,
+    /// Per container, per device it is accounted on (energy, peaks, limits).
+    accounts: Vec<Vec<String>>,
+    /// Per device: its idle energy's entry (`owner="idle"`, no container).
+    idle: Vec<String>,
+    dcgm: Vec<Entity>,
+}
+
+/// One render's inputs.
+struct Renderer<'a> {
+    snap: &'a Snapshot,
+    stats: &'a AgentStats,
+    opts: &'a PromOptions,
+    b: &'a Blocks,
+}
+
+impl Blocks {
+    fn new(snap: &Snapshot, opts: &PromOptions) -> Blocks {
+        let g = &opts.groups;
+        let drop = Dropped::of(g);
+        let node = opts
+            .node
+            .node_name
+            .as_deref()
+            .unwrap_or(&opts.node.host_name);
+        let on = |group: Group| match group {
+            Group::Device => g.device,
+            Group::Container => g.container,
+            Group::Process => g.process,
+            Group::SelfMetrics => g.self_metrics,
+            Group::Dcgm => false, // in the CSV's order, below
+        };
+        let mut plan: Vec<MetricId> = MetricId::ALL
+            .iter()
+            .copied()
+            .filter(|id| id.def().prometheus.is_some() && on(id.def().group))
+            .collect();
+        // dcgm-exporter's series are device series.
+        let dcgm = opts.dcgm.as_ref().filter(|_| g.device);
+        if let Some(d) = dcgm {
+            plan.extend(d.fields.iter().map(|f| f.id));
+        }
+        let mut b = Blocks {
+            drop,
+            plan,
+            devices: vec![],
+            migs: vec![],
+            containers: vec![],
+            allocations: vec![],
+            processes: vec![],
+            xids: vec![],
+            accounts: vec![],
+            idle: vec![],
+            dcgm: vec![],
+        };
+        if g.device {
+            b.device_blocks(snap, node);
+        }
+        if g.container {
+            b.container_blocks(snap, node);
+        }
+        if g.process {
+            b.process_blocks(snap, node);
+        }
+        if let Some(d) = dcgm {
+            b.dcgm = dcgm_entities(snap, node, d, drop);
+        }
+        b
+    }
+
+    fn device_blocks(&mut self, snap: &Snapshot, node: &str) {
+        for d in &snap.devices {
+            let index = d.index.to_string();
+            let pci = d.pci_bus_id.as_deref().unwrap_or_default();
+            let pairs = |id: &str| {
+                block(
+                    self.drop,
+                    &[
+                        (Attr::HwId, id),
+                        (Attr::GpuIndex, index.as_str()),
+                        (Attr::HwModel, d.name.as_str()),
+                        (Attr::PciBusId, pci),
+                        (Attr::Node, node),
+                    ],
+                )
+            };
+            let dev = pairs(&d.uuid);
+            let migs = d.mig_devices.iter().map(|m| {
+                let mut b = pairs(&m.uuid);
+                let mut first = b.is_empty();
+                if !self.drop.contains(Attr::HwParent) {
+                    push_label(&mut b, &mut first, Attr::HwParent, &d.uuid);
+                }
+                b
+            });
+            let migs = migs.collect();
+            self.devices.push(dev);
+            self.migs.push(migs);
+        }
+    }
+
+    fn container_blocks(&mut self, snap: &Snapshot, node: &str) {
+        let drop = self.drop;
+        // A container's series on one device; `who` is its `owner`.
+        let on_device = |c: &ContainerUsage, uuid: &str, gpu_uuid: &str, who: &str| {
+            block(
+                drop,
+                &[
+                    (Attr::ContainerId, s(&c.container_id)),
+                    (Attr::PodUid, s(&c.pod_uid)),
+                    (Attr::Namespace, s(&c.namespace)),
+                    (Attr::PodName, s(&c.pod_name)),
+                    (Attr::ContainerName, s(&c.container_name)),
+                    (Attr::Qos, c.qos.unwrap_or_default()),
+                    (Attr::Runtime, c.runtime.unwrap_or_default()),
+                    (Attr::HwId, uuid),
+                    (Attr::GpuUuid, gpu_uuid),
+                    (Attr::Node, node),
+                    (Attr::Owner, who),
+                ],
+            )
+        };
+        for c in &snap.containers {
+            let ids = [
+                (Attr::ContainerId, s(&c.container_id)),
+                (Attr::PodUid, s(&c.pod_uid)),
+                (Attr::Namespace, s(&c.namespace)),
+                (Attr::PodName, s(&c.pod_name)),
+                (Attr::ContainerName, s(&c.container_name)),
+            ];
+            let per_gpu = c.gpus.iter();
+            let per_gpu = per_gpu.map(|g| on_device(c, &g.uuid, &g.gpu_uuid, owner(c)));
+            self.containers.push(per_gpu.collect());
+            let accounts = c.accounts.iter();
+            let accounts = accounts.map(|a| on_device(c, &a.uuid, &a.gpu_uuid, owner(c)));
+            self.accounts.push(accounts.collect());
+            let allocated = c.allocated_gpus.iter().map(|u| {
+                let mut p = ids.to_vec();
+                p.extend([(Attr::HwId, u.as_str()), (Attr::Node, node)]);
+                block(self.drop, &p)
+            });
+            self.allocations.push(allocated.collect());
+        }
+        for x in &snap.container_xids {
+            let p = [
+                (Attr::ContainerId, s(&x.container_id)),
+                (Attr::PodUid, s(&x.pod_uid)),
+                (Attr::Namespace, s(&x.namespace)),
+                (Attr::PodName, s(&x.pod_name)),
+                (Attr::ContainerName, s(&x.container_name)),
+                (Attr::HwId, &x.uuid),
+                (Attr::GpuUuid, &x.gpu_uuid),
+                (Attr::Node, node),
+            ];
+            self.xids.push(block(self.drop, &p));
+        }
+        let nobody = ContainerUsage::default();
+        let idle = snap.devices.iter();
+        let idle = idle.map(|d| on_device(&nobody, &d.uuid, &d.uuid, OWNER_IDLE));
+        self.idle = idle.collect();
+    }
+
+    fn process_blocks(&mut self, snap: &Snapshot, node: &str) {
+        for p in &snap.processes {
+            let pid = p.pid.to_string();
+            let pairs = [
+                (Attr::ProcessPid, pid.as_str()),
+                (Attr::Comm, s(&p.comm)),
+                (Attr::ContainerId, s(&p.container_id)),
+                (Attr::PodUid, s(&p.pod_uid)),
+                (Attr::HwId, &p.uuid),
+                (Attr::Node, node),
+            ];
+            self.processes.push(block(self.drop, &pairs));
         }
     }
 }
 
-/// A device's memory usage, size and their ratio.
-fn memory(out: &mut Out, l: &Labels, used: Option<u64>, total: Option<u64>) {
-    out.opt(M::HwGpuMemoryUsage, l, used.map(|v| v as f64));
-    out.opt(M::HwGpuMemoryLimit, l, total.map(|v| v as f64));
-    out.opt(M::HwGpuMemoryUtilization, l, ratio(used, total));
+impl Renderer<'_> {
+    /// Writes one family (nothing when it has no series).
+    fn family(&self, id: MetricId, out: &mut String) {
+        let def = id.def();
+        let (kind, help) = match self.opts.dcgm.as_ref().filter(|_| def.group == Group::Dcgm) {
+            Some(d) => match d.fields.iter().find(|f| f.id == id) {
+                Some(f) => (f.kind, f.help.as_str()),
+                None => return,
+            },
+            None => (def.kind, def.help),
+        };
+        let mut fam = Family {
+            out,
+            name: id.prometheus(),
+            help,
+            kind,
+            started: false,
+            seen: HashSet::default(),
+            drop: self.b.drop,
+        };
+        match def.group {
+            Group::Device => self.device_family(id, &mut fam),
+            Group::Container => self.container_family(id, &mut fam),
+            Group::Process => self.process_family(id, &mut fam),
+            Group::SelfMetrics => self_family(id, self.stats, &mut fam),
+            Group::Dcgm => self.dcgm_family(id, &mut fam),
+        }
+    }
+}
+
+fn s(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or_default()
 }
 
 /// A container, a pod-level cgroup, or the host (outside any container).
@@ -250,268 +472,409 @@ fn owner(c: &ContainerUsage) -> &'static str {
     }
 }
 
-fn s(v: &Option<String>) -> String {
-    v.clone().unwrap_or_default()
-}
-
-fn containers(out: &mut Out, snap: &Snapshot, node: &str) {
-    accounts(out, snap, node);
-    for c in &snap.containers {
-        for g in &c.gpus {
-            let l: Labels = vec![
-                (Attr::ContainerId, s(&c.container_id)),
-                (Attr::PodUid, s(&c.pod_uid)),
-                (Attr::Namespace, s(&c.namespace)),
-                (Attr::PodName, s(&c.pod_name)),
-                (Attr::ContainerName, s(&c.container_name)),
-                (Attr::Qos, c.qos.unwrap_or_default().to_string()),
-                (Attr::Runtime, c.runtime.unwrap_or_default().to_string()),
-                (Attr::HwId, g.uuid.clone()),
-                (Attr::GpuUuid, g.gpu_uuid.clone()),
-                (Attr::Node, node.to_string()),
-                (Attr::Owner, owner(c).to_string()),
-            ];
-            let memory = g.memory_used_bytes as f64;
-            out.add(M::ContainerGpuMemoryUsage, l.clone(), memory);
-            let util = [g.sm_util, g.mem_util, g.enc_util, g.dec_util];
-            utilizations(out, M::ContainerGpuUtilization, &l, util);
-            out.add(M::ContainerGpuTime, l.clone(), g.gpu_time_seconds);
-            out.add(M::ContainerGpuMemoryTime, l.clone(), g.memory_byte_seconds);
-            out.add(M::ContainerGpuProcesses, l, g.pids.len() as f64);
-        }
-        let idle = c.idle_allocations();
-        for u in &c.allocated_gpus {
-            let l: Labels = vec![
-                (Attr::ContainerId, s(&c.container_id)),
-                (Attr::PodUid, s(&c.pod_uid)),
-                (Attr::Namespace, s(&c.namespace)),
-                (Attr::PodName, s(&c.pod_name)),
-                (Attr::ContainerName, s(&c.container_name)),
-                (Attr::HwId, u.clone()),
-                (Attr::Node, node.to_string()),
-            ];
-            out.add(M::ContainerGpuAllocated, l.clone(), 1.0);
-            let is_idle = idle.contains(&u.as_str()) as u8 as f64;
-            out.add(M::ContainerGpuAllocatedIdle, l, is_idle);
-        }
-    }
-}
-
-/// Energy, peak memory, limits and NVML accounting per container and device, and each
-/// GPU's idle energy under `owner="idle"`.
-fn accounts(out: &mut Out, snap: &Snapshot, node: &str) {
-    let labels = |c: &ContainerUsage, uuid: &str, gpu: &str, owner: &str| -> Labels {
-        vec![
-            (Attr::ContainerId, s(&c.container_id)),
-            (Attr::PodUid, s(&c.pod_uid)),
-            (Attr::Namespace, s(&c.namespace)),
-            (Attr::PodName, s(&c.pod_name)),
-            (Attr::ContainerName, s(&c.container_name)),
-            (Attr::Qos, c.qos.unwrap_or_default().to_string()),
-            (Attr::Runtime, c.runtime.unwrap_or_default().to_string()),
-            (Attr::HwId, uuid.to_string()),
-            (Attr::GpuUuid, gpu.to_string()),
-            (Attr::Node, node.to_string()),
-            (Attr::Owner, owner.to_string()),
-        ]
-    };
-    for c in &snap.containers {
-        for a in &c.accounts {
-            let l = labels(c, &a.uuid, &a.gpu_uuid, owner(c));
-            if a.energy_since_ms > 0 {
-                out.add(M::ContainerGpuEnergy, l.clone(), a.energy_joules);
-            }
-            out.opt(
-                M::ContainerGpuMemoryPeak,
-                &l,
-                a.memory_peak_bytes.map(|v| v as f64),
-            );
-            if let (Some(v), Some(src)) = (a.memory_limit_bytes, a.memory_limit_source) {
-                let ll = with(&l, &[(Attr::LimitSource, src.as_str())]);
-                out.add(M::ContainerGpuMemoryLimit, ll, v as f64);
-            }
-            out.opt(M::ContainerGpuUtilizationLimit, &l, pct(a.sm_limit_percent));
-            if a.accounted_processes > 0 {
-                out.add(
-                    M::ContainerGpuAccountingTime,
-                    l.clone(),
-                    a.accounted_gpu_seconds,
-                );
-                let n = a.accounted_processes as f64;
-                out.add(M::ContainerGpuAccountingProcesses, l, n);
-            }
-        }
-    }
-    let nobody = ContainerUsage::default();
-    for d in &snap.devices {
-        if let Some(j) = d.sharing.idle_energy_joules {
-            out.add(
-                M::ContainerGpuEnergy,
-                labels(&nobody, &d.uuid, &d.uuid, OWNER_IDLE),
-                j,
-            );
-        }
-    }
-}
-
-/// The four engines NVML samples per process: SM, memory controller, encoder, decoder.
-fn utilizations(out: &mut Out, id: MetricId, l: &Labels, v: [Option<u32>; 4]) {
+/// The four engines NVML samples: SM, memory controller, encoder, decoder.
+fn utilizations(f: &mut Family, l: &str, v: [Option<u32>; 4]) {
     for (task, v) in GPU_TASKS.into_iter().zip(v) {
-        out.opt(id, &with(l, &[(Attr::HwGpuTask, task)]), pct(v));
+        f.opt(l, &[(Attr::HwGpuTask, task)], pct(v));
     }
 }
 
-fn processes(out: &mut Out, snap: &Snapshot, node: &str) {
-    for p in &snap.processes {
-        let l: Labels = vec![
-            (Attr::ProcessPid, p.pid.to_string()),
-            (Attr::Comm, s(&p.comm)),
-            (Attr::ContainerId, s(&p.container_id)),
-            (Attr::PodUid, s(&p.pod_uid)),
-            (Attr::HwId, p.uuid.clone()),
-            (Attr::Node, node.to_string()),
-        ];
-        out.add(
-            M::ProcessGpuMemoryUsage,
-            l.clone(),
-            p.used_memory_bytes as f64,
-        );
-        let util = [p.sm_util, p.mem_util, p.enc_util, p.dec_util];
-        utilizations(out, M::ProcessGpuUtilization, &l, util);
+/// A device's memory usage, size or their ratio.
+fn memory(id: MetricId, f: &mut Family, l: &str, used: Option<u64>, total: Option<u64>) {
+    let v = match id {
+        M::HwGpuMemoryUsage => self::f(used),
+        M::HwGpuMemoryLimit => self::f(total),
+        _ => ratio(used, total),
+    };
+    f.opt(l, &[], v);
+}
+
+/// NVML GPM's metrics of a GPU or MIG device; bandwidths from MiB/s to bytes per second.
+fn gpm(id: MetricId, f: &mut Family, l: &str, g: Option<&gpu_model::GpmMetrics>) {
+    let Some(g) = g else { return };
+    match id {
+        M::HwGpuActivity => {
+            let v = [
+                g.gr_engine_active,
+                g.sm_active,
+                g.tensor_active,
+                g.dram_active,
+                g.fp64_active,
+                g.fp32_active,
+                g.fp16_active,
+            ];
+            for (engine, v) in GPU_ENGINES.into_iter().zip(v) {
+                f.opt(l, &[(Attr::HwGpuEngine, engine)], v);
+            }
+        }
+        M::HwGpuSmOccupancy => f.opt(l, &[], g.sm_occupancy),
+        _ => {
+            let [pcie, nvlink] = GPU_LINKS;
+            let [tx, rx] = DIRECTIONS;
+            for (link, dir, v) in [
+                (pcie, tx, g.pcie_tx_mibps),
+                (pcie, rx, g.pcie_rx_mibps),
+                (nvlink, tx, g.nvlink_tx_mibps),
+                (nvlink, rx, g.nvlink_rx_mibps),
+            ] {
+                let labels = [(Attr::HwGpuLink, link), (Attr::NetworkIoDirection, dir)];
+                f.opt(l, &labels, v.map(|v| v * MIB));
+            }
+        }
     }
 }
 
-fn self_metrics(out: &mut Out, st: &AgentStats) {
-    let counters = [
-        (M::EventsReceived, st.events_received),
-        (M::EventsLost, st.events_lost),
-        (M::Resyncs, st.resyncs),
-        (M::ProcfsFallbackLookups, st.procfs_fallback_lookups),
-        (M::CachedProcesses, st.cached_processes),
-        (M::ExportFailures, st.export_failures),
-        (M::ExportDroppedBatches, st.export_dropped_batches),
-        (M::UsageRecordsEmitted, st.usage_records),
-        (M::UsageRecordsDropped, st.usage_records_dropped),
-    ];
-    for (id, v) in counters {
-        out.add(id, vec![], v as f64);
+/// ECC errors, PCIe replays and XIDs per code.
+fn errors(f: &mut Family, l: &str, d: &DeviceSample) {
+    let [corrected, uncorrected, replay, xid] = ERROR_TYPES;
+    f.opt(l, &[(Attr::ErrorType, corrected)], self::f(d.ecc_corrected));
+    f.opt(
+        l,
+        &[(Attr::ErrorType, uncorrected)],
+        self::f(d.ecc_uncorrected),
+    );
+    f.opt(
+        l,
+        &[(Attr::ErrorType, replay)],
+        self::f(d.fields.pcie_replay),
+    );
+    for x in d.fields.xid_errors.iter().flatten() {
+        let code = x.xid.to_string();
+        let labels = [(Attr::ErrorType, xid), (Attr::Xid, code.as_str())];
+        f.series(l, &labels, x.count as f64);
     }
-    out.add(M::Mode, vec![(Attr::Mode, st.mode.to_string())], 1.0);
-    out.add(M::NvmlUp, vec![], st.nvml.is_ok() as u8 as f64);
-    let version = env!("CARGO_PKG_VERSION").to_string();
-    out.add(M::Info, vec![(Attr::Version, version)], 1.0);
 }
 
-/// dcgm-exporter's labels for a device: `gpu`, `UUID` (the physical GPU's, also on MIG
-/// series), `pci_bus_id`, `device` (nvidia<index>), `modelName`, `GPU_I_ID` on MIG series,
-/// `Hostname` (its released versions' spelling; the node name when known, as it does) and
-/// the driver version label it attaches by default. `modelName` is camelCase, which promtool
-/// flags; it is kept so that existing queries by it keep working.
-fn dcgm_device_labels(d: &DeviceSample, gi: Option<u32>, node: &str, driver: &str) -> Labels {
-    let mut l: Labels = vec![
-        (Attr::GpuIndex, d.index.to_string()),
-        (Attr::DcgmUuid, d.uuid.clone()),
-        (Attr::PciBusId, d.pci_bus_id.clone().unwrap_or_default()),
-        (Attr::DcgmDevice, format!("nvidia{}", d.index)),
-        (Attr::DcgmModelName, d.name.clone()),
-    ];
-    // No GPU_I_PROFILE: the snapshot does not carry the MIG profile name.
-    if let Some(gi) = gi {
-        l.push((Attr::DcgmGpuInstance, gi.to_string()));
+/// A device's own families other than memory and GPM.
+fn device_series(id: MetricId, f: &mut Family, l: &str, d: &DeviceSample) {
+    let x = &d.fields;
+    let n = |v: Option<u32>| v.map(f64::from);
+    let flag = |v: Option<bool>| v.map(|b| b as u8 as f64);
+    let rows = x.remapped_rows;
+    match id {
+        M::HwGpuUtilization => utilizations(
+            f,
+            l,
+            [
+                d.utilization_gpu,
+                d.utilization_memory,
+                x.encoder_util,
+                x.decoder_util,
+            ],
+        ),
+        M::HwPower => f.opt(l, &[], d.power_mw.map(|v| v as f64 / 1000.0)),
+        M::HwEnergy => f.opt(l, &[], d.energy_mj.map(|v| v as f64 / 1000.0)),
+        M::HwTemperature => f.opt(l, &[], n(d.temperature_c)),
+        M::HwErrors => errors(f, l, d),
+        M::HwStatus => {
+            // "lost" and "error: ..." (no handle) both mean the device cannot be used.
+            let ok = d.status.is_ok() as u8 as f64;
+            let [ok_state, failed_state] = HW_STATES;
+            f.series(l, &[(Attr::HwState, ok_state)], ok);
+            f.series(l, &[(Attr::HwState, failed_state)], 1.0 - ok);
+        }
+        M::HwGpuClock => {
+            let [sm, memory_clock] = CLOCKS;
+            let mhz = |v: Option<u32>| v.map(|v| v as f64 * 1e6);
+            f.opt(l, &[(Attr::Clock, sm)], mhz(d.sm_clock_mhz));
+            f.opt(l, &[(Attr::Clock, memory_clock)], mhz(d.mem_clock_mhz));
+        }
+        M::HwGpuMemoryReserved => f.opt(l, &[], self::f(x.memory_reserved_bytes)),
+        M::HwGpuMemoryTemperature => f.opt(l, &[], n(x.memory_temperature_c)),
+        M::HwGpuMemoryRemappedRows => {
+            let [corrected, uncorrected] = ECC_ERROR_TYPES;
+            let count = |v: fn(&gpu_model::RemappedRows) -> u64| rows.as_ref().map(|r| v(r) as f64);
+            f.opt(l, &[(Attr::ErrorType, corrected)], count(|r| r.correctable));
+            f.opt(
+                l,
+                &[(Attr::ErrorType, uncorrected)],
+                count(|r| r.uncorrectable),
+            );
+        }
+        M::HwGpuMemoryRowRemapPending => f.opt(l, &[], flag(rows.map(|r| r.pending))),
+        M::HwGpuMemoryRowRemapFailed => f.opt(l, &[], flag(rows.map(|r| r.failure))),
+        M::HwGpuIo => {
+            let [tx, rx] = DIRECTIONS;
+            let nvlink = GPU_LINKS[1];
+            let bytes = |kib: Option<u64>| kib.map(|k| k as f64 * 1024.0);
+            let link = |dir| [(Attr::HwGpuLink, nvlink), (Attr::NetworkIoDirection, dir)];
+            f.opt(l, &link(tx), bytes(x.nvlink_tx_kib));
+            f.opt(l, &link(rx), bytes(x.nvlink_rx_kib));
+        }
+        M::HwGpuClockThrottled => {
+            let Some(mask) = d.throttle_reasons else {
+                return;
+            };
+            for (bit, reason) in THROTTLE_REASONS {
+                let on = (mask & bit != 0) as u8 as f64;
+                f.series(l, &[(Attr::ThrottleReason, reason)], on);
+            }
+        }
+        M::HwGpuVgpuLicensed => f.opt(l, &[], flag(x.vgpu_licensed)),
+        _ => {}
     }
-    l.push((Attr::DcgmHostname, node.to_string()));
-    if !driver.is_empty() {
-        l.push((Attr::DcgmDriverVersion, driver.to_string()));
-    }
-    l
 }
 
-/// dcgm-exporter's names for what we measure, so dashboards built on them (Grafana 12239)
-/// and existing alerts keep working.
-///
-/// Where this differs from dcgm-exporter: it learns from the kubelet which pod was
-/// *allocated* a GPU and relabels the device's values with that pod, so a shared
-/// (time-sliced) GPU repeats the whole device's value under every pod. Here each container
-/// gets a series of its own with its *own* FB_USED (its processes' memory) and GPU_UTIL /
-/// MEM_COPY_UTIL (its processes' utilization), labelled also with `pod_uid` (as
-/// dcgm-exporter's --kubernetes-enable-pod-uid does) and `container_id`, so containers
-/// whose names are unknown stay distinct. The device keeps one series of its own, with
-/// empty pod, namespace and container, for the whole device. So summing a DCGM family
-/// over all series counts a GPU's usage twice: the device series are those with
-/// `pod_uid="",container_id=""`. Processes outside any container are in the device series
-/// only. FB_FREE is total - used (NVML's reserved memory is not in the snapshot).
-fn dcgm(out: &mut Out, snap: &Snapshot, node: &str, groups: &Groups) {
+impl Renderer<'_> {
+    fn device_family(&self, id: MetricId, f: &mut Family) {
+        for (i, d) in self.snap.devices.iter().enumerate() {
+            let l = &self.b.devices[i];
+            let migs = d.mig_devices.iter().zip(&self.b.migs[i]);
+            match id {
+                M::HwGpuMemoryUsage | M::HwGpuMemoryLimit | M::HwGpuMemoryUtilization => {
+                    memory(id, f, l, d.memory_used_bytes, d.memory_total_bytes);
+                    // MIG devices: NVML tells only their memory (and GPM); the rest is the
+                    // parent's.
+                    for (m, ml) in migs {
+                        memory(id, f, ml, m.memory_used_bytes, m.memory_total_bytes);
+                    }
+                }
+                M::HwGpuActivity | M::HwGpuSmOccupancy | M::HwGpuBandwidth => {
+                    gpm(id, f, l, d.fields.gpm.as_ref());
+                    for (m, ml) in migs {
+                        gpm(id, f, ml, m.gpm.as_ref());
+                    }
+                }
+                id => device_series(id, f, l, d),
+            }
+        }
+    }
+
+    fn container_family(&self, id: MetricId, f: &mut Family) {
+        let snap = self.snap;
+        match id {
+            M::ContainerGpuAllocated | M::ContainerGpuAllocatedIdle => {
+                for (c, blocks) in snap.containers.iter().zip(&self.b.allocations) {
+                    let idle = c.idle_allocations();
+                    for (u, l) in c.allocated_gpus.iter().zip(blocks) {
+                        let v = match id {
+                            M::ContainerGpuAllocated => 1.0,
+                            _ => idle.contains(&u.as_str()) as u8 as f64,
+                        };
+                        f.series(l, &[], v);
+                    }
+                }
+            }
+            M::ContainerGpuEnergy
+            | M::ContainerGpuMemoryPeak
+            | M::ContainerGpuMemoryLimit
+            | M::ContainerGpuUtilizationLimit
+            | M::ContainerGpuAccountingTime
+            | M::ContainerGpuAccountingProcesses => self.account_family(id, f),
+            M::ContainerGpuErrors => {
+                for (x, l) in snap.container_xids.iter().zip(&self.b.xids) {
+                    let code = x.xid.to_string();
+                    let labels = [
+                        (Attr::ErrorType, ERROR_TYPES[3]),
+                        (Attr::Xid, code.as_str()),
+                    ];
+                    f.series(l, &labels, x.count as f64);
+                }
+            }
+            id => {
+                for (c, blocks) in snap.containers.iter().zip(&self.b.containers) {
+                    for (g, l) in c.gpus.iter().zip(blocks) {
+                        match id {
+                            M::ContainerGpuMemoryUsage => {
+                                f.series(l, &[], g.memory_used_bytes as f64)
+                            }
+                            M::ContainerGpuUtilization => {
+                                utilizations(f, l, [g.sm_util, g.mem_util, g.enc_util, g.dec_util])
+                            }
+                            M::ContainerGpuTime => f.series(l, &[], g.gpu_time_seconds),
+                            M::ContainerGpuMemoryTime => f.series(l, &[], g.memory_byte_seconds),
+                            M::ContainerGpuProcesses => f.series(l, &[], g.pids.len() as f64),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Energy, peak memory, limits and NVML accounting per container and device, and each
+    /// GPU's idle energy under `owner="idle"`.
+    fn account_family(&self, id: MetricId, f: &mut Family) {
+        let snap = self.snap;
+        for (c, blocks) in snap.containers.iter().zip(&self.b.accounts) {
+            for (a, l) in c.accounts.iter().zip(blocks) {
+                let accounted = a.accounted_processes > 0;
+                match id {
+                    // No energy charged yet: no series rather than a 0.
+                    M::ContainerGpuEnergy if a.energy_since_ms > 0 => {
+                        f.series(l, &[], a.energy_joules)
+                    }
+                    M::ContainerGpuMemoryPeak => f.opt(l, &[], self::f(a.memory_peak_bytes)),
+                    M::ContainerGpuMemoryLimit => {
+                        if let (Some(v), Some(src)) = (a.memory_limit_bytes, a.memory_limit_source)
+                        {
+                            f.series(l, &[(Attr::LimitSource, src.as_str())], v as f64);
+                        }
+                    }
+                    M::ContainerGpuUtilizationLimit => f.opt(l, &[], pct(a.sm_limit_percent)),
+                    M::ContainerGpuAccountingTime if accounted => {
+                        f.series(l, &[], a.accounted_gpu_seconds)
+                    }
+                    M::ContainerGpuAccountingProcesses if accounted => {
+                        f.series(l, &[], a.accounted_processes as f64)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if id == M::ContainerGpuEnergy {
+            for (d, l) in snap.devices.iter().zip(&self.b.idle) {
+                f.opt(l, &[], d.sharing.idle_energy_joules);
+            }
+        }
+    }
+
+    fn process_family(&self, id: MetricId, f: &mut Family) {
+        for (p, l) in self.snap.processes.iter().zip(&self.b.processes) {
+            match id {
+                M::ProcessGpuMemoryUsage => f.series(l, &[], p.used_memory_bytes as f64),
+                M::ProcessGpuUtilization => {
+                    utilizations(f, l, [p.sm_util, p.mem_util, p.enc_util, p.dec_util])
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// One dcgm-exporter field: a series per device (and per pod, under
+    /// `dcgm-virtual-gpus`), as dcgm.rs describes.
+    fn dcgm_family(&self, id: MetricId, f: &mut Family) {
+        let Some(compat) = &self.opts.dcgm else {
+            return;
+        };
+        for e in &self.b.dcgm {
+            let d = &self.snap.devices[e.device];
+            let v = match e.mig {
+                None => dcgm::device_value(id, d),
+                Some(m) => dcgm::mig_value(id, &d.mig_devices[m]),
+            };
+            let Some(v) = v else { continue };
+            let code = (id == M::DcgmXidErrors).then(|| v.to_string());
+            let xid = code.as_deref().map(|c| (c, dcgm::xid_message(v as u64)));
+            match compat.mode {
+                Mode::Default => {
+                    let pod = dcgm::default_pod(&e.pods);
+                    f.series(&e.labels, &dcgm::attributes(pod, false, xid), v);
+                }
+                Mode::VirtualGpus => self.virtual_gpus(id, e, v, xid, f),
+            }
+        }
+    }
+
+    /// dcgm-exporter's `--kubernetes-virtual-gpus`: a copy of the device series per pod;
+    /// FB_USED and GPU_UTIL keep the device series and give each pod its own value.
+    fn virtual_gpus(
+        &self,
+        id: MetricId,
+        e: &Entity,
+        v: f64,
+        xid: Option<(&str, &str)>,
+        f: &mut Family,
+    ) {
+        if e.pods.is_empty() {
+            return f.series(&e.labels, &dcgm::attributes(None, false, xid), v);
+        }
+        let per_pod = dcgm::per_pod(id);
+        if per_pod {
+            f.series(&e.labels, &dcgm::attributes(None, false, xid), v);
+        }
+        let d = &self.snap.devices[e.device];
+        let uuid = e.mig.map_or(&d.uuid, |m| &d.mig_devices[m].uuid);
+        for p in &e.pods {
+            let value = if per_pod {
+                dcgm::pod_value(id, self.snap, uuid, &p.uid)
+            } else {
+                v
+            };
+            f.series(&e.labels, &dcgm::attributes(Some(p), per_pod, xid), value);
+        }
+    }
+}
+
+fn self_family(id: MetricId, st: &AgentStats, f: &mut Family) {
+    let v = match id {
+        M::EventsReceived => st.events_received,
+        M::EventsLost => st.events_lost,
+        M::Resyncs => st.resyncs,
+        M::ProcfsFallbackLookups => st.procfs_fallback_lookups,
+        M::CachedProcesses => st.cached_processes,
+        M::ExportFailures => st.export_failures,
+        M::ExportDroppedBatches => st.export_dropped_batches,
+        M::UsageRecordsEmitted => st.usage_records,
+        M::UsageRecordsDropped => st.usage_records_dropped,
+        M::Mode => return f.series("", &[(Attr::Mode, st.mode.as_str())], 1.0),
+        M::NvmlUp => return f.series("", &[], st.nvml.is_ok() as u8 as f64),
+        M::Info => {
+            let version = env!("CARGO_PKG_VERSION");
+            return f.series("", &[(Attr::Version, version)], 1.0);
+        }
+        _ => return,
+    };
+    f.series("", &[], v as f64);
+}
+
+/// Every GPU that answers, and its MIG devices, with dcgm-exporter's labels: `gpu`, `UUID`
+/// (the physical GPU's, also on MIG series), `pci_bus_id`, `device` (nvidia<index>),
+/// `modelName`, `GPU_I_PROFILE` and `GPU_I_ID` on MIG series, `Hostname` (its released
+/// spelling; the node name when known, as it does) and the driver version when the CSV
+/// asks for it. `modelName` is camelCase, which promtool flags; kept so that existing
+/// queries by it keep working.
+fn dcgm_entities(snap: &Snapshot, node: &str, compat: &DcgmCompat, drop: Dropped) -> Vec<Entity> {
     let driver = snap.driver_version.as_deref().unwrap_or_default();
-    if groups.device {
-        for d in &snap.devices {
-            dcgm_device(out, d, node, driver);
+    let mut out = vec![];
+    for (i, d) in snap.devices.iter().enumerate() {
+        if !d.status.is_ok() {
+            continue; // DCGM has no values for a lost GPU either
+        }
+        let index = d.index.to_string();
+        let device = format!("nvidia{}", d.index);
+        let pci = d.pci_bus_id.as_deref().unwrap_or_default();
+        let labels = |mig: Option<(&str, &str)>| {
+            let mut p = vec![
+                (Attr::GpuIndex, index.as_str()),
+                (Attr::DcgmUuid, d.uuid.as_str()),
+                (Attr::PciBusId, pci),
+                (Attr::DcgmDevice, device.as_str()),
+                (Attr::DcgmModelName, d.name.as_str()),
+            ];
+            if let Some((profile, gi)) = mig {
+                if !profile.is_empty() {
+                    p.push((Attr::DcgmGpuProfile, profile));
+                }
+                p.push((Attr::DcgmGpuInstance, gi));
+            }
+            p.push((Attr::DcgmHostname, node));
+            if compat.driver_version_label && !driver.is_empty() {
+                p.push((Attr::DcgmDriverVersion, driver));
+            }
+            block(drop, &p)
+        };
+        out.push(Entity {
+            device: i,
+            mig: None,
+            labels: labels(None),
+            pods: dcgm::pods_of(snap, &d.uuid, compat.mode),
+        });
+        for (j, m) in d.mig_devices.iter().enumerate() {
+            let gi = m.gpu_instance_id.to_string();
+            let profile = m.profile.as_deref().unwrap_or_default();
+            out.push(Entity {
+                device: i,
+                mig: Some(j),
+                labels: labels(Some((profile, gi.as_str()))),
+                pods: dcgm::pods_of(snap, &m.uuid, compat.mode),
+            });
         }
     }
-    if groups.container {
-        for c in &snap.containers {
-            if c.container_id.is_none() && c.pod_uid.is_none() {
-                continue; // not a container: already in the device series
-            }
-            for g in &c.gpus {
-                // A device missing from the snapshot (lost) has no labels to give.
-                let Some(d) = snap.devices.iter().find(|d| d.uuid == g.gpu_uuid) else {
-                    continue;
-                };
-                let gi = d
-                    .mig_devices
-                    .iter()
-                    .find(|m| m.uuid == g.uuid)
-                    .map(|m| m.gpu_instance_id);
-                let l = dcgm_device_labels(d, gi, node, driver);
-                let l = with(
-                    &l,
-                    &[
-                        (Attr::ContainerName, &s(&c.container_name)),
-                        (Attr::Namespace, &s(&c.namespace)),
-                        (Attr::PodName, &s(&c.pod_name)),
-                        (Attr::PodUid, &s(&c.pod_uid)),
-                        (Attr::ContainerId, &s(&c.container_id)),
-                    ],
-                );
-                out.add(M::DcgmFbUsed, l.clone(), mib(g.memory_used_bytes));
-                out.opt(M::DcgmGpuUtil, &l, g.sm_util.map(f64::from));
-                out.opt(M::DcgmMemCopyUtil, &l, g.mem_util.map(f64::from));
-            }
-        }
-    }
+    out
 }
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / MIB
-}
-
-/// One GPU's dcgm series, and its MIG devices' memory, with empty pod labels.
-fn dcgm_device(out: &mut Out, d: &DeviceSample, node: &str, driver: &str) {
-    let no_pod = [
-        (Attr::ContainerName, ""),
-        (Attr::Namespace, ""),
-        (Attr::PodName, ""),
-    ];
-    let l = with(&dcgm_device_labels(d, None, node, driver), &no_pod);
-    let (used, total) = (d.memory_used_bytes, d.memory_total_bytes);
-    out.opt(M::DcgmFbUsed, &l, used.map(mib));
-    let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
-    out.opt(M::DcgmFbFree, &l, free);
-    out.opt(M::DcgmGpuUtil, &l, d.utilization_gpu.map(f64::from));
-    out.opt(M::DcgmMemCopyUtil, &l, d.utilization_memory.map(f64::from));
-    out.opt(M::DcgmPowerUsage, &l, d.power_mw.map(|v| v as f64 / 1000.0));
-    out.opt(M::DcgmGpuTemp, &l, d.temperature_c.map(f64::from));
-    out.opt(M::DcgmSmClock, &l, d.sm_clock_mhz.map(f64::from));
-    out.opt(M::DcgmMemClock, &l, d.mem_clock_mhz.map(f64::from));
-    for m in &d.mig_devices {
-        let gi = Some(m.gpu_instance_id);
-        let ml = with(&dcgm_device_labels(d, gi, node, driver), &no_pod);
-        let (used, total) = (m.memory_used_bytes, m.memory_total_bytes);
-        out.opt(M::DcgmFbUsed, &ml, used.map(mib));
-        let free = used.zip(total).map(|(u, t)| mib(t.saturating_sub(u)));
-        out.opt(M::DcgmFbFree, &ml, free);
-    }
-}
+#[cfg(test)]
+mod dcgm_tests;
 
 #[cfg(test)]
 mod tests {
@@ -520,13 +883,14 @@ mod tests {
         TrackingMode,
     };
 
+    use super::dcgm_tests::{every_dcgm_field, full_snapshot};
     use super::*;
 
-    const GIB: u64 = 1 << 30;
-    const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    pub(super) const GIB: u64 = 1 << 30;
+    pub(super) const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
     const H100: &str = r#"hw_id="GPU-a",gpu="0",model="NVIDIA H100 80GB HBM3",pci_bus_id="00000000:18:00.0",node="node-a""#;
 
-    fn gpu(index: u32, uuid: &str, name: &str) -> DeviceSample {
+    pub(super) fn gpu(index: u32, uuid: &str, name: &str) -> DeviceSample {
         DeviceSample {
             index,
             uuid: uuid.into(),
@@ -537,7 +901,13 @@ mod tests {
         }
     }
 
-    fn cgpu(uuid: &str, gpu_uuid: &str, mem: u64, sm: Option<u32>, pids: &[u32]) -> ContainerGpu {
+    pub(super) fn cgpu(
+        uuid: &str,
+        gpu_uuid: &str,
+        mem: u64,
+        sm: Option<u32>,
+        pids: &[u32],
+    ) -> ContainerGpu {
         ContainerGpu {
             uuid: uuid.into(),
             gpu_uuid: gpu_uuid.into(),
@@ -555,7 +925,7 @@ mod tests {
 
     /// Two GPUs (the second with MIG on and one MIG device), a lost third, a container on
     /// the first GPU and the MIG device, a pod-level cgroup and the host entry.
-    fn snapshot() -> Snapshot {
+    pub(super) fn snapshot() -> Snapshot {
         let mut a = gpu(0, "GPU-a", "NVIDIA H100 80GB HBM3");
         a.memory_total_bytes = Some(80 * GIB);
         a.memory_used_bytes = Some(3 * GIB);
@@ -579,6 +949,7 @@ mod tests {
             compute_instance_id: 0,
             memory_total_bytes: Some(20 * GIB),
             memory_used_bytes: Some(5 * GIB),
+            ..Default::default()
         }];
         let mut lost = gpu(2, "GPU-d", "NVIDIA H100 80GB HBM3");
         lost.status = DeviceStatus::Lost;
@@ -648,10 +1019,11 @@ mod tests {
                 dec_util: None,
                 exited: false,
             }],
+            container_xids: vec![],
         }
     }
 
-    fn stats() -> AgentStats {
+    pub(super) fn stats() -> AgentStats {
         AgentStats {
             started_ms: 1,
             mode: TrackingMode::Ebpf,
@@ -665,26 +1037,26 @@ mod tests {
         }
     }
 
-    fn opts() -> PromOptions {
+    pub(super) fn opts() -> PromOptions {
         PromOptions {
             node: NodeIdentity {
                 host_name: "host-a".into(),
                 node_name: Some("node-a".into()),
             },
             groups: Groups::default(),
-            dcgm_compat: false,
+            dcgm: None,
         }
     }
 
     #[track_caller]
-    fn has(text: &str, line: &str) {
+    pub(super) fn has(text: &str, line: &str) {
         assert!(
             text.lines().any(|l| l == line),
             "missing line\n  {line}\nin\n{text}"
         );
     }
 
-    fn lines_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    pub(super) fn lines_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
         text.lines()
             .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
             .collect()
@@ -917,8 +1289,8 @@ mod tests {
     fn every_family_has_help_and_type_once_before_its_samples() {
         let mut o = opts();
         o.groups.process = true;
-        o.dcgm_compat = true;
-        let t = render(&snapshot(), &stats(), &o);
+        o.dcgm = Some(every_dcgm_field(Mode::Default));
+        let t = render(&full_snapshot(), &stats(), &o);
         let mut seen: Vec<&str> = vec![];
         let mut current = "";
         let mut lines = t.lines().peekable();
@@ -942,7 +1314,7 @@ mod tests {
             "{seen:?}"
         );
         // Deterministic.
-        assert_eq!(t, render(&snapshot(), &stats(), &o));
+        assert_eq!(t, render(&full_snapshot(), &stats(), &o));
     }
 
     #[test]
@@ -971,7 +1343,7 @@ mod tests {
             self_metrics: false,
             drop_attributes: vec![],
         };
-        o.dcgm_compat = true;
+        o.dcgm = Some(DcgmCompat::defaults(Mode::Default));
         let t = render(&snapshot(), &stats(), &o);
         for off in ["hw_", "container_gpu", "gpu_agent", "DCGM", "# HELP hw_"] {
             assert!(!t.lines().any(|l| l.starts_with(off)), "{off}: {t}");
@@ -1009,65 +1381,6 @@ mod tests {
     }
 
     #[test]
-    fn dcgm_series_per_device_and_per_container() {
-        let mut o = opts();
-        o.dcgm_compat = true;
-        let t = render(&snapshot(), &stats(), &o);
-        let dev = r#"gpu="0",UUID="GPU-a",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-a",DCGM_FI_DRIVER_VERSION="580.159.04""#;
-        let whole = format!(r#"{dev},container="",namespace="",pod="""#);
-        has(&t, "# TYPE DCGM_FI_DEV_FB_USED gauge");
-        has(&t, &format!("DCGM_FI_DEV_FB_USED{{{whole}}} 3072"));
-        has(&t, &format!("DCGM_FI_DEV_FB_FREE{{{whole}}} 78848"));
-        has(&t, &format!("DCGM_FI_DEV_GPU_UTIL{{{whole}}} 60"));
-        has(&t, &format!("DCGM_FI_DEV_MEM_COPY_UTIL{{{whole}}} 29"));
-        has(&t, &format!("DCGM_FI_DEV_POWER_USAGE{{{whole}}} 350.5"));
-        has(&t, &format!("DCGM_FI_DEV_GPU_TEMP{{{whole}}} 45"));
-        has(&t, &format!("DCGM_FI_DEV_SM_CLOCK{{{whole}}} 1980"));
-        has(&t, &format!("DCGM_FI_DEV_MEM_CLOCK{{{whole}}} 2619"));
-        // The container: its own memory and utilization, not the device's.
-        let mine = format!(
-            r#"{dev},container="main",namespace="ml",pod="trainer",pod_uid="uid-1",container_id="{CID}""#
-        );
-        has(&t, &format!("DCGM_FI_DEV_FB_USED{{{mine}}} 1536"));
-        has(&t, &format!("DCGM_FI_DEV_GPU_UTIL{{{mine}}} 50"));
-        has(&t, &format!("DCGM_FI_DEV_MEM_COPY_UTIL{{{mine}}} 10"));
-        assert!(!t.contains(&format!("DCGM_FI_DEV_FB_FREE{{{mine}")), "{t}");
-        assert!(
-            !t.contains(&format!("DCGM_FI_DEV_POWER_USAGE{{{mine}")),
-            "{t}"
-        );
-        // The pod-level cgroup, names unknown: told apart by its uid.
-        has(
-            &t,
-            &format!(
-                r#"DCGM_FI_DEV_FB_USED{{{dev},container="",namespace="",pod="",pod_uid="uid-2",container_id=""}} 1024"#
-            ),
-        );
-        // The MIG device and the container on it, by GPU instance; the parent's UUID.
-        let mig = r#"gpu="1",UUID="GPU-b",pci_bus_id="00000000:19:00.0",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",GPU_I_ID="2",Hostname="node-a",DCGM_FI_DRIVER_VERSION="580.159.04""#;
-        has(
-            &t,
-            &format!(r#"DCGM_FI_DEV_FB_USED{{{mig},container="",namespace="",pod=""}} 5120"#),
-        );
-        has(
-            &t,
-            &format!(r#"DCGM_FI_DEV_FB_FREE{{{mig},container="",namespace="",pod=""}} 15360"#),
-        );
-        has(
-            &t,
-            &format!(
-                r#"DCGM_FI_DEV_FB_USED{{{mig},container="main",namespace="ml",pod="trainer",pod_uid="uid-1",container_id="{CID}"}} 5120"#
-            ),
-        );
-        // Device series: 3 GPUs (the lost one has no memory) + 1 MIG; containers: 3 (not the host).
-        assert_eq!(lines_of(&t, "DCGM_FI_DEV_FB_USED").len(), 2 + 1 + 3, "{t}");
-        assert!(
-            !t.contains(r#"pod_uid="",container_id="""#),
-            "host entry: {t}"
-        );
-    }
-
-    #[test]
     fn values_print_without_exponent_noise() {
         assert_eq!(format_value(85899345920.0), "85899345920");
         assert_eq!(format_value(1.5e12), "1500000000000");
@@ -1079,72 +1392,12 @@ mod tests {
     }
 
     /// The value of the first series of `family` whose labels contain every one of `with`.
-    fn value_of(text: &str, family: &str, with: &[String]) -> f64 {
+    pub(super) fn value_of(text: &str, family: &str, with: &[String]) -> f64 {
         let line = lines_of(text, family)
             .into_iter()
             .find(|l| with.iter().all(|w| l.contains(w.as_str())))
             .unwrap_or_else(|| panic!("no {family} series with {with:?} in\n{text}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
-    }
-
-    /// The catalogue's account of each dcgm field (docs/metrics.md prints it) is what the
-    /// text holds: each dcgm series restates its source, converted to the dcgm unit.
-    #[test]
-    fn dcgm_series_restate_their_catalogue_source() {
-        use crate::catalogue::{Source, CATALOGUE};
-        let mut o = opts();
-        o.dcgm_compat = true;
-        let t = render(&snapshot(), &stats(), &o);
-        let source = |src: &Source, scope: &[String]| -> f64 {
-            let one = |id: MetricId, sel: Option<(Attr, &str)>| {
-                let mut with = scope.to_vec();
-                with.extend(sel.map(|(a, v)| format!("{}=\"{v}\"", a.label())));
-                value_of(&t, id.prometheus(), &with)
-            };
-            match *src {
-                Source::Metric(id, sel) => one(id, sel),
-                Source::Difference(a, b) => one(a, None) - one(b, None),
-            }
-        };
-        let device = [r#"hw_id="GPU-a""#.to_string()];
-        let dcgm_device = [r#"UUID="GPU-a""#.to_string(), r#"pod=""}"#.to_string()];
-        let container = [
-            r#"hw_id="GPU-a""#.to_string(),
-            format!(r#"container_id="{CID}""#),
-        ];
-        let dcgm_container = [
-            r#"UUID="GPU-a""#.to_string(),
-            format!(r#"container_id="{CID}""#),
-        ];
-        let mut checked = 0;
-        for m in CATALOGUE.iter() {
-            let Some(d) = &m.dcgm else { continue };
-            let per_unit = match m.unit {
-                "MiB" => MIB,
-                "%" => 0.01,
-                "MHz" => 1e6,
-                "W" | "C" => 1.0,
-                u => panic!("{u}: add its conversion"),
-            };
-            let name = m.prometheus.unwrap();
-            let want = source(&d.device, &device) / per_unit;
-            let got = value_of(&t, name, &dcgm_device);
-            assert!((got - want).abs() < 1e-9, "{name}: {got} != {want}");
-            if let Some(c) = &d.container {
-                let want = source(c, &container) / per_unit;
-                let got = value_of(&t, name, &dcgm_container);
-                assert!(
-                    (got - want).abs() < 1e-9,
-                    "{name} of the container: {got} != {want}"
-                );
-            } else {
-                assert!(!lines_of(&t, name)
-                    .iter()
-                    .any(|l| l.contains(&dcgm_container[1])));
-            }
-            checked += 1;
-        }
-        assert_eq!(checked, 8);
     }
 }
 

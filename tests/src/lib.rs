@@ -1,10 +1,12 @@
 //! Test support: the real agent binary, real cgroups shaped like kubelet's, real processes.
 //! Nothing here fakes the kernel; only what this machine lacks (a GPU) is faked elsewhere.
 pub mod cgroups;
+pub mod dcgm_node;
 pub mod fake_node;
 pub mod http;
 pub mod nvml;
 pub mod otlp_receiver;
+pub mod prom;
 
 use std::{
     io::{BufRead, BufReader},

@@ -277,33 +277,46 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     .expect("the host entry");
     assert_eq!(value(host_line), GIB as f64, "{host_line}");
     assert!(text.contains("\ngpu_agent_nvml_up 1\n"), "{text}");
-    // dcgm-exporter's names: the container's own MiB, and the whole device's.
-    let dcgm = sample(&text, "DCGM_FI_DEV_FB_USED", &[("pod_uid", &uid)])
-        .expect("the container's DCGM_FI_DEV_FB_USED");
-    assert_eq!(value(dcgm), 3584.0, "{dcgm}");
-    let device = text
+    // dcgm-exporter's names, its default layout: one series for the device, with no pod
+    // labels (the kubelet allocated it to nobody here), never one per container.
+    let dcgm: Vec<&str> = text
         .lines()
-        .find(|l| l.starts_with("DCGM_FI_DEV_FB_USED{") && !l.contains("pod_uid="))
-        .expect("the device's DCGM_FI_DEV_FB_USED");
-    assert!(
-        device.contains(r#",container="",namespace="",pod="""#),
-        "{device}"
-    );
+        .filter(|l| l.starts_with("DCGM_FI_DEV_FB_USED{"))
+        .collect();
+    assert_eq!(dcgm.len(), 1, "{dcgm:?}");
+    let device = dcgm[0];
+    for label in [
+        "pod=",
+        "namespace=",
+        "container=",
+        "pod_uid=",
+        "container_id=",
+    ] {
+        assert!(!device.contains(label), "{label} in {device}");
+    }
     assert_eq!(value(device), 4608.0, "{device}");
 
-    // promtool: its only finding is dcgm-exporter's own camelCase label `modelName`, kept
-    // for compatibility; with it renamed, nothing at all.
+    // promtool: its only findings are dcgm-exporter's own names, kept for compatibility:
+    // the camelCase label `modelName`, and counters without `_total` (one named
+    // ..._COUNTER); gpu-agent's own families pass clean.
     let (ok, printed) = promtool(&promtool_bin, &text);
     for problem in printed.lines() {
         assert!(
-            problem.starts_with("DCGM_FI_DEV_")
-                && problem
-                    .ends_with("label names should be written in 'snake_case' not 'camelCase'"),
+            problem.starts_with("DCGM_FI_")
+                && (problem
+                    .ends_with("label names should be written in 'snake_case' not 'camelCase'")
+                    || problem.ends_with("counter metrics should have \"_total\" suffix")
+                    || problem.ends_with("metric name should not include type 'counter'")),
             "promtool: {problem}\nin:\n{text}"
         );
     }
     assert_eq!(ok, printed.is_empty(), "promtool:\n{printed}");
-    let (ok, printed) = promtool(&promtool_bin, &text.replace("modelName=", "model_name="));
+    let without_dcgm: String = text
+        .lines()
+        .filter(|l| !l.contains("DCGM_FI_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (ok, printed) = promtool(&promtool_bin, &without_dcgm);
     assert!(
         ok && printed.is_empty(),
         "promtool:\n{printed}\nin:\n{text}"
@@ -318,10 +331,10 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
         mem as f64,
     );
     prom.wait_for(
-        &format!("DCGM_FI_DEV_FB_USED{{pod_uid=\"{uid}\"}}"),
-        "container_id",
-        &id,
-        3584.0,
+        "DCGM_FI_DEV_FB_USED",
+        "UUID",
+        "GPU-11111111-2222-3333-4444-555555555555",
+        4608.0,
     );
     drop(prom);
     drop(agent);

@@ -13,7 +13,7 @@ use std::{fmt::Write, fs, path::Path};
 use anyhow::{bail, Context, Result};
 use otel::catalogue::{
     dcgm_fields_of, Attr, AttrSet, Attribute, Group, Metric, MetricId, Place, Source, ATTRIBUTES,
-    CATALOGUE,
+    CATALOGUE, DCGM_UNSERVED,
 };
 
 use crate::workspace_root;
@@ -279,35 +279,53 @@ impl Doc<'_> {
     /// A dcgm series' source, in Prometheus terms (the dcgm names are Prometheus only).
     fn source(&self, src: Option<&Source>) -> String {
         let name = |id: MetricId| self.metric(id).prometheus.unwrap_or("?");
+        let sel = |id: MetricId, sel: &[(Attr, &str)]| {
+            let labels: Vec<String> = sel
+                .iter()
+                .map(|(a, v)| format!("{}=\"{v}\"", self.attr(*a).prometheus.unwrap_or("?")))
+                .collect();
+            match labels.is_empty() {
+                true => format!("`{}`", name(id)),
+                false => format!("`{}{{{}}}`", name(id), labels.join(",")),
+            }
+        };
         match src {
             None => String::new(),
-            Some(Source::Metric(id, None)) => format!("`{}`", name(*id)),
-            Some(Source::Metric(id, Some((a, v)))) => {
-                let label = self.attr(*a).prometheus.unwrap_or("?");
-                format!("`{}{{{label}=\"{v}\"}}`", name(*id))
+            Some(Source::Metric(id, s)) => sel(*id, s.as_slice()),
+            Some(Source::Metrics(id, s)) => sel(*id, s),
+            Some(Source::Difference(a, b)) => {
+                let rest: Vec<String> = b.iter().map(|b| format!(" - `{}`", name(*b))).collect();
+                format!("`{}`{}", name(*a), rest.concat())
             }
-            Some(Source::Difference(a, b)) => format!("`{}` - `{}`", name(*a), name(*b)),
+            Some(Source::Derived(how)) => how.to_string(),
         }
     }
 
+    /// Every dcgm-exporter field: what gpu-agent restates it from and through which NVML
+    /// call, dcgm-exporter's type and unit, whether its default CSV has it; then the fields
+    /// not served, and why.
     fn dcgm(&self) -> String {
         let mut s = self.sets(Group::Dcgm);
-        s.push_str(
-            "| name | type | unit | device series: from | per-container series: from | what |\n",
-        );
-        s.push_str("| --- | --- | --- | --- | --- | --- |\n");
+        s.push_str("| dcgm field | gpu-agent source (NVML call) | type | unit | default CSV | MIG | under `dcgm-virtual-gpus`, a pod's own value | served |\n");
+        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for m in self.metrics.iter().filter(|m| m.group == Group::Dcgm) {
             let Some(d) = &m.dcgm else { continue };
+            let yes = |b: bool| if b { "yes" } else { "" };
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} ({}) | {} | {} | {} | {} | {} | yes |",
                 code(m.prometheus),
+                cell(&self.source(Some(&d.source))),
+                cell(d.nvml),
                 m.kind.prometheus_type(),
                 m.unit,
-                self.source(Some(&d.device)),
-                self.source(d.container.as_ref()),
-                cell(&what(m))
+                yes(d.default),
+                yes(d.mig),
+                cell(&self.source(d.per_pod.as_ref())),
             );
+        }
+        for (name, why) in DCGM_UNSERVED {
+            let _ = writeln!(s, "| `{name}` | {} | | | | | | no |", cell(why));
         }
         s
     }
@@ -367,7 +385,7 @@ mod tests {
         let (new, stale) = splice(&doc, &t).unwrap();
         assert_eq!(stale, ["dcgm"]);
         assert!(
-            new.contains("| `DCGM_FI_DEV_GPU_TEMP` | gauge | F |"),
+            new.contains("| gauge | F | yes |") && new.contains("`DCGM_FI_DEV_GPU_TEMP`"),
             "{new}"
         );
         check(&new, &t).unwrap();

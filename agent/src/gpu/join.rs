@@ -98,6 +98,7 @@ fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[Dev
     };
     let mut uuids = vec![];
     for a in metadata.allocations_of(ns, pod, name) {
+        c.allocated_device_ids.extend(a.device_ids.iter().cloned());
         for r in a.device_refs() {
             let uuid = match r {
                 DeviceRef::Uuid(u) => Some(u),
@@ -422,6 +423,7 @@ pub fn join_with(
         devices,
         containers,
         processes,
+        container_xids: vec![],
     };
     (snap, counters, records)
 }
@@ -435,6 +437,7 @@ const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
 pub struct Joiner {
     counters: Counters,
     unresolved: HashMap<u32, Instant>,
+    xids: super::xid_charge::XidCharges,
     /// HAMi limits, exits for NVML accounting, and where usage records go.
     pub sharing: Sharing,
 }
@@ -496,7 +499,7 @@ impl Joiner {
             max_gap,
             process_detail,
         };
-        let (snap, counters, records) = join_with(
+        let (mut snap, counters, records) = join_with(
             procs,
             metadata,
             sample,
@@ -506,6 +509,7 @@ impl Joiner {
             &inputs,
         );
         self.counters = counters;
+        snap.container_xids = self.xids.charge(procs, metadata, sample);
         self.sharing.after(sample, procs, metadata);
         self.sharing.emit(records);
         snap

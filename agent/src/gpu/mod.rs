@@ -8,6 +8,12 @@ pub mod account;
 pub mod join;
 pub mod nvml;
 pub mod sampler;
+// dcgm-exporter's fields from NVML: health fields, profiling (GPM), XID errors.
+pub mod fields;
+pub mod gpm;
+pub mod kmsg;
 pub mod sharing;
+pub mod xid;
+pub mod xid_charge;
 
 pub use gpu_model::{DeviceSample, GpuSample, MigSample, ProcessSample};

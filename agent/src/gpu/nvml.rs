@@ -15,9 +15,14 @@ use nvml_wrapper::{
     Device, Nvml,
 };
 
-use gpu_model::{AccountingSample, DeviceStatus, SourceStatus};
+use gpu_model::{AccountingSample, DeviceStatus, NvmlFeatures, SourceStatus};
 
-use super::{DeviceSample, GpuSample, MigSample, ProcessSample};
+use super::{
+    fields::{self, NvlinkRates},
+    gpm::Gpm,
+    xid::Xids,
+    DeviceSample, GpuSample, MigSample, ProcessSample,
+};
 
 /// How often a requested accounting read is retried while NVML still says the process runs
 /// (the driver may lag the kernel's exit by a cycle).
@@ -36,8 +41,18 @@ pub struct NvmlSampler {
     last_seen: HashMap<String, u64>,
     /// Per device index: the uuid last seen, to name a device that is lost.
     known: HashMap<u32, (String, String)>,
+    /// dcgm-exporter's further fields.
+    extras: Extras,
     /// Per-process accounting: what the join asked for, and the lists already seen.
     accounting: Accounting,
+}
+
+/// What dcgm-exporter's further fields keep between cycles: profiling samples, the XID
+/// event set, NVLink counters (gpm.rs, xid.rs, fields.rs).
+struct Extras {
+    gpm: Gpm,
+    xids: Xids,
+    nvlink: NvlinkRates,
 }
 
 /// Accounting state across cycles.
@@ -81,6 +96,11 @@ impl NvmlSampler {
             backoff: BACKOFF_MIN,
             last_seen: HashMap::new(),
             known: HashMap::new(),
+            extras: Extras {
+                gpm: Gpm::default(),
+                xids: Xids::new(None),
+                nvlink: NvlinkRates::default(),
+            },
             accounting: Accounting::default(),
         }
     }
@@ -105,8 +125,33 @@ impl NvmlSampler {
         }
     }
 
+    /// Reads the kernel log at `path` to name the process of each XID; None: does not.
+    pub fn with_kmsg(mut self, path: Option<PathBuf>) -> NvmlSampler {
+        self.extras.xids = Xids::new(path);
+        self
+    }
+
     pub fn status(&self) -> &SourceStatus {
         &self.status
+    }
+
+    /// What the optional features (profiling, XID events) gave, and why not: /debug/stats.
+    pub fn features(&self) -> NvmlFeatures {
+        let x = &self.extras;
+        NvmlFeatures {
+            gpm: x.gpm.status.clone(),
+            xid_events: x.xids.events_status.clone(),
+            kmsg: x.xids.kmsg_status.clone(),
+        }
+    }
+
+    /// Drops NVML, freeing first what was allocated from it.
+    fn shut_down(&mut self) {
+        if let Some(nvml) = self.nvml.take() {
+            self.extras.gpm.release(&nvml);
+            self.extras.xids.release(&nvml);
+            self.extras.nvlink.clear();
+        }
     }
 
     fn try_init(&mut self) -> bool {
@@ -153,7 +198,7 @@ impl NvmlSampler {
                 // The driver went away under us: start over, with backoff.
                 self.status = SourceStatus::Unavailable(e.to_string());
                 tracing::warn!("NVML device count failed: {e}; reinitialising");
-                self.nvml = None;
+                self.shut_down();
                 self.next_init = Instant::now() + self.backoff;
                 return None;
             }
@@ -167,7 +212,7 @@ impl NvmlSampler {
                     if self.accounting.enabled && d.status.is_ok() && !d.mig_enabled {
                         read_accounting(&dev, &mut d, &mut self.accounting);
                     }
-                    d
+                    self.extras.device(nvml, &dev, d)
                 }
                 Err(e) => DeviceSample {
                     index,
@@ -192,6 +237,7 @@ impl NvmlSampler {
                 self.known.insert(d.index, (d.uuid.clone(), d.name.clone()));
             }
         }
+        self.extras.xids.collect(nvml, &mut devices);
         Some(GpuSample {
             taken_at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -199,6 +245,37 @@ impl NvmlSampler {
             driver_version,
             devices,
         })
+    }
+}
+
+impl Extras {
+    /// dcgm-exporter's further fields of a device that answers: health, profiling, and its
+    /// registration for XID events.
+    fn device(&mut self, nvml: &Nvml, dev: &Device, mut d: DeviceSample) -> DeviceSample {
+        if !d.status.is_ok() {
+            return d;
+        }
+        let mut r = Reader {
+            unsupported: std::mem::take(&mut d.unsupported),
+            lost: false,
+        };
+        fields::read(&mut r, nvml, dev, &mut d, &mut self.nvlink);
+        d.unsupported = r.unsupported;
+        d.unsupported.dedup();
+        if r.lost {
+            d.status = DeviceStatus::Lost;
+            d.processes.clear();
+            return d;
+        }
+        self.gpm.sample(nvml, dev, &mut d);
+        self.xids.register(nvml, dev, &d.uuid);
+        d
+    }
+}
+
+impl Drop for NvmlSampler {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 
@@ -216,13 +293,13 @@ fn describe_init_error(e: &NvmlError, path: Option<&PathBuf>) -> String {
 
 /// Reads metrics off one device: records the unsupported ones, and stops asking once the
 /// device is lost.
-struct Reader {
+pub struct Reader {
     unsupported: Vec<&'static str>,
     lost: bool,
 }
 
 impl Reader {
-    fn read<T>(
+    pub fn read<T>(
         &mut self,
         name: &'static str,
         call: impl FnOnce() -> Result<T, NvmlError>,
@@ -296,6 +373,7 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
     if let Some(m) = r.read("memory", || dev.memory_info()) {
         d.memory_total_bytes = Some(m.total);
         d.memory_used_bytes = Some(m.used);
+        d.fields.memory_reserved_bytes = Some(m.reserved);
     }
     if let Some(u) = r.read("utilization", || dev.utilization_rates()) {
         d.utilization_gpu = Some(u.gpu);
@@ -336,8 +414,16 @@ fn read_mig_devices(r: &mut Reader, nvml: &Nvml, dev: &Device, d: &mut DeviceSam
             compute_instance_id: ci.unwrap_or(u32::MAX),
             memory_total_bytes: mem.as_ref().map(|m| m.total),
             memory_used_bytes: mem.as_ref().map(|m| m.used),
+            profile: mig.name().ok().as_deref().and_then(mig_profile),
+            gpm: None,
         });
     }
+}
+
+/// The profile in a MIG device's name: `NVIDIA A100-SXM4-80GB MIG 1g.10gb` -> `1g.10gb`.
+fn mig_profile(name: &str) -> Option<String> {
+    let p = name.rsplit_once("MIG ")?.1.trim();
+    (!p.is_empty()).then(|| p.to_string())
 }
 
 /// Utilization since our last look (`last_seen`, per device uuid). NotFound means "no

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{nvml::NvmlSampler, GpuSample};
 use crate::{
-    config::NvmlConfig,
+    config::{NvmlConfig, XidConfig},
     stats::{thread_cpu_ns, Stats},
 };
 
@@ -42,6 +42,7 @@ impl AccountingRequests {
 /// `accounting`, reads NVML's accounting stats of the processes the join asks about.
 pub fn spawn(
     cfg: NvmlConfig,
+    xid: XidConfig,
     tx: mpsc::Sender<GpuMessage>,
     stats: Arc<Stats>,
     stop: CancellationToken,
@@ -55,7 +56,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("nvml".into())
         .spawn(move || {
-            let mut sampler = NvmlSampler::new(cfg.lib_path);
+            let mut sampler = NvmlSampler::new(cfg.lib_path).with_kmsg(xid.kmsg_path());
             sampler.enable_accounting(accounting.is_some());
             let mut next = Instant::now();
             while !stop.is_cancelled() {
@@ -67,6 +68,7 @@ pub fn spawn(
                 stats
                     .nvml_sample_cpu_ns
                     .fetch_add(thread_cpu_ns() - cpu0, Relaxed);
+                *stats.nvml_features.write().unwrap() = sampler.features();
                 if tx
                     .blocking_send((sample, sampler.status().clone()))
                     .is_err()

@@ -187,6 +187,31 @@ where
         .into_response()
 }
 
+/// Text made in pieces by `produce` on a blocking thread (holding `turn`), sent as the client
+/// reads: one piece in hand and two queued, never the whole text.
+pub fn text_stream<I, F>(turn: Turn, content_type: &'static str, produce: F) -> Response
+where
+    I: Iterator<Item = String>,
+    F: FnOnce() -> I + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Bytes>(2);
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        for piece in produce() {
+            // An error means the client left: stop making the rest.
+            if tx.blocking_send(Bytes::from(piece)).is_err() {
+                break;
+            }
+        }
+    });
+    let body = Body::new(ChannelBody { rx });
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+        body,
+    )
+        .into_response()
+}
+
 struct ChunkWriter {
     tx: mpsc::Sender<Bytes>,
     buf: Vec<u8>,

@@ -17,7 +17,7 @@ use std::{
 
 use axum::{
     extract::{Extension, Query, Request, State as AxState},
-    http::{header, StatusCode},
+    http::StatusCode,
     middleware::{self, Next},
     response::{IntoResponse, Json, Response},
     routing::get,
@@ -197,19 +197,10 @@ async fn metrics(AxState(app): AxState<AppState>, Extension(turn): Extension<Tur
     };
     let snap = app.snapshot.borrow().clone();
     let stats = app.stats.report(&snap.nvml);
-    let render = move || {
-        let _turn = turn;
-        otel::prometheus::render(&snap, &stats, &opts)
-    };
-    let Ok(text) = tokio::task::spawn_blocking(render).await else {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    };
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
+    // Streamed: made a family at a time as the client reads.
+    body::text_stream(
+        turn,
+        "text/plain; version=0.0.4; charset=utf-8",
+        move || otel::prometheus::chunks(snap, stats, opts),
     )
-        .into_response()
 }

@@ -627,6 +627,7 @@ pub(crate) mod tests {
                 proc(201, "trainer", "GPU-0", 4 * GIB),
                 proc(301, "Xorg", "GPU-0", GIB / 2),
             ],
+            ..Default::default()
         }
     }
 

@@ -1,0 +1,238 @@
+//! Critical XID errors through NVML's event API: one event set, every GPU registered for
+//! `nvmlEventTypeXidCriticalError`, drained without waiting each cycle. Counts per GPU and
+//! code since the agent started, and the last code (dcgm-exporter's XID field). Where the
+//! kernel log names the process (`NVRM: Xid (PCI:...): N, pid=...`), the event carries it,
+//! so that the join can charge it to the process's container.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    mem,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use gpu_model::{SourceStatus, XidCount, XidProcess};
+use nvml_wrapper::{error::nvml_try, Device, Nvml};
+use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t, nvmlEventTypeXidCriticalError};
+
+use super::{
+    kmsg::{self, Kmsg, XidLine},
+    DeviceSample,
+};
+
+/// How long a kernel-log line waits for its NVML event, and an event for its line.
+const MATCH_WINDOW: Duration = Duration::from_secs(10);
+/// Events drained per cycle at most (a storm must not stall sampling).
+const MAX_EVENTS: usize = 1024;
+
+/// An XID NVML delivered, waiting for the kernel log to name its process.
+struct Pending {
+    gpu: String,
+    gpu_instance: Option<u32>,
+    xid: u64,
+    at: Instant,
+}
+
+pub struct Xids {
+    set: Option<nvmlEventSet_t>,
+    registered: HashSet<String>,
+    /// Per GPU UUID: count per code, and the last code.
+    counts: HashMap<String, (BTreeMap<u64, u64>, u64)>,
+    pending: Vec<Pending>,
+    lines: Vec<(XidLine, Instant)>,
+    kmsg_path: Option<PathBuf>,
+    kmsg: Option<Kmsg>,
+    pub events_status: SourceStatus,
+    pub kmsg_status: SourceStatus,
+}
+
+impl Xids {
+    /// `kmsg`: where the kernel log is read; None: not read.
+    pub fn new(kmsg: Option<PathBuf>) -> Xids {
+        let kmsg_status = match &kmsg {
+            None => SourceStatus::Disabled,
+            Some(_) => SourceStatus::Starting,
+        };
+        Xids {
+            set: None,
+            registered: HashSet::new(),
+            counts: HashMap::new(),
+            pending: vec![],
+            lines: vec![],
+            kmsg_path: kmsg,
+            kmsg: None,
+            events_status: SourceStatus::Starting,
+            kmsg_status,
+        }
+    }
+
+    /// Registers `dev` (once), so that its XIDs are delivered.
+    pub fn register(&mut self, nvml: &Nvml, dev: &Device, uuid: &str) {
+        if self.registered.contains(uuid) || self.events_status.reason().is_some() {
+            return;
+        }
+        let lib = nvml.lib();
+        let (Ok(create), Ok(register)) = (
+            lib.nvmlEventSetCreate.as_ref(),
+            lib.nvmlDeviceRegisterEvents.as_ref(),
+        ) else {
+            self.events_status =
+                SourceStatus::Unavailable("this NVML has no event API: no XID counts".into());
+            return;
+        };
+        if self.set.is_none() {
+            let mut set: nvmlEventSet_t = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the set is freed in `release`.
+            match nvml_try(unsafe { create(&mut set) }) {
+                Ok(()) => self.set = Some(set),
+                Err(e) => {
+                    self.events_status =
+                        SourceStatus::Unavailable(format!("nvmlEventSetCreate: {e}"));
+                    return;
+                }
+            }
+        }
+        let set = self.set.expect("created above");
+        // SAFETY: a live device handle and event set from this library.
+        let r = nvml_try(unsafe {
+            register(dev.handle(), u64::from(nvmlEventTypeXidCriticalError), set)
+        });
+        match r {
+            Ok(()) => {
+                self.registered.insert(uuid.to_string());
+                self.counts.entry(uuid.to_string()).or_default();
+                self.events_status = SourceStatus::Ok;
+            }
+            // This GPU cannot deliver XIDs; the others may.
+            Err(e) => tracing::info!(uuid, "no XID events from this GPU: {e}"),
+        }
+    }
+
+    /// Drains the delivered events and the kernel log, and puts on each device its counts,
+    /// its last code and the events whose process the log named this cycle.
+    pub fn collect(&mut self, nvml: &Nvml, devices: &mut [DeviceSample]) {
+        let now = Instant::now();
+        self.read_kmsg(now);
+        for (handle_uuid, gi, xid) in self.drain(nvml) {
+            let e = self.counts.entry(handle_uuid.clone()).or_default();
+            *e.0.entry(xid).or_default() += 1;
+            e.1 = xid;
+            self.pending.push(Pending {
+                gpu: handle_uuid,
+                gpu_instance: gi,
+                xid,
+                at: now,
+            });
+        }
+        self.match_pending(devices, now);
+        for d in devices.iter_mut() {
+            let Some((by_code, last)) = self.counts.get(&d.uuid) else {
+                continue;
+            };
+            let list = by_code.iter().map(|(&xid, &count)| XidCount { xid, count });
+            d.fields.xid_errors = Some(list.collect());
+            d.fields.last_xid = Some(*last);
+        }
+    }
+
+    fn read_kmsg(&mut self, now: Instant) {
+        if self.kmsg.is_none() {
+            if let Some(path) = &self.kmsg_path {
+                match Kmsg::open(path) {
+                    Ok(k) => {
+                        self.kmsg = Some(k);
+                        self.kmsg_status = SourceStatus::Ok;
+                    }
+                    Err(reason) => {
+                        if self.kmsg_status.reason() != Some(reason.as_str()) {
+                            tracing::warn!(%reason, "XIDs are counted per GPU, not charged to containers");
+                        }
+                        self.kmsg_status = SourceStatus::Unavailable(reason);
+                        // Not retried: a missing privilege does not come back by itself.
+                        self.kmsg_path = None;
+                    }
+                }
+            }
+        }
+        if let Some(k) = &mut self.kmsg {
+            self.lines
+                .extend(k.read_xids().into_iter().map(|l| (l, now)));
+        }
+        self.lines
+            .retain(|(_, t)| now.duration_since(*t) < MATCH_WINDOW);
+    }
+
+    /// Delivered events: (GPU UUID, GPU instance, XID code).
+    fn drain(&mut self, nvml: &Nvml) -> Vec<(String, Option<u32>, u64)> {
+        let (Some(set), Ok(wait)) = (self.set, nvml.lib().nvmlEventSetWait_v2.as_ref()) else {
+            return vec![];
+        };
+        let mut out = vec![];
+        for _ in 0..MAX_EVENTS {
+            // SAFETY: a plain C struct; all-zero is a valid value.
+            let mut data: nvmlEventData_t = unsafe { mem::zeroed() };
+            // SAFETY: a live event set; a valid out-pointer; timeout 0 never blocks.
+            if nvml_try(unsafe { wait(set, &mut data, 0) }).is_err() {
+                break; // NVML_ERROR_TIMEOUT: nothing (more) delivered
+            }
+            if data.eventType & u64::from(nvmlEventTypeXidCriticalError) == 0 {
+                continue;
+            }
+            // SAFETY: the handle NVML delivered is one of its devices.
+            let dev = unsafe { Device::new(data.device, nvml) };
+            let Ok(uuid) = dev.uuid() else { continue };
+            let gi = (data.gpuInstanceId != u32::MAX).then_some(data.gpuInstanceId);
+            out.push((uuid, gi, data.eventData));
+        }
+        out
+    }
+
+    /// Pairs NVML's events with the kernel log's lines (same GPU and code); a paired event
+    /// that names a process goes on its device for the join.
+    fn match_pending(&mut self, devices: &mut [DeviceSample], now: Instant) {
+        let pending = mem::take(&mut self.pending);
+        for p in pending {
+            let Some(d) = devices.iter_mut().find(|d| d.uuid == p.gpu) else {
+                continue;
+            };
+            let pci = d.pci_bus_id.as_deref().and_then(kmsg::parse_pci);
+            let line = self
+                .lines
+                .iter()
+                .position(|(l, _)| Some(l.pci) == pci && l.xid == p.xid)
+                .map(|i| self.lines.remove(i).0);
+            match line {
+                Some(l) => {
+                    let Some(pid) = l.pid else { continue };
+                    let mig = p.gpu_instance.and_then(|gi| {
+                        d.mig_devices
+                            .iter()
+                            .find(|m| m.gpu_instance_id == gi)
+                            .map(|m| m.uuid.clone())
+                    });
+                    d.fields.xid_processes.push(XidProcess {
+                        xid: p.xid,
+                        pid,
+                        comm: l.comm,
+                        mig_uuid: mig,
+                    });
+                }
+                None if now.duration_since(p.at) < MATCH_WINDOW && self.kmsg.is_some() => {
+                    self.pending.push(p);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Frees the event set: NVML is about to shut down or restart.
+    pub fn release(&mut self, nvml: &Nvml) {
+        if let (Some(set), Ok(free)) = (self.set.take(), nvml.lib().nvmlEventSetFree.as_ref()) {
+            // SAFETY: created by this library, freed once (taken above).
+            unsafe { free(set) };
+        }
+        self.registered.clear();
+        if self.events_status.is_ok() {
+            self.events_status = SourceStatus::Starting;
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! XID errors charged to containers: each XID the kernel log tied to a process (a host
+//! PID) goes to that process's container, counted since the agent started. The process
+//! may have died of it: a tombstone still places it for a few seconds.
+use std::collections::BTreeMap;
+
+use gpu_model::{ContainerXid, GpuSample};
+
+use crate::{metadata::Metadata, process::Resolver};
+
+/// (container id, pod uid, device uuid, GPU uuid, xid) -> count.
+type Key = (Option<String>, Option<String>, String, String, u64);
+
+#[derive(Debug, Default)]
+pub struct XidCharges {
+    counts: BTreeMap<Key, u64>,
+}
+
+impl XidCharges {
+    /// Adds this sample's XIDs to the containers of their processes, and returns every
+    /// container's totals, named from the metadata where it knows them.
+    pub fn charge(
+        &mut self,
+        procs: &impl Resolver,
+        metadata: &Metadata,
+        sample: &GpuSample,
+    ) -> Vec<ContainerXid> {
+        for d in &sample.devices {
+            for x in &d.fields.xid_processes {
+                let Some(c) = procs.place(x.pid).and_then(|p| p.container) else {
+                    tracing::info!(
+                        pid = x.pid,
+                        xid = x.xid,
+                        uuid = d.uuid,
+                        "XID of a process outside any container (or already gone)"
+                    );
+                    continue;
+                };
+                let uuid = x.mig_uuid.clone().unwrap_or_else(|| d.uuid.clone());
+                let key = (
+                    c.container_id.clone(),
+                    c.pod_uid.clone(),
+                    uuid,
+                    d.uuid.clone(),
+                    x.xid,
+                );
+                tracing::warn!(pid = x.pid, comm = ?x.comm, xid = x.xid, container = ?key.0, pod_uid = ?key.1, "XID charged to a container");
+                *self.counts.entry(key).or_default() += 1;
+            }
+        }
+        self.counts
+            .iter()
+            .map(|((container_id, pod_uid, uuid, gpu_uuid, xid), &count)| {
+                let names = container_id.as_deref().and_then(|id| metadata.names_of(id));
+                ContainerXid {
+                    container_id: container_id.clone(),
+                    pod_uid: pod_uid
+                        .clone()
+                        .or_else(|| names.and_then(|n| n.pod_uid.clone())),
+                    pod_name: names.and_then(|n| n.pod_name.clone()),
+                    namespace: names.and_then(|n| n.namespace.clone()),
+                    container_name: names.and_then(|n| n.container_name.clone()),
+                    uuid: uuid.clone(),
+                    gpu_uuid: gpu_uuid.clone(),
+                    xid: *xid,
+                    count,
+                }
+            })
+            .collect()
+    }
+}

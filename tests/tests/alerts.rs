@@ -1,0 +1,155 @@
+//! The alert rules under deploy/: promtool's unit tests of every rule (input series, the
+//! alerts expected), the PrometheusRule equal to the plain rules file, and every metric
+//! they read one the agent emits. promtool is Debian's (`cargo xtask test` installs it).
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_yaml::Value;
+use tests::{prom::which, random_hex};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+const RULES: &str = "deploy/prometheus/gpu-agent-alerts.yaml";
+const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-alerts.test.yaml";
+const OPERATOR: &str = "deploy/kubernetes/components/prometheus/prometheusrule.yaml";
+
+fn yaml(rel: &str) -> Value {
+    let text = std::fs::read_to_string(root().join(rel)).unwrap();
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// `promtool test rules` on the unit tests in `dir`: (passed, what it printed).
+fn promtool_test(dir: &Path) -> (bool, String) {
+    let out = Command::new(which("promtool"))
+        .args(["test", "rules", "gpu-agent-alerts.test.yaml"])
+        .current_dir(dir)
+        .output()
+        .expect("running promtool");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn every_alert_rule_passes_its_promtool_unit_tests() {
+    let (ok, text) = promtool_test(&root().join("deploy/prometheus"));
+    assert!(
+        ok && text.contains("SUCCESS"),
+        "promtool test rules:\n{text}"
+    );
+    // Every rule has a test that expects it to fire.
+    let tests = yaml(UNIT_TESTS);
+    let tested: BTreeSet<&str> = tests["tests"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_sequence().unwrap())
+        .filter(|a| !a["exp_alerts"].as_sequence().unwrap().is_empty())
+        .filter_map(|a| a["alertname"].as_str())
+        .collect();
+    for r in rules(&yaml(RULES)) {
+        let name = r["alert"].as_str().unwrap();
+        assert!(
+            tested.contains(name),
+            "{name} has no test that makes it fire"
+        );
+    }
+}
+
+/// The unit tests fail on a broken rule: a GPU lost for a minute no longer alerts when
+/// the rule waits ten.
+#[test]
+fn the_unit_tests_catch_a_broken_rule() {
+    let dir = std::env::temp_dir().join(format!("alerts-{}", random_hex(8)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = std::fs::read_to_string(root().join(RULES)).unwrap();
+    let broken = rules.replacen(
+        "expr: hw_status{hw_state=\"failed\"} == 1\n        for: 1m",
+        "expr: hw_status{hw_state=\"failed\"} == 1\n        for: 10m",
+        1,
+    );
+    assert_ne!(broken, rules, "the rule moved: update this test");
+    std::fs::write(dir.join("gpu-agent-alerts.yaml"), broken).unwrap();
+    std::fs::copy(
+        root().join(UNIT_TESTS),
+        dir.join("gpu-agent-alerts.test.yaml"),
+    )
+    .unwrap();
+    let (ok, text) = promtool_test(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok && text.contains("alertname: GpuLost"), "{text}");
+}
+
+fn rules(groups: &Value) -> Vec<&Value> {
+    groups["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_prometheus_rule_holds_the_same_rules() {
+    let op = yaml(OPERATOR);
+    assert_eq!(op["kind"], "PrometheusRule");
+    assert_eq!(op["metadata"]["namespace"], "gpu-agent");
+    assert_eq!(
+        op["spec"]["groups"],
+        yaml(RULES)["groups"],
+        "{OPERATOR} differs from {RULES}"
+    );
+    let kustomization = std::fs::read_to_string(
+        root().join("deploy/kubernetes/components/prometheus/kustomization.yaml"),
+    )
+    .unwrap();
+    assert!(kustomization.contains("- prometheusrule.yaml"));
+}
+
+#[test]
+fn alerts_read_only_metrics_the_agent_emits() {
+    let emitted: BTreeSet<&str> = otel::catalogue::prometheus_names().collect();
+    let mut used = BTreeSet::new();
+    for r in rules(&yaml(RULES)) {
+        let expr = r["expr"].as_str().unwrap();
+        // Metric names: identifiers followed by a selector.
+        for (i, _) in expr.match_indices('{') {
+            let name: String = expr[..i]
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if !name.is_empty() {
+                used.insert(name);
+            }
+        }
+        for bare in [
+            "gpu_agent_nvml_up",
+            "hw_gpu_memory_row_remap_failed",
+            "container_gpu_allocated_idle",
+            "hw_gpu_memory_utilization_ratio",
+        ] {
+            if expr.starts_with(bare) {
+                used.insert(bare.to_string());
+            }
+        }
+    }
+    assert!(used.len() >= 6, "{used:?}");
+    for n in &used {
+        assert!(
+            emitted.contains(n.as_str()),
+            "{n} is not a metric the agent emits"
+        );
+    }
+}
