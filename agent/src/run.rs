@@ -388,7 +388,8 @@ pub fn raise_permitted_capabilities() -> Result<Vec<String>, String> {
     if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
         return Err(format!("capset: {}", std::io::Error::last_os_error()));
     }
-    const NAMES: [(u32, &str); 5] = [
+    const NAMES: [(u32, &str); 6] = [
+        (1, "DAC_OVERRIDE"),
         (2, "DAC_READ_SEARCH"),
         (21, "SYS_ADMIN"),
         (24, "SYS_RESOURCE"),

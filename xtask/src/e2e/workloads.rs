@@ -167,6 +167,13 @@ if "create" in args and bundle:
     # containerd and CRI-O grant a non-root container its added capabilities as permitted
     # (what the image's file capabilities then keep under no-new-privileges); dockerd
     # 20.10.14+ puts them in the bounding set only. Do as the CRI runtimes do.
+    # dockerd 20.10's default seccomp profile predates CAP_BPF and CAP_PERFMON: it allows
+    # bpf and perf_event_open only with CAP_SYS_ADMIN. Docker 23+, containerd and CRI-O
+    # allow them to a container granted those capabilities, as the DaemonSet expects.
+    seccomp = spec.get("linux", {{}}).get("seccomp")
+    if ADD and seccomp is not None:
+        seccomp.setdefault("syscalls", []).append(
+            {{"names": ["bpf", "perf_event_open"], "action": "SCMP_ACT_ALLOW"}})
     if spec["process"].get("user", {{}}).get("uid", 0) != 0:
         for kind in ("effective", "permitted"):
             have = caps.setdefault(kind, [])
