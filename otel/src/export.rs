@@ -55,6 +55,51 @@ pub struct OtlpExporter {
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(120);
 
+/// The settings' CA bundle, if any (a regular file of at most 1 MiB).
+pub(crate) fn read_ca(settings: &OtlpSettings) -> Result<Option<Vec<u8>>, String> {
+    match &settings.certificate {
+        Some(p) => crate::settings::read_small_file(p)
+            .map(Some)
+            .map_err(|e| format!("reading {}: {e}", p.display())),
+        None => Ok(None),
+    }
+}
+
+/// A gRPC channel to `url` that connects on first use, with the settings' timeout, and TLS
+/// (native roots plus `ca`) for https. `shown` names the endpoint in errors, redacted.
+pub(crate) fn grpc_channel(
+    url: &str,
+    shown: &str,
+    settings: &OtlpSettings,
+    ca: Option<&[u8]>,
+) -> Result<tonic::transport::Channel, String> {
+    let mut ep = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("{shown}: {e}"))?
+        .timeout(settings.timeout)
+        .connect_timeout(settings.timeout);
+    if url.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
+        if let Some(ca) = ca {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        }
+        ep = ep.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
+    }
+    Ok(ep.connect_lazy())
+}
+
+/// An HTTP client with the settings' timeout that also trusts `ca`.
+pub(crate) fn http_client(
+    settings: &OtlpSettings,
+    ca: Option<&[u8]>,
+) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder().timeout(settings.timeout);
+    if let Some(ca) = ca {
+        let cert = reqwest::Certificate::from_pem(ca).map_err(|e| format!("CA bundle: {e}"))?;
+        b = b.add_root_certificate(cert);
+    }
+    b.build().map_err(|e| format!("HTTP client: {e}"))
+}
+
 impl OtlpExporter {
     /// Builds the client. Nothing connects yet: a collector that is down at start-up is
     /// just a failed first export.
@@ -62,41 +107,18 @@ impl OtlpExporter {
         settings: OtlpSettings,
         counters: Arc<ExportCounters>,
     ) -> Result<OtlpExporter, String> {
-        let ca = match &settings.certificate {
-            Some(p) => Some(
-                crate::settings::read_small_file(p)
-                    .map_err(|e| format!("reading {}: {e}", p.display()))?,
-            ),
-            None => None,
-        };
+        let ca = read_ca(&settings)?;
         let transport = match settings.protocol {
             Protocol::Grpc => {
-                let mut ep = tonic::transport::Endpoint::from_shared(settings.url.clone())
-                    .map_err(|e| format!("OTLP endpoint {}: {e}", settings.redacted_url()))?
-                    .timeout(settings.timeout)
-                    .connect_timeout(settings.timeout);
-                if settings.url.starts_with("https://") {
-                    let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
-                    if let Some(ca) = &ca {
-                        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
-                    }
-                    ep = ep.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
-                }
-                let mut client = MetricsServiceClient::new(ep.connect_lazy());
+                let shown = format!("OTLP endpoint {}", settings.redacted_url());
+                let channel = grpc_channel(&settings.url, &shown, &settings, ca.as_deref())?;
+                let mut client = MetricsServiceClient::new(channel);
                 if settings.gzip {
                     client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
                 Transport::Grpc(client)
             }
-            Protocol::HttpProtobuf => {
-                let mut b = reqwest::Client::builder().timeout(settings.timeout);
-                if let Some(ca) = &ca {
-                    let cert = reqwest::Certificate::from_pem(ca)
-                        .map_err(|e| format!("CA bundle: {e}"))?;
-                    b = b.add_root_certificate(cert);
-                }
-                Transport::Http(b.build().map_err(|e| format!("HTTP client: {e}"))?)
-            }
+            Protocol::HttpProtobuf => Transport::Http(http_client(&settings, ca.as_deref())?),
         };
         Ok(OtlpExporter {
             settings,

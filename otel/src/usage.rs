@@ -229,37 +229,19 @@ impl LogsExporter {
         max_queued: usize,
         counters: Arc<UsageCounters>,
     ) -> Result<LogsExporter, String> {
-        let ca = match &settings.certificate {
-            Some(p) => Some(std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?),
-            None => None,
-        };
+        let ca = crate::export::read_ca(&settings)?;
         let transport = match settings.protocol {
             Protocol::Grpc => {
-                let mut ep = tonic::transport::Endpoint::from_shared(url.clone())
-                    .map_err(|e| format!("OTLP logs endpoint {}: {e}", redact_url(&url)))?
-                    .timeout(settings.timeout)
-                    .connect_timeout(settings.timeout);
-                if url.starts_with("https://") {
-                    let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
-                    if let Some(ca) = &ca {
-                        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
-                    }
-                    ep = ep.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
-                }
-                let mut client = LogsServiceClient::new(ep.connect_lazy());
+                let shown = format!("OTLP logs endpoint {}", redact_url(&url));
+                let channel = crate::export::grpc_channel(&url, &shown, &settings, ca.as_deref())?;
+                let mut client = LogsServiceClient::new(channel);
                 if settings.gzip {
                     client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
                 Transport::Grpc(client)
             }
             Protocol::HttpProtobuf => {
-                let mut b = reqwest::Client::builder().timeout(settings.timeout);
-                if let Some(ca) = &ca {
-                    let cert = reqwest::Certificate::from_pem(ca)
-                        .map_err(|e| format!("CA bundle: {e}"))?;
-                    b = b.add_root_certificate(cert);
-                }
-                Transport::Http(b.build().map_err(|e| format!("HTTP client: {e}"))?)
+                Transport::Http(crate::export::http_client(&settings, ca.as_deref())?)
             }
         };
         Ok(LogsExporter {
