@@ -64,16 +64,23 @@ pub fn run(user_args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `cargo test --workspace --exclude agent-ebpf [user cargo args] -- [--include-ignored]
-/// [--skip ...] [user test args]`; the user's own `--` is merged into ours.
+/// `cargo test --workspace --exclude agent-ebpf --no-fail-fast [user cargo args] --
+/// [--include-ignored] [--skip ...] [user test args]`; the user's own `--` is merged into
+/// ours. No fail-fast: one failing test file must not hide the results of the others.
 fn cargo_test_args(user: &[String], root: bool, skips: &[(&str, &str)]) -> Vec<String> {
     let (cargo_args, test_args) = match user.iter().position(|a| a == "--") {
         Some(i) => (&user[..i], &user[i + 1..]),
         None => (user, &[][..]),
     };
-    let mut a: Vec<String> = ["test", "--workspace", "--exclude", "agent-ebpf"]
-        .map(String::from)
-        .into();
+    let mut a: Vec<String> = [
+        "test",
+        "--workspace",
+        "--exclude",
+        "agent-ebpf",
+        "--no-fail-fast",
+    ]
+    .map(String::from)
+    .into();
     a.extend(cargo_args.iter().cloned());
     a.push("--".into());
     let chose = |f: &str| test_args.iter().any(|t| t == f);
@@ -171,7 +178,7 @@ mod t {
 
     #[test]
     fn root_includes_ignored_and_merges_the_users_double_dash() {
-        let base = "test --workspace --exclude agent-ebpf";
+        let base = "test --workspace --exclude agent-ebpf --no-fail-fast";
         let join = |v: Vec<String>| v.join(" ");
         assert_eq!(
             join(cargo_test_args(&[], true, &[])),
