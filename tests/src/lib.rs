@@ -61,6 +61,24 @@ pub fn slow(d: Duration) -> Duration {
     d.mul_f64(scale)
 }
 
+/// A directory under the system's temp dir, `<prefix>-<random>`, made now and removed with
+/// everything in it on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("{prefix}-{}", random_hex(8)));
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub fn random_hex(len: usize) -> String {
     let mut buf = vec![0u8; len.div_ceil(2)];
     std::fs::File::open("/dev/urandom")

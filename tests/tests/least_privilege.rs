@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use tests::{
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
     fake_node::{FakeContainer, FakeNode, World},
-    fake_nvml_lib, random_hex, random_uid, Agent,
+    fake_nvml_lib, random_hex, random_uid, Agent, TempDir as Dir,
 };
 
 const GPU: &str = "GPU-00000000-1111-2222-3333-444444444444";
@@ -133,15 +133,6 @@ fn set_file_caps(path: &Path, caps: &BTreeSet<u32>, effective: bool) {
     // SAFETY: valid NUL-terminated strings and a 20-byte buffer.
     let rc = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), data.as_ptr().cast(), 20, 0) };
     assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
-}
-
-/// A scratch directory that uid 65534 can read, removed on drop.
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn copy_to(dir: &Dir, from: &Path, mode: u32) -> PathBuf {
@@ -271,8 +262,7 @@ fn the_default_daemonset_runs_non_root_in_full_ebpf_mode() {
         eprintln!("capability {c} (SYS_RESOURCE) is not in this test's bounding set: left out");
         ctx.caps.remove(c);
     }
-    let dir = Dir(std::env::temp_dir().join(format!("gpu-agent-nonroot-{}", random_hex(8))));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = Dir::new("gpu-agent-nonroot");
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
     let plain = copy_to(&dir, &tests::agent_binary(), 0o755);
     let image = dir.0.join("gpu-agent-image");

@@ -22,19 +22,10 @@ use std::{
 use base64::Engine;
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::Value;
-use tests::{http, random_hex};
+use tests::{http, random_hex, TempDir as Dir};
 
 const PASSWORD: &str = "correct horse battery staple";
 const TOKEN: &str = "gpu-agent-test-token-4f1c";
-
-/// A scratch directory, removed on drop.
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -51,8 +42,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by it.
 fn certificates() -> Dir {
-    let dir = Dir(std::env::temp_dir().join(format!("gpu-agent-tls-{}", random_hex(8))));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = Dir::new("gpu-agent-tls");
     let d = &dir.0;
     let ec = [
         "-newkey",

@@ -13,29 +13,12 @@ use tests::{
     fake_node::{FakeClaim, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
-    random_hex, random_uid, Agent,
+    random_hex, random_uid, Agent, TempDir as Dir,
 };
 
 const GIB: u64 = 1 << 30;
 const G0: &str = "GPU-00000000-aaaa-2222-3333-444444444444";
 const G1: &str = "GPU-11111111-aaaa-2222-3333-444444444444";
-
-/// A temporary directory for sockets and files, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        let d = std::env::temp_dir().join(format!("sharing-{}", random_hex(8)));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The agent on the fake library, with the node's sockets at `node` (or nowhere).
 fn start_agent(sc: &Scenario, dir: &Path, node: Option<&FakeNode>, extra: &str) -> Agent {
@@ -122,7 +105,7 @@ fn mps_scenario(pids: &[(u64, u32)]) -> Value {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn mps_clients_in_two_pods_are_attributed_and_the_server_is_not_charged() {
-    let dir = Dir::new();
+    let dir = Dir::new("sharing");
     let ids: Vec<(String, String)> = (0..3).map(|_| (random_uid(), random_hex(64))).collect();
     let cgs: Vec<TestCgroup> = ids
         .iter()
@@ -185,7 +168,7 @@ fn two_gpus(procs_on_g0: Vec<Value>) -> Value {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn dra_claims_feed_the_allocation_metrics() {
-    let dir = Dir::new();
+    let dir = Dir::new("sharing");
     let (uid, id) = (random_uid(), random_hex(64));
     let (idle_uid, idle_id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
@@ -248,7 +231,7 @@ fn dra_claims_feed_the_allocation_metrics() {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn the_runtime_is_filled_from_cri_when_the_cgroup_path_does_not_name_it() {
-    let dir = Dir::new();
+    let dir = Dir::new("sharing");
     let (uid, id) = (random_uid(), random_hex(64));
     // kubelet's cgroupfs driver: /kubepods/besteffort/pod<uid>/<id> names no runtime.
     let cg = TestCgroup::v2(&cgroupfs_container(&uid, &id));
@@ -285,7 +268,7 @@ fn the_runtime_is_filled_from_cri_when_the_cgroup_path_does_not_name_it() {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn hami_limits_from_the_environment_and_time_slice_shares_are_exported() {
-    let dir = Dir::new();
+    let dir = Dir::new("sharing");
     let (uid, id) = (random_uid(), random_hex(64));
     let (ts_uid, ts_id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
@@ -343,7 +326,7 @@ fn hami_limits_from_the_environment_and_time_slice_shares_are_exported() {
 #[test]
 #[ignore = "needs root: loads the eBPF programs"]
 fn metadata_status_says_not_found_without_sockets_and_ok_after_a_call() {
-    let dir = Dir::new();
+    let dir = Dir::new("sharing");
     let sc = Scenario::new(&two_gpus(vec![]));
     let agent = start_agent(&sc, &dir.0, None, "");
     agent.wait_until("the metadata status", Duration::from_secs(10), || {

@@ -2,7 +2,7 @@
 //! exit, energy split over containers, usage records sent as OTLP logs to the in-process
 //! receiver and written to the local file, and `gpu-agent report` reading that file.
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -15,28 +15,12 @@ use tests::{
     fake_nvml_lib,
     nvml::Scenario,
     otlp_receiver::{attr_str, Kind, Receiver},
-    random_hex, random_uid, Agent,
+    random_hex, random_uid, Agent, TempDir as Dir,
 };
 
 const GIB: u64 = 1 << 30;
 const G0: &str = "GPU-0a0a0a0a-1111-2222-3333-444444444444";
 const G1: &str = "GPU-1b1b1b1b-1111-2222-3333-444444444444";
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        let d = std::env::temp_dir().join(format!("usage-{}", random_hex(8)));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The agent on the fake library; `node`: the fake kubelet and CRI; `env`: more variables.
 fn start(
@@ -109,7 +93,7 @@ fn read_lines(path: &Path) -> Vec<Value> {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn a_300ms_gpu_job_gets_its_accounting_stats_charged() {
-    let dir = Dir::new();
+    let dir = Dir::new("usage");
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
     let sc = Scenario::new(&json!({"devices": [gpu(0, G0, 100_000, vec![])]}));
@@ -159,7 +143,7 @@ fn a_300ms_gpu_job_gets_its_accounting_stats_charged() {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn energy_per_container_sums_to_the_device_energy() {
-    let dir = Dir::new();
+    let dir = Dir::new("usage");
     let ids: Vec<(String, String)> = (0..2).map(|_| (random_uid(), random_hex(64))).collect();
     let cgs: Vec<TestCgroup> = ids
         .iter()
@@ -284,7 +268,7 @@ fn report(file: &Path, args: &[&str]) -> String {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn a_container_that_stops_yields_one_record_over_otlp_and_in_the_file_and_report_prints_it() {
-    let dir = Dir::new();
+    let dir = Dir::new("usage");
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
     let w = Proc(cg.spawn(&mut sleeper()));
@@ -395,7 +379,7 @@ fn a_container_that_stops_yields_one_record_over_otlp_and_in_the_file_and_report
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn records_beyond_the_queue_during_an_outage_are_counted_as_lost() {
-    let dir = Dir::new();
+    let dir = Dir::new("usage");
     let ids: Vec<(String, String)> = (0..3).map(|_| (random_uid(), random_hex(64))).collect();
     let cgs: Vec<TestCgroup> = ids
         .iter()
