@@ -233,31 +233,8 @@ impl OtlpExporter {
         let Transport::Grpc(client) = &mut self.transport else {
             unreachable!("send_grpc on an HTTP exporter");
         };
-        let mut r = tonic::Request::new(req);
-        for (k, v) in &self.settings.headers {
-            if let (Ok(k), Ok(v)) = (
-                k.to_ascii_lowercase()
-                    .parse::<tonic::metadata::MetadataKey<_>>(),
-                v.parse(),
-            ) {
-                r.metadata_mut().insert(k, v);
-            }
-        }
-        r.set_timeout(self.settings.timeout);
-        match client.export(r).await {
-            Ok(_) => Ok(()),
-            Err(s) => {
-                use tonic::Code::*;
-                let msg = format!("{}: {}", s.code(), s.message());
-                match s.code() {
-                    Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled
-                    | Unknown | Internal | OutOfRange | DataLoss => {
-                        Err(SendError::Retryable(msg, None))
-                    }
-                    _ => Err(SendError::Permanent(msg)),
-                }
-            }
-        }
+        let r = grpc_request(req, &self.settings);
+        client.export(r).await.map(|_| ()).map_err(grpc_error)
     }
 
     async fn send(&mut self, body: &[u8]) -> Result<(), SendError> {
@@ -269,39 +246,73 @@ impl OtlpExporter {
                 self.send_grpc(req).await
             }
             Transport::Http(client) => {
-                let mut body = body.to_vec();
-                let mut rb = client
-                    .post(&self.settings.url)
-                    .header("content-type", "application/x-protobuf");
-                if self.settings.gzip {
-                    use std::io::Write;
-                    let mut enc =
-                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-                    enc.write_all(&body).ok();
-                    body = enc.finish().unwrap_or_default();
-                    rb = rb.header("content-encoding", "gzip");
-                }
-                for (k, v) in &self.settings.headers {
-                    rb = rb.header(k, v);
-                }
-                match rb.body(body).send().await {
-                    Ok(r) if r.status().is_success() => Ok(()),
-                    Ok(r) => {
-                        let st = r.status();
-                        let msg = format!("HTTP {st}");
-                        if matches!(st.as_u16(), 408 | 429 | 502 | 503 | 504)
-                            || st.is_server_error()
-                        {
-                            Err(SendError::Retryable(msg, retry_after(&r)))
-                        } else {
-                            Err(SendError::Permanent(msg))
-                        }
-                    }
-                    // Without the URL: it may carry credentials.
-                    Err(e) => Err(SendError::Retryable(e.without_url().to_string(), None)),
-                }
+                post_http(client, &self.settings.url, &self.settings, body.to_vec()).await
             }
         }
+    }
+}
+
+/// A gRPC request of `msg` with the settings' headers (as metadata) and timeout.
+pub(crate) fn grpc_request<T>(msg: T, settings: &OtlpSettings) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    for (k, v) in &settings.headers {
+        if let (Ok(k), Ok(v)) = (
+            k.to_ascii_lowercase()
+                .parse::<tonic::metadata::MetadataKey<_>>(),
+            v.parse(),
+        ) {
+            r.metadata_mut().insert(k, v);
+        }
+    }
+    r.set_timeout(settings.timeout);
+    r
+}
+
+/// A failed gRPC export: retried where OTLP says the status is transient.
+pub(crate) fn grpc_error(s: tonic::Status) -> SendError {
+    use tonic::Code::*;
+    let msg = format!("{}: {}", s.code(), s.message());
+    match s.code() {
+        Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled | Unknown
+        | Internal | OutOfRange | DataLoss => SendError::Retryable(msg, None),
+        _ => SendError::Permanent(msg),
+    }
+}
+
+/// POSTs an encoded OTLP protobuf `body` to `url` (gzipped when the settings say so), with
+/// the settings' headers; 408, 429 and 5xx are retried, honouring Retry-After.
+pub(crate) async fn post_http(
+    client: &reqwest::Client,
+    url: &str,
+    settings: &OtlpSettings,
+    mut body: Vec<u8>,
+) -> Result<(), SendError> {
+    let mut rb = client
+        .post(url)
+        .header("content-type", "application/x-protobuf");
+    if settings.gzip {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(&body).ok();
+        body = enc.finish().unwrap_or_default();
+        rb = rb.header("content-encoding", "gzip");
+    }
+    for (k, v) in &settings.headers {
+        rb = rb.header(k, v);
+    }
+    match rb.body(body).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => {
+            let st = r.status();
+            let msg = format!("HTTP {st}");
+            if matches!(st.as_u16(), 408 | 429) || st.is_server_error() {
+                Err(SendError::Retryable(msg, retry_after(&r)))
+            } else {
+                Err(SendError::Permanent(msg))
+            }
+        }
+        // Without the URL: it may carry credentials.
+        Err(e) => Err(SendError::Retryable(e.without_url().to_string(), None)),
     }
 }
 

@@ -22,7 +22,10 @@ use opentelemetry_proto::tonic::{
 use prost::Message;
 
 use crate::{
-    export::{retry_after, OtlpSettings, Protocol, SendError},
+    export::{
+        grpc_channel, grpc_error, grpc_request, http_client, post_http, read_ca, OtlpSettings,
+        Protocol, SendError,
+    },
     otlp::{container_attributes, kv, ExportContext},
     settings::redact_url,
 };
@@ -229,20 +232,18 @@ impl LogsExporter {
         max_queued: usize,
         counters: Arc<UsageCounters>,
     ) -> Result<LogsExporter, String> {
-        let ca = crate::export::read_ca(&settings)?;
+        let ca = read_ca(&settings)?;
         let transport = match settings.protocol {
             Protocol::Grpc => {
                 let shown = format!("OTLP logs endpoint {}", redact_url(&url));
-                let channel = crate::export::grpc_channel(&url, &shown, &settings, ca.as_deref())?;
+                let channel = grpc_channel(&url, &shown, &settings, ca.as_deref())?;
                 let mut client = LogsServiceClient::new(channel);
                 if settings.gzip {
                     client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
                 Transport::Grpc(client)
             }
-            Protocol::HttpProtobuf => {
-                Transport::Http(crate::export::http_client(&settings, ca.as_deref())?)
-            }
+            Protocol::HttpProtobuf => Transport::Http(http_client(&settings, ca.as_deref())?),
         };
         Ok(LogsExporter {
             url,
@@ -320,60 +321,13 @@ impl LogsExporter {
 
     async fn send(&mut self, req: ExportLogsServiceRequest) -> Result<(), SendError> {
         match &mut self.transport {
-            Transport::Grpc(client) => {
-                let mut r = tonic::Request::new(req);
-                for (k, v) in &self.settings.headers {
-                    if let (Ok(k), Ok(v)) = (
-                        k.to_ascii_lowercase()
-                            .parse::<tonic::metadata::MetadataKey<_>>(),
-                        v.parse(),
-                    ) {
-                        r.metadata_mut().insert(k, v);
-                    }
-                }
-                r.set_timeout(self.settings.timeout);
-                client.export(r).await.map(|_| ()).map_err(|s| {
-                    use tonic::Code::*;
-                    let msg = format!("{}: {}", s.code(), s.message());
-                    match s.code() {
-                        Unavailable | ResourceExhausted | DeadlineExceeded | Aborted
-                        | Cancelled | Unknown | Internal | DataLoss => {
-                            SendError::Retryable(msg, None)
-                        }
-                        _ => SendError::Permanent(msg),
-                    }
-                })
-            }
+            Transport::Grpc(client) => client
+                .export(grpc_request(req, &self.settings))
+                .await
+                .map(|_| ())
+                .map_err(grpc_error),
             Transport::Http(client) => {
-                let mut rb = client
-                    .post(&self.url)
-                    .header("content-type", "application/x-protobuf");
-                let mut body = req.encode_to_vec();
-                if self.settings.gzip {
-                    use std::io::Write;
-                    let mut enc =
-                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-                    enc.write_all(&body).ok();
-                    body = enc.finish().unwrap_or_default();
-                    rb = rb.header("content-encoding", "gzip");
-                }
-                for (k, v) in &self.settings.headers {
-                    rb = rb.header(k, v);
-                }
-                match rb.body(body).send().await {
-                    Ok(r) if r.status().is_success() => Ok(()),
-                    Ok(r) => {
-                        let st = r.status();
-                        let msg = format!("HTTP {st}");
-                        if matches!(st.as_u16(), 408 | 429) || st.is_server_error() {
-                            Err(SendError::Retryable(msg, retry_after(&r)))
-                        } else {
-                            Err(SendError::Permanent(msg))
-                        }
-                    }
-                    // Without the URL: it may carry credentials.
-                    Err(e) => Err(SendError::Retryable(e.without_url().to_string(), None)),
-                }
+                post_http(client, &self.url, &self.settings, req.encode_to_vec()).await
             }
         }
     }
