@@ -219,6 +219,29 @@ impl Agent {
         self.json("/debug/stats")
     }
 
+    /// Polls /debug/snapshot every 100 ms until `pred` finds what it wants; panics after
+    /// `within` with the last snapshot and the agent's log.
+    pub fn wait_snapshot(
+        &self,
+        within: std::time::Duration,
+        what: &str,
+        mut pred: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let deadline = std::time::Instant::now() + within;
+        let mut last = Value::Null;
+        while std::time::Instant::now() < deadline {
+            last = self.json("/debug/snapshot");
+            if pred(&last) {
+                return last;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!(
+            "timed out waiting for {what}; last snapshot:\n{last:#}\nagent log:\n{}",
+            self.log()
+        );
+    }
+
     pub fn processes(&self) -> Vec<Value> {
         self.json("/debug/processes")
             .as_array()

@@ -1,10 +1,7 @@
 //! GPU use joined to containers, end to end: the real agent with real eBPF, processes in
 //! pod cgroups, and NVML answered by the fake libnvidia-ml.so (loaded through nvml-wrapper
 //! exactly as the real one is) driven by a scenario file the test writes and edits.
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use serde_json::{json, Value};
 use tests::{
@@ -46,20 +43,8 @@ fn pod_path(uid: &str, id: &str) -> String {
 }
 
 /// Polls /debug/snapshot until `pred` finds what it wants.
-fn wait_snapshot(agent: &Agent, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut last = Value::Null;
-    while Instant::now() < deadline {
-        last = agent.json("/debug/snapshot");
-        if pred(&last) {
-            return last;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "timed out waiting for {what}; last snapshot:\n{last:#}\nagent log:\n{}",
-        agent.log()
-    );
+fn wait_snapshot(agent: &Agent, what: &str, pred: impl FnMut(&Value) -> bool) -> Value {
+    agent.wait_snapshot(Duration::from_secs(15), what, pred)
 }
 
 fn container<'a>(snap: &'a Value, id: Option<&str>) -> Option<&'a Value> {

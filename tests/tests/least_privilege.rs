@@ -18,7 +18,7 @@ use std::{
     os::unix::{fs::PermissionsExt, process::CommandExt},
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::{json, Value};
@@ -209,20 +209,8 @@ fn status_field(pid: u32, key: &str) -> String {
         .to_string()
 }
 
-fn wait_snapshot(agent: &Agent, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(25);
-    let mut last = Value::Null;
-    while Instant::now() < deadline {
-        last = agent.json("/debug/snapshot");
-        if pred(&last) {
-            return last;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "timed out waiting for {what}; last snapshot:\n{last:#}\nagent log:\n{}",
-        agent.log()
-    );
+fn wait_snapshot(agent: &Agent, what: &str, pred: impl FnMut(&Value) -> bool) -> Value {
+    agent.wait_snapshot(Duration::from_secs(25), what, pred)
 }
 
 #[test]
