@@ -1018,8 +1018,8 @@ mod sharing_tests {
         assert!((idle - 50.0).abs() < 1e-9, "{idle}");
     }
 
-    #[test]
-    fn the_idle_rest_goes_to_the_allocated_container_and_memory_share_without_util() {
+    /// Container A named ns/p/a and allocated `device` of `resource` (through `claim`).
+    fn allocated_to_a(resource: &str, device: &str, claim: Option<&str>) -> Metadata {
         let mut md = Metadata::default();
         md.names.insert(
             A.into(),
@@ -1034,10 +1034,16 @@ mod sharing_tests {
             namespace: "ns".into(),
             pod_name: "p".into(),
             container_name: "a".into(),
-            resource_name: "nvidia.com/gpu".into(),
-            device_ids: vec!["GPU-1".into()],
-            claim: None,
+            resource_name: resource.into(),
+            device_ids: vec![device.into()],
+            claim: claim.map(String::from),
         }];
+        md
+    }
+
+    #[test]
+    fn the_idle_rest_goes_to_the_allocated_container_and_memory_share_without_util() {
+        let md = allocated_to_a("nvidia.com/gpu", "GPU-1", None);
         // No utilization known (MIG-like): memory shares of the GPU's 1000 bytes.
         let procs = || vec![p(100, 100, None), p(200, 300, None)];
         let samples = [
@@ -1135,24 +1141,7 @@ mod sharing_tests {
 
     #[test]
     fn dra_devices_by_minor_number_feed_the_allocation() {
-        let mut md = Metadata::default();
-        md.names.insert(
-            A.into(),
-            ContainerNames {
-                pod_name: Some("p".into()),
-                namespace: Some("ns".into()),
-                container_name: Some("a".into()),
-                ..Default::default()
-            },
-        );
-        md.allocations = vec![Allocation {
-            namespace: "ns".into(),
-            pod_name: "p".into(),
-            container_name: "a".into(),
-            resource_name: "gpu.nvidia.com".into(),
-            device_ids: vec!["gpu-7".into()],
-            claim: Some("ns/claim".into()),
-        }];
+        let md = allocated_to_a("gpu.nvidia.com", "gpu-7", Some("ns/claim"));
         let mut s = sample(1000, 0, vec![p(100, 1, Some(1))]);
         s.devices[0].sharing.minor_number = Some(7);
         let (snap, _, _) = run(&md, &[s], &Inputs::default());
