@@ -3,7 +3,7 @@
 //! accounting stats are read on the NVML thread and charged on a later cycle to the owner
 //! they had when they exited), and the usage records sent to the usage sink.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::PathBuf,
     sync::{atomic::Ordering::Relaxed, Arc},
     time::{Duration, Instant},
@@ -91,7 +91,8 @@ impl Sharing {
     pub fn before(&mut self, sample: &GpuSample) -> (HashMap<u32, HamiLimits>, Vec<Accounted>) {
         let mut hami = HashMap::new();
         if self.hami {
-            let pids: Vec<u32> = sample
+            // A set: with thousands of GPU processes, `retain` must not scan a list per entry.
+            let pids: HashSet<u32> = sample
                 .devices
                 .iter()
                 .flat_map(|d| &d.processes)
