@@ -1,7 +1,6 @@
 //! `cargo bench -p otel --bench export [CONTAINERS]`: CPU to build and encode one OTLP
 //! export, and to render /metrics, for CONTAINERS (default 200) containers x 8 GPUs.
 //! Prints one `BENCH ...` line; `cargo xtask bench export` reads it.
-use prost::Message;
 
 /// A synthetic snapshot: `n` containers, each using all `gpus` GPUs.
 fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
@@ -97,8 +96,7 @@ fn main() {
     let mut bytes = 0;
     let cpu0 = thread_cpu_ns();
     for _ in 0..iters {
-        let req = otel::otlp::build_request(&snap, &stats, &ctx, 0);
-        bytes = req.encode_to_vec().len();
+        bytes = otel::otlp::encode_request(&snap, &stats, &ctx, 0).len();
     }
     let build_us = (thread_cpu_ns() - cpu0) as f64 / iters as f64 / 1000.0;
     // /metrics as it is served: the stream of chunks, consumed (dcgm-exporter's default

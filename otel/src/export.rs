@@ -11,10 +11,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use opentelemetry_proto::tonic::collector::metrics::v1::{
-    metrics_service_client::MetricsServiceClient, ExportMetricsServiceRequest,
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+use prost::{
+    bytes::{BufMut, Bytes},
+    Message,
 };
-use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 pub use crate::settings::{parse_pairs, OtlpConfig, OtlpSettings, Protocol};
 
@@ -37,7 +39,7 @@ pub enum SendError {
 }
 
 enum Transport {
-    Grpc(MetricsServiceClient<tonic::transport::Channel>),
+    Grpc(tonic::client::Grpc<tonic::transport::Channel>),
     Http(reqwest::Client),
 }
 
@@ -45,7 +47,7 @@ pub struct OtlpExporter {
     settings: OtlpSettings,
     transport: Transport,
     /// Encoded requests: in memory exactly what the byte budget counts.
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<Bytes>,
     queued_bytes: usize,
     backoff: Duration,
     next_attempt: Instant,
@@ -112,7 +114,7 @@ impl OtlpExporter {
             Protocol::Grpc => {
                 let shown = format!("OTLP endpoint {}", settings.redacted_url());
                 let channel = grpc_channel(&settings.url, &shown, &settings, ca.as_deref())?;
-                let mut client = MetricsServiceClient::new(channel);
+                let mut client = tonic::client::Grpc::new(channel);
                 if settings.gzip {
                     client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
@@ -135,12 +137,10 @@ impl OtlpExporter {
         &self.settings
     }
 
-    /// Queues a batch, dropping the oldest ones beyond the byte budget.
-    pub fn enqueue(&mut self, req: ExportMetricsServiceRequest) {
-        let bytes = req.encode_to_vec();
-        drop(req);
+    /// Queues an encoded batch, dropping the oldest ones beyond the byte budget.
+    pub fn enqueue(&mut self, bytes: Vec<u8>) {
         self.queued_bytes += bytes.len();
-        self.queue.push_back(bytes);
+        self.queue.push_back(Bytes::from(bytes));
         while self.queued_bytes > self.settings.max_queue_bytes && self.queue.len() > 1 {
             let old = self.queue.pop_front().unwrap();
             self.queued_bytes -= old.len();
@@ -151,22 +151,11 @@ impl OtlpExporter {
             .store(self.queued_bytes as u64, Relaxed);
     }
 
-    /// Exports one batch. With nothing queued and no backoff pending, the request goes out
-    /// as built (no encode/decode round trip); only a failed one is encoded and queued, from
-    /// `make` again (it builds the same batch from the same snapshot).
-    pub async fn export(&mut self, make: impl Fn() -> ExportMetricsServiceRequest) {
-        if !self.queue.is_empty() || Instant::now() < self.next_attempt {
-            self.enqueue(make());
-            self.flush(false).await;
-            return;
-        }
-        let result = match &mut self.transport {
-            Transport::Grpc(_) => self.send_grpc(make()).await,
-            Transport::Http(_) => self.send(&make().encode_to_vec()).await,
-        };
-        if !self.settle(result) {
-            self.enqueue(make());
-        }
+    /// Exports one encoded batch (otlp::encode_request), queued behind any earlier ones
+    /// that failed; a failed one is kept for a retry.
+    pub async fn export(&mut self, batch: Vec<u8>) {
+        self.enqueue(batch);
+        self.flush(false).await;
     }
 
     /// Counts and logs one send's outcome, and arms the backoff on a retryable failure.
@@ -216,7 +205,7 @@ impl OtlpExporter {
         }
         while let Some(body) = self.queue.pop_front() {
             let len = body.len();
-            let result = self.send(&body).await;
+            let result = self.send(body.clone()).await;
             if !self.settle(result) {
                 self.queue.push_front(body);
                 return false;
@@ -229,26 +218,66 @@ impl OtlpExporter {
         true
     }
 
-    async fn send_grpc(&mut self, req: ExportMetricsServiceRequest) -> Result<(), SendError> {
-        let Transport::Grpc(client) = &mut self.transport else {
-            unreachable!("send_grpc on an HTTP exporter");
-        };
-        let r = grpc_request(req, &self.settings);
-        client.export(r).await.map(|_| ()).map_err(grpc_error)
-    }
-
-    async fn send(&mut self, body: &[u8]) -> Result<(), SendError> {
+    /// Sends one batch; `Bytes` so that the queued copy is not duplicated.
+    async fn send(&mut self, body: Bytes) -> Result<(), SendError> {
         match &mut self.transport {
-            Transport::Grpc(_) => {
-                // tonic's generated client wants the message: decoded only for a retry.
-                let req = ExportMetricsServiceRequest::decode(body)
-                    .map_err(|e| SendError::Permanent(format!("re-decoding a batch: {e}")))?;
-                self.send_grpc(req).await
+            Transport::Grpc(client) => {
+                client
+                    .ready()
+                    .await
+                    .map_err(|e| SendError::Retryable(format!("not ready: {e}"), None))?;
+                let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+                    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+                );
+                let r = grpc_request(body, &self.settings);
+                let reply = client.unary(r, path, EncodedCodec).await;
+                reply.map(|_| ()).map_err(grpc_error)
             }
             Transport::Http(client) => {
-                post_http(client, &self.settings.url, &self.settings, body.to_vec()).await
+                post_http(client, &self.settings.url, &self.settings, body).await
             }
         }
+    }
+}
+
+/// The gRPC codec of an already encoded request: tonic's generated client would want the
+/// message struct, which the agent never builds (otlp::encode_request).
+#[derive(Clone, Copy)]
+struct EncodedCodec;
+
+impl Codec for EncodedCodec {
+    type Encode = Bytes;
+    type Decode = ExportMetricsServiceResponse;
+    type Encoder = EncodedCodec;
+    type Decoder = EncodedCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        *self
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        *self
+    }
+}
+
+impl Encoder for EncodedCodec {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for EncodedCodec {
+    type Item = ExportMetricsServiceResponse;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, tonic::Status> {
+        ExportMetricsServiceResponse::decode(src)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(format!("decoding the reply: {e}")))
     }
 }
 
@@ -285,7 +314,7 @@ pub(crate) async fn post_http(
     client: &reqwest::Client,
     url: &str,
     settings: &OtlpSettings,
-    mut body: Vec<u8>,
+    mut body: Bytes,
 ) -> Result<(), SendError> {
     let mut rb = client
         .post(url)
@@ -294,7 +323,7 @@ pub(crate) async fn post_http(
         use std::io::Write;
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         enc.write_all(&body).ok();
-        body = enc.finish().unwrap_or_default();
+        body = enc.finish().unwrap_or_default().into();
         rb = rb.header("content-encoding", "gzip");
     }
     for (k, v) in &settings.headers {
@@ -355,8 +384,8 @@ mod tests {
             service_name: "t".into(),
             ..Default::default()
         };
-        let batch = || crate::otlp::build_request(&Default::default(), &stats, &ctx, 5);
-        let one = batch().encoded_len();
+        let batch = || crate::otlp::encode_request(&Default::default(), &stats, &ctx, 5);
+        let one = batch().len();
         // Room for three and a half batches.
         let budget = one * 7 / 2;
         let mut settings = OtlpConfig {
@@ -420,7 +449,7 @@ mod tests {
             .unwrap();
             let counters = Arc::new(ExportCounters::default());
             let mut ex = OtlpExporter::new(settings, counters.clone()).unwrap();
-            ex.enqueue(ExportMetricsServiceRequest::default());
+            ex.enqueue(vec![]);
             let before = Instant::now();
             assert!(!ex.flush(true).await);
             assert_eq!(counters.failures.load(Relaxed), 1);

@@ -5,6 +5,7 @@ pub mod catalogue;
 pub mod dcgm;
 pub mod export;
 pub mod otlp;
+mod pb;
 pub mod prometheus;
 pub mod settings;
 pub mod usage;

@@ -327,7 +327,13 @@ impl LogsExporter {
                 .map(|_| ())
                 .map_err(grpc_error),
             Transport::Http(client) => {
-                post_http(client, &self.url, &self.settings, req.encode_to_vec()).await
+                post_http(
+                    client,
+                    &self.url,
+                    &self.settings,
+                    req.encode_to_vec().into(),
+                )
+                .await
             }
         }
     }

@@ -23,12 +23,12 @@ pub async fn run(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let request = |now: u64| {
         let snap = snapshot.borrow().clone();
-        otel::otlp::build_request(&snap, &stats.report(&snap.nvml), &ctx, now)
+        otel::otlp::encode_request(&snap, &stats.report(&snap.nvml), &ctx, now)
     };
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                ex.export(|| request(now_ms())).await;
+                ex.export(request(now_ms())).await;
             }
             _ = stop.cancelled() => {
                 ex.enqueue(request(now_ms()));
