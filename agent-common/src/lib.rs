@@ -228,6 +228,9 @@ pub struct Config {
     pub rmdir_path: u32,
     /// The tracked cgroup v1 hierarchy id, ABSENT on pure cgroup2 hosts.
     pub v1_hierarchy: u32,
+    /// 1 when `task_newtask` has the layout of `NewTaskRecord` (every kernel seen so far):
+    /// fork then reads its fields with one probe read instead of one per field.
+    pub newtask_packed: u32,
     /// Wake the consumer once this many bytes are waiting; below it events wait for the
     /// consumer's next timed poll. 0: wake on every event.
     pub wakeup_bytes: u32,
@@ -254,9 +257,26 @@ impl Config {
             rmdir_path: 0,
             v1_hierarchy: ABSENT,
             wakeup_bytes: 0,
+            newtask_packed: 0,
         }
     }
 }
+
+/// `task/task_newtask` from `pid` on, as 5.x and 6.x kernels lay it out: pid at 8, the
+/// child's comm at 12, clone_flags at 32 (`NEWTASK_OFFSETS`).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default)]
+pub struct NewTaskRecord {
+    pub pid: i32,
+    pub comm: [u8; 16],
+    pub _pad: u32,
+    pub clone_flags: u64,
+}
+
+/// (pid, comm, clone_flags) offsets in the record that `NewTaskRecord` mirrors.
+pub const NEWTASK_OFFSETS: (u32, u32, u32) = (8, 12, 32);
+
+const _: () = assert!(core::mem::size_of::<NewTaskRecord>() == 32);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -269,7 +289,7 @@ mod pod {
 const _: () = assert!(core::mem::size_of::<ProcInfo>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 56);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
-const _: () = assert!(core::mem::size_of::<Config>() == 18 * 4);
+const _: () = assert!(core::mem::size_of::<Config>() == 19 * 4);
 
 #[cfg(test)]
 mod tests {

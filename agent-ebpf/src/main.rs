@@ -5,7 +5,7 @@
 #![no_main]
 
 use agent_common::{
-    CgroupEvent, Config, ProcEvent, ProcInfo, ABSENT, CGROUP_PATH_MAX, COUNTERS_LEN,
+    CgroupEvent, Config, NewTaskRecord, ProcEvent, ProcInfo, ABSENT, CGROUP_PATH_MAX, COUNTERS_LEN,
     COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
     EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
 };
@@ -37,10 +37,12 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
 
-#[inline(always)]
-fn config() -> Config {
-    // Volatile: the value is patched into .rodata at load time, after compilation.
-    unsafe { core::ptr::read_volatile(&AGENT_CONFIG) }
+/// One field of the loader's config. Volatile: the value is patched into .rodata at load
+/// time, after compilation. Per field: copying the whole struct cost every event ~20 loads.
+macro_rules! cfg {
+    ($field:ident) => {
+        unsafe { core::ptr::read_volatile(core::ptr::addr_of!(AGENT_CONFIG.$field)) }
+    };
 }
 
 #[inline(always)]
@@ -57,8 +59,9 @@ fn current_tgid() -> u32 {
 
 /// Wake the consumer only when enough has piled up; it polls on a timer otherwise.
 #[inline(always)]
-fn submit_flags(cfg: &Config) -> u64 {
-    if cfg.wakeup_bytes == 0 || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wakeup_bytes as u64 {
+fn submit_flags() -> u64 {
+    let wakeup_bytes: u32 = cfg!(wakeup_bytes);
+    if wakeup_bytes == 0 || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= wakeup_bytes as u64 {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -66,7 +69,7 @@ fn submit_flags(cfg: &Config) -> u64 {
 }
 
 #[inline(always)]
-fn notify_proc(cfg: &Config, kind: u32, tgid: u32, info: &ProcInfo) {
+fn notify_proc(kind: u32, tgid: u32, info: &ProcInfo) {
     match EVENTS.reserve::<ProcEvent>(0) {
         Some(mut entry) => {
             let ev = entry.as_mut_ptr();
@@ -75,7 +78,7 @@ fn notify_proc(cfg: &Config, kind: u32, tgid: u32, info: &ProcInfo) {
                 (*ev).tgid = tgid;
                 (*ev).info = *info;
             }
-            entry.submit(submit_flags(cfg));
+            entry.submit(submit_flags());
         }
         // The map is already right; userspace resyncs from it when it sees the drop.
         None => count(COUNTER_RINGBUF_LOST),
@@ -94,7 +97,6 @@ pub fn proc_exec(ctx: TracePointContext) -> u32 {
 }
 
 fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
-    let cfg = config();
     let tgid = current_tgid();
     // exec runs in the process itself: its cgroup2 id is exact here.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
@@ -116,7 +118,7 @@ fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
             info
         }
     };
-    notify_proc(&cfg, EVENT_EXEC, tgid, &info);
+    notify_proc(EVENT_EXEC, tgid, &info);
     Ok(())
 }
 
@@ -134,12 +136,21 @@ pub fn proc_fork(ctx: TracePointContext) -> u32 {
 
 /// `task/task_newtask`, in the parent's context, before the child first runs.
 fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
-    let cfg = config();
-    let clone_flags: u64 = unsafe { ctx.read_at(cfg.newtask_clone_flags as usize)? };
+    let packed: u32 = cfg!(newtask_packed);
+    let (child, clone_flags, comm) = if packed != 0 {
+        // One probe read for pid, the child's comm (its parent's) and clone_flags.
+        let r: NewTaskRecord = unsafe { ctx.read_at(agent_common::NEWTASK_OFFSETS.0 as usize)? };
+        (r.pid, r.clone_flags, Some(r.comm))
+    } else {
+        let flags_at: u32 = cfg!(newtask_clone_flags);
+        let pid_at: u32 = cfg!(newtask_pid);
+        let flags: u64 = unsafe { ctx.read_at(flags_at as usize)? };
+        let pid: i32 = unsafe { ctx.read_at(pid_at as usize)? };
+        (pid, flags, None)
+    };
     if clone_flags & CLONE_THREAD != 0 {
         return Ok(()); // a thread, not a new process
     }
-    let child: i32 = unsafe { ctx.read_at(cfg.newtask_pid as usize)? };
     let parent = current_tgid();
     let mut info = ProcInfo::new(
         Some(unsafe { bpf_get_current_cgroup_id() }),
@@ -149,8 +160,9 @@ fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
         parent,
     );
     // The child starts with its parent's name.
-    info.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    if cfg.v1_hierarchy != ABSENT {
+    info.comm = comm.unwrap_or_else(|| bpf_get_current_comm().unwrap_or([0; 16]));
+    let v1: u32 = cfg!(v1_hierarchy);
+    if v1 != ABSENT {
         if let Some(p) = PROCS.get_ptr(parent) {
             let p = unsafe { *p };
             if p.v1_known() {
@@ -165,7 +177,7 @@ fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
     if PROCS.insert(child as u32, info, BPF_ANY as u64).is_err() {
         count(COUNTER_MAP_FULL);
     }
-    notify_proc(&cfg, EVENT_FORK, child as u32, &info);
+    notify_proc(EVENT_FORK, child as u32, &info);
     Ok(())
 }
 
@@ -183,11 +195,11 @@ pub fn proc_exit(ctx: TracePointContext) -> u32 {
 
 /// `sched/sched_process_exit` fires per thread; the process ends with its thread group.
 fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
-    let cfg = config();
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    let group_dead = if cfg.exit_group_dead != ABSENT {
-        let dead: u8 = unsafe { ctx.read_at(cfg.exit_group_dead as usize)? };
+    let group_dead_at: u32 = cfg!(exit_group_dead);
+    let group_dead = if group_dead_at != ABSENT {
+        let dead: u8 = unsafe { ctx.read_at(group_dead_at as usize)? };
         dead != 0
     } else {
         pid_tgid as u32 == tgid
@@ -200,7 +212,7 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
         None => ProcInfo::default(),
     };
     let _ = PROCS.remove(tgid);
-    notify_proc(&cfg, EVENT_EXIT, tgid, &info);
+    notify_proc(EVENT_EXIT, tgid, &info);
     Ok(())
 }
 
@@ -216,14 +228,13 @@ macro_rules! cgroup_program {
     ($name:ident, $kind:expr, $root:ident, $id:ident, $level:ident, $path:ident) => {
         #[tracepoint]
         pub fn $name(ctx: TracePointContext) -> u32 {
-            let cfg = config();
             let f = CgroupFields {
-                root: cfg.$root,
-                id: cfg.$id,
-                level: cfg.$level,
-                path: cfg.$path,
+                root: cfg!($root),
+                id: cfg!($id),
+                level: cfg!($level),
+                path: cfg!($path),
             };
-            cgroup_event(&ctx, &cfg, $kind, &f)
+            cgroup_event(&ctx, $kind, &f)
         }
     };
 }
@@ -254,8 +265,8 @@ cgroup_program!(
 );
 
 #[inline(always)]
-fn cgroup_event(ctx: &TracePointContext, cfg: &Config, kind: u32, f: &CgroupFields) -> u32 {
-    match try_cgroup_event(ctx, cfg, kind, f) {
+fn cgroup_event(ctx: &TracePointContext, kind: u32, f: &CgroupFields) -> u32 {
+    match try_cgroup_event(ctx, kind, f) {
         Ok(()) => 0,
         Err(e) => {
             count(COUNTER_READ_ERRORS);
@@ -265,23 +276,20 @@ fn cgroup_event(ctx: &TracePointContext, cfg: &Config, kind: u32, f: &CgroupFiel
     }
 }
 
-fn try_cgroup_event(
-    ctx: &TracePointContext,
-    cfg: &Config,
-    kind: u32,
-    f: &CgroupFields,
-) -> Result<(), i64> {
+fn try_cgroup_event(ctx: &TracePointContext, kind: u32, f: &CgroupFields) -> Result<(), i64> {
     let root: i32 = unsafe { ctx.read_at(f.root as usize)? };
     let root = root as u32;
     let v2 = root == 0;
-    if !v2 && root != cfg.v1_hierarchy {
+    let v1: u32 = cfg!(v1_hierarchy);
+    if !v2 && root != v1 {
         return Ok(()); // an untracked v1 hierarchy
     }
     let id: u64 = unsafe { ctx.read_at(f.id as usize)? };
     let level: i32 = unsafe { ctx.read_at(f.level as usize)? };
     let mut pid = 0u32;
     if kind == EVENT_CGROUP_ATTACH {
-        let p: i32 = unsafe { ctx.read_at(cfg.attach_pid as usize)? };
+        let pid_at: u32 = cfg!(attach_pid);
+        let p: i32 = unsafe { ctx.read_at(pid_at as usize)? };
         pid = p as u32;
         // A missing entry is left to userspace: `pid` may be a lone thread (v1 `tasks`).
         if let Some(e) = PROCS.get_ptr_mut(pid) {
@@ -312,7 +320,7 @@ fn try_cgroup_event(
             dst[CGROUP_PATH_MAX - 1] = 0;
         }
     }
-    entry.submit(submit_flags(cfg));
+    entry.submit(submit_flags());
     Ok(())
 }
 

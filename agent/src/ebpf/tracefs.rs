@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use agent_common::{Config, ABSENT};
+use agent_common::{Config, ABSENT, NEWTASK_OFFSETS};
 
 const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
@@ -154,12 +154,19 @@ fn field(fields: &Fields, tp: &str, name: &str, size: Option<u32>) -> Result<u32
     }
 }
 
+/// Whether fork may read `task_newtask` as one `NewTaskRecord`.
+fn newtask_packed(f: &Fields) -> bool {
+    let at = |name, size| field(f, "task_newtask", name, Some(size)).unwrap_or(ABSENT);
+    (at("pid", 4), at("comm", 16), at("clone_flags", 8)) == NEWTASK_OFFSETS
+}
+
 /// Offsets of every field the programs read, from this kernel's format files.
 pub fn offsets(tracefs: &Path) -> Result<Config, String> {
     let mut c = Config::zeroed();
     let f = read_fields(tracefs, "task", "task_newtask")?;
     c.newtask_pid = field(&f, "task_newtask", "pid", Some(4))?;
     c.newtask_clone_flags = field(&f, "task_newtask", "clone_flags", Some(8))?;
+    c.newtask_packed = newtask_packed(&f) as u32;
     let f = read_fields(tracefs, "sched", "sched_process_exit")?;
     c.exit_group_dead = field(&f, "sched_process_exit", "group_dead", Some(1)).unwrap_or(ABSENT);
     let f = read_fields(tracefs, "cgroup", "cgroup_attach_task")?;
@@ -208,5 +215,10 @@ print fmt: \"pid=%d\"";
         assert_eq!(field(&f, "t", "clone_flags", Some(8)), Ok(32));
         assert!(field(&f, "t", "clone_flags", Some(4)).is_err());
         assert!(field(&f, "t", "group_dead", Some(1)).is_err());
+        assert!(newtask_packed(&f));
+        // Another layout: fork falls back to a probe read per field.
+        assert!(!newtask_packed(&parse_format(
+            &NEWTASK.replace("offset:32", "offset:40")
+        )));
     }
 }

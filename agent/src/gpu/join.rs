@@ -129,32 +129,34 @@ fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
 
 /// Who a placed process is charged to, and what its cgroup says about that owner.
 pub(super) fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMeta>) {
-    let Some(pl) = placed else {
-        return (Owner::Host, None);
-    };
-    let c = pl.container;
-    let owner = match c {
+    (owner(placed), placed.and_then(meta_of))
+}
+
+fn owner(placed: Option<Placement<'_>>) -> Owner {
+    match placed.and_then(|pl| pl.container) {
         Some(c) if c.container_id.is_some() => Owner::Container(c.container_id.clone().unwrap()),
         Some(c) if c.pod_uid.is_some() => Owner::Pod(c.pod_uid.clone().unwrap()),
         _ => Owner::Host,
-    };
-    let meta = c.map(|c| OwnerMeta {
+    }
+}
+
+/// What a placed process's cgroup says about its owner (strings: made once per owner).
+fn meta_of(pl: Placement<'_>) -> Option<OwnerMeta> {
+    pl.container.map(|c| OwnerMeta {
         container_id: c.container_id.clone(),
         pod_uid: c.pod_uid.clone(),
         qos: c.qos.map(|q| q.as_str()),
         runtime: c.runtime.map(|r| r.as_str()),
         cgroup_path: pl.cgroup_path.map(str::to_string),
-    });
-    (owner, meta)
+    })
 }
 
 impl Group {
     /// Adds one process's use of device `uuid` (of GPU `gpu_uuid`).
     fn add(&mut self, uuid: &str, gpu_uuid: &str, p: &ProcessSample) {
-        let cg = self
-            .gpus
-            .entry(uuid.to_string())
-            .or_insert_with(|| ContainerGpu {
+        // A key String only for a device new to this owner, not per process.
+        if !self.gpus.contains_key(uuid) {
+            let cg = ContainerGpu {
                 uuid: uuid.to_string(),
                 gpu_uuid: gpu_uuid.to_string(),
                 memory_used_bytes: 0,
@@ -166,7 +168,10 @@ impl Group {
                 gpu_time_seconds: 0.0,
                 memory_byte_seconds: 0.0,
                 counters_since_ms: 0,
-            });
+            };
+            self.gpus.insert(uuid.to_string(), cg);
+        }
+        let cg = self.gpus.get_mut(uuid).expect("inserted above");
         cg.memory_used_bytes += p.used_memory_bytes;
         cg.sm_util = add_util(cg.sm_util, p.sm_util);
         cg.mem_util = add_util(cg.mem_util, p.mem_util);
@@ -193,9 +198,9 @@ fn group_processes(procs: &impl Resolver, sample: &GpuSample, process_detail: bo
         for p in &dev.processes {
             let placed = procs.place(p.pid);
             let server = placed.is_some_and(|pl| is_mps_server(pl.comm));
-            let (owner, meta) = owner_of(placed);
             let uuid = p.device_uuid(dev);
             if process_detail {
+                let meta = placed.and_then(meta_of);
                 let m = meta.as_ref();
                 processes.push(ProcessUsage {
                     pid: p.pid,
@@ -215,9 +220,9 @@ fn group_processes(procs: &impl Resolver, sample: &GpuSample, process_detail: bo
                 mps_servers.push((dev.uuid.clone(), p.pid));
                 continue;
             }
-            let g = groups.entry(owner).or_default();
+            let g = groups.entry(owner(placed)).or_default();
             if g.meta.is_none() {
-                g.meta = meta;
+                g.meta = placed.and_then(meta_of);
             }
             g.add(uuid, &dev.uuid, p);
         }

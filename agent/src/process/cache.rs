@@ -195,17 +195,21 @@ impl ProcessCache {
     }
 
     pub fn gc(&mut self, now: Instant) {
-        let keep = self.tombstone;
-        let before = self.procs.len();
-        self.procs
-            .retain(|_, e| e.exited_at.is_none_or(|t| now.duration_since(t) < keep));
-        self.tombstones -= before - self.procs.len();
-        while self
-            .exits
-            .front()
-            .is_some_and(|(_, t)| now.duration_since(*t) >= keep)
-        {
+        // Every tombstone is in `exits`, oldest first: only the expired ones are visited,
+        // never the (tens of thousands of) live processes.
+        while let Some(&(pid, at)) = self.exits.front() {
+            if now.duration_since(at) < self.tombstone {
+                break;
+            }
             self.exits.pop_front();
+            if self
+                .procs
+                .get(&pid)
+                .is_some_and(|e| e.exited_at == Some(at))
+            {
+                self.procs.remove(&pid);
+                self.tombstones -= 1;
+            }
         }
     }
 

@@ -199,6 +199,8 @@ pub struct CgroupNode {
 #[derive(Debug, Default)]
 pub struct CgroupRegistry {
     nodes: HashMap<(u32, u64), CgroupNode>,
+    /// The earliest removal not yet forgotten: gc walks the nodes only once one is due.
+    oldest_removal: Option<Instant>,
 }
 
 impl CgroupRegistry {
@@ -223,7 +225,9 @@ impl CgroupRegistry {
     /// rmdir: kept a while for exited processes that still point at it.
     pub fn mark_removed(&mut self, hierarchy: u32, id: u64) {
         if let Some(n) = self.nodes.get_mut(&(hierarchy, id)) {
-            n.removed_at = Some(Instant::now());
+            let now = Instant::now();
+            n.removed_at = Some(now);
+            self.oldest_removal.get_or_insert(now);
         }
     }
 
@@ -247,6 +251,12 @@ impl CgroupRegistry {
     /// have any cgroup here: they are gone.
     pub fn gc(&mut self, keep: Duration) -> Vec<String> {
         let now = Instant::now();
+        if self
+            .oldest_removal
+            .is_none_or(|t| now.duration_since(t) < keep)
+        {
+            return vec![];
+        }
         let mut gone = vec![];
         self.nodes.retain(|_, n| {
             let keep = n.removed_at.is_none_or(|t| now.duration_since(t) < keep);
@@ -257,6 +267,7 @@ impl CgroupRegistry {
             }
             keep
         });
+        self.oldest_removal = self.nodes.values().filter_map(|n| n.removed_at).min();
         // A container has a cgroup in each hierarchy: gone once none is left.
         gone.sort_unstable();
         gone.dedup();
