@@ -89,11 +89,16 @@ struct Fx(u64);
 
 impl Hasher for Fx {
     fn write(&mut self, bytes: &[u8]) {
-        for c in bytes.chunks(8) {
+        let mix = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        let mut words = bytes.chunks_exact(8);
+        for c in &mut words {
+            self.0 = mix(self.0, u64::from_le_bytes(c.try_into().unwrap()));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
             let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w))
-                .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+            w[..rest.len()].copy_from_slice(rest);
+            self.0 = mix(self.0, u64::from_le_bytes(w));
         }
     }
     fn finish(&self) -> u64 {
@@ -184,6 +189,11 @@ fn block(drop: Dropped, pairs: &[(Attr, &str)]) -> String {
 }
 
 fn escape_label_into(out: &mut String, v: &str) {
+    // Nearly every value (ids, uuids, names) needs no escaping: one copy, not a push per char.
+    if !v.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
+        out.push_str(v);
+        return;
+    }
     for c in v.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
