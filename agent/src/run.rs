@@ -19,7 +19,7 @@ use crate::{
     pipeline::{now_ms, Pipeline, Published},
     process::{cgroup::Hierarchies, procfs::Procfs, State, Tracker},
     sinks::{export, http},
-    stats::Stats,
+    stats::{CpuTimed, Stats},
 };
 
 /// How long the tasks get to finish once stopped: the final OTLP flush is the longest.
@@ -125,12 +125,14 @@ impl Sources {
         }
         let pipeline_stop = stop.clone();
         let on_error = stop.clone();
-        tasks.push(tokio::spawn(async move {
+        let task = async move {
             if let Err(e) = pipeline.run(gpu_rx, pipeline_stop).await {
                 tracing::error!("the pipeline stopped: {e:#}");
                 on_error.cancel();
             }
-        }));
+        };
+        let timed = CpuTimed::new(task, stats.clone(), |s| &s.pipeline_cpu_ns);
+        tasks.push(tokio::spawn(timed));
         Ok(tasks)
     }
 }
@@ -437,7 +439,8 @@ fn start_exporter(
         handles.stats.clone(),
         stop.clone(),
     );
-    Ok(Some(tokio::spawn(task)))
+    let timed = CpuTimed::new(task, handles.stats.clone(), |s| &s.export_cpu_ns);
+    Ok(Some(tokio::spawn(timed)))
 }
 
 /// The usage-record sink (`[usage]`): the local file and OTLP logs.

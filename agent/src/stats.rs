@@ -35,6 +35,10 @@ pub struct Stats {
     pub nvml_sample_cpu_ns: AtomicU64,
     /// CPU time of joining samples and publishing snapshots.
     pub join_cpu_ns: AtomicU64,
+    /// CPU time of the pipeline task: the join, applying kernel notifications, gc.
+    pub pipeline_cpu_ns: AtomicU64,
+    /// CPU time of the OTLP export task: encoding and sending.
+    pub export_cpu_ns: AtomicU64,
     pub gpu_processes: AtomicU64,
     pub gpu_processes_unresolved: AtomicU64,
     pub export: Arc<otel::export::ExportCounters>,
@@ -92,6 +96,8 @@ impl Stats {
             nvml_samples: n(&self.nvml_samples),
             nvml_sample_cpu_ns: n(&self.nvml_sample_cpu_ns),
             join_cpu_ns: n(&self.join_cpu_ns),
+            pipeline_cpu_ns: n(&self.pipeline_cpu_ns),
+            export_cpu_ns: n(&self.export_cpu_ns),
             gpu_processes: n(&self.gpu_processes),
             gpu_processes_unresolved: n(&self.gpu_processes_unresolved),
             otlp: self.otlp.read().unwrap().clone(),
@@ -107,6 +113,39 @@ impl Stats {
             usage_records_dropped: n(&self.usage.dropped),
             usage_records_queued: n(&self.usage.queued),
         }
+    }
+}
+
+/// A task's future whose polls' thread CPU time is added to one of the stats: the cost of
+/// one task on a runtime that runs several.
+pub struct CpuTimed<F> {
+    inner: std::pin::Pin<Box<F>>,
+    stats: Arc<Stats>,
+    field: fn(&Stats) -> &AtomicU64,
+}
+
+impl<F: std::future::Future> CpuTimed<F> {
+    pub fn new(inner: F, stats: Arc<Stats>, field: fn(&Stats) -> &AtomicU64) -> Self {
+        CpuTimed {
+            inner: Box::pin(inner),
+            stats,
+            field,
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for CpuTimed<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let t0 = thread_cpu_ns();
+        let r = self.inner.as_mut().poll(cx);
+        let spent = thread_cpu_ns().saturating_sub(t0);
+        (self.field)(&self.stats).fetch_add(spent, Relaxed);
+        r
     }
 }
 

@@ -337,6 +337,10 @@ pub struct AgentStats {
     pub nvml_sample_cpu_ns: u64,
     /// CPU time of joining samples and publishing snapshots.
     pub join_cpu_ns: u64,
+    /// CPU time of the pipeline task (join, kernel notifications, gc), and of the OTLP
+    /// export task (encode, send).
+    pub pipeline_cpu_ns: u64,
+    pub export_cpu_ns: u64,
     pub gpu_processes: u64,
     /// GPU processes neither the cache nor /proc could place (charged to the host entry).
     pub gpu_processes_unresolved: u64,
