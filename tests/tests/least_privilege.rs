@@ -174,7 +174,14 @@ fn launch(bin: &Path, ctx: &Context, config: &Path, env: &[(&str, &str)]) -> Age
             let (none, no_data) = (std::ptr::null(), std::ptr::null());
             check(libc::mount(none, slash.as_ptr(), none, flags, no_data).into())?;
             let fs = tracefs.as_ptr();
-            check(libc::mount(fs, tracing.as_ptr(), fs, 0, no_data).into())?;
+            // EBUSY: tracefs is mounted there already (most distributions do): that one
+            // is the host's too, and visible here.
+            if libc::mount(fs, tracing.as_ptr(), fs, 0, no_data) != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EBUSY) {
+                    return Err(e);
+                }
+            }
             for cap in (0..=last_cap).filter(|c| !keep.contains(c)) {
                 check(libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0).into())?;
             }

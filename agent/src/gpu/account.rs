@@ -97,7 +97,7 @@ pub struct Ledger {
 /// Ledgers by owner, then by device: one hash lookup per owner a cycle, and a short scan
 /// of its few devices.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Ledgers(HashMap<Owner, Vec<(String, Ledger)>>);
+pub struct Ledgers(rustc_hash::FxHashMap<Owner, Vec<(String, Ledger)>>);
 
 impl Ledgers {
     pub fn get(&self, owner: &Owner, uuid: &str) -> Option<&Ledger> {

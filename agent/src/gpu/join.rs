@@ -7,6 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rustc_hash::FxHashMap;
+
 pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
 use gpu_model::{SourceStatus, UsageRecord};
 
@@ -41,7 +43,9 @@ pub struct Accumulated {
 /// Cumulative counters per (owner, device uuid).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counters {
-    pub map: HashMap<(Owner, String), Accumulated>,
+    /// Fx, not SipHash: the keys are 64-character container ids, hashed thousands of times
+    /// a cycle on a large node.
+    pub map: FxHashMap<(Owner, String), Accumulated>,
     pub last_sample_ms: u64,
     /// Energy, peaks, accounting and open sessions per (owner, device): see `account`.
     pub ledgers: Ledgers,
@@ -238,7 +242,7 @@ fn accumulate(
     taken_at_ms: u64,
 ) -> (Vec<ContainerUsage>, Counters) {
     let mut counters = Counters {
-        map: HashMap::with_capacity(prev.map.len()),
+        map: FxHashMap::with_capacity_and_hasher(prev.map.len(), Default::default()),
         last_sample_ms: taken_at_ms,
         // Moved in by `join_with`, which owns the previous counters.
         ledgers: Ledgers::default(),

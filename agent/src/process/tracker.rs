@@ -110,10 +110,13 @@ impl Tracker {
             st.registry.walk(h);
             self.stats.cgroup_walks.fetch_add(1, Relaxed);
         }
-        for pid in self.procfs.pids() {
-            let Some(rec) = self.procfs.read(pid) else {
-                continue; // exited meanwhile
-            };
+        let cgroups_ms = started.elapsed().as_millis() as u64;
+        let v1 = hier.v1.as_ref().map(|h| h.id);
+        let tracked = |h: u32| (h == 0 && hier.v2.is_some()) || Some(h) == v1;
+        let records = self.procfs.read_all(&self.procfs.pids(), tracked);
+        let procfs_ms = started.elapsed().as_millis() as u64 - cgroups_ms;
+        for rec in records {
+            let pid = rec.pid;
             let entry = entry_from_record(&mut st.registry, &hier, &rec);
             if let Some(src) = self.source.as_mut() {
                 if src.insert_if_absent(pid, kernel_info(&entry)).is_err() {
@@ -126,14 +129,26 @@ impl Tracker {
             st.cache.upsert(entry);
         }
         drop(guard);
+        let seeded = started.elapsed().as_millis() as u64;
         if self.source.is_some() {
             self.read_counters();
             self.resync_from_kernel();
         }
         self.publish_gauges();
-        self.stats
-            .startup_walk_ms
-            .store(started.elapsed().as_millis() as u64, Relaxed);
+        let total = started.elapsed().as_millis() as u64;
+        self.stats.startup_walk_ms.store(total, Relaxed);
+        tracing::info!(
+            total_ms = total,
+            cgroups_ms,
+            procfs_ms,
+            seed_ms = seeded - cgroups_ms - procfs_ms,
+            kernel_resync_ms = total - seeded,
+            processes = self.state.read().unwrap().cache.live_count(),
+            "start-up walk done"
+        );
+        // The walk's transient buffers are freed: give the pages back.
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
     }
 
     /// Applies every queued notification; after lost ones, resyncs from the kernel map.
