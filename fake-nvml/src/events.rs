@@ -79,6 +79,7 @@ pub fn first_seen(s: &Scenario, previous: Option<&Loaded>, now: Instant) -> Vec<
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut *mut c_void) -> Ret {
+    counted!();
     guard(|| {
         if !state::lock().initialized() {
             return UNINITIALIZED;
@@ -93,6 +94,7 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut *mut c_void) -> Ret {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlEventSetFree(set: *mut c_void) -> Ret {
+    counted!();
     guard(|| {
         if sets()
             .as_mut()
@@ -112,6 +114,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: Device,
     event_types: *mut c_ulonglong,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         resolve_gpu(l, device, Some(Feature::Events))?;
         put(event_types, SUPPORTED_EVENTS)
@@ -125,6 +128,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     event_types: c_ulonglong,
     set: *mut c_void,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Events))?;
         if event_types & !SUPPORTED_EVENTS != 0 {
@@ -193,6 +197,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut EventData,
     timeout_ms: c_uint,
 ) -> Ret {
+    counted!();
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     loop {
         let mut wait_until = None;

@@ -94,6 +94,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
     util: *mut c_uint,
     sampling_period_us: *mut c_uint,
 ) -> Ret {
+    counted!();
     utilization(device, util, sampling_period_us, true)
 }
 
@@ -103,11 +104,13 @@ pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
     util: *mut c_uint,
     sampling_period_us: *mut c_uint,
 ) -> Ret {
+    counted!();
     utilization(device, util, sampling_period_us, false)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(device: Device, value: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::PcieReplay))?;
         put(value, t.dev.pcie_replay)
@@ -122,6 +125,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     is_pending: *mut c_uint,
     failure_occurred: *mut c_uint,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::RemappedRows))?;
         let r = t.dev.remapped_rows;
@@ -163,6 +167,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     values_count: c_int,
     values: *mut FieldValue,
 ) -> Ret {
+    counted!();
     with_loaded(|l, now| {
         let t = resolve_gpu(l, device, Some(Feature::FieldValues))?;
         let n = usize::try_from(values_count).map_err(|_| INVALID_ARGUMENT)?;
@@ -195,6 +200,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGridLicensableFeatures_v4(
     device: Device,
     features: *mut GridLicensableFeatures,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::VgpuLicense))?;
         let empty = GridLicensableFeature {

@@ -71,6 +71,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     device: Device,
     support: *mut GpmSupport,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Gpm))?;
         if support.is_null() {
@@ -92,6 +93,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut *mut c_void) -> Ret {
+    counted!();
     guard(|| {
         let handle = Box::into_raw(Box::new(0u8)).cast::<c_void>();
         samples()
@@ -103,6 +105,7 @@ pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut *mut c_void) -> Ret {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleFree(sample: *mut c_void) -> Ret {
+    counted!();
     guard(|| {
         let known = samples()
             .as_mut()
@@ -151,6 +154,7 @@ fn take(device: Device, gpu_instance: Option<u32>, sample: *mut c_void) -> Ret {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleGet(device: Device, sample: *mut c_void) -> Ret {
+    counted!();
     take(device, None, sample)
 }
 
@@ -160,6 +164,7 @@ pub unsafe extern "C" fn nvmlGpmMigSampleGet(
     gpu_instance_id: c_uint,
     sample: *mut c_void,
 ) -> Ret {
+    counted!();
     take(device, Some(gpu_instance_id), sample)
 }
 
@@ -189,6 +194,7 @@ fn metric_value(g: &GpmSpec, id: c_uint) -> Option<f64> {
 /// Metrics between two samples of the same GPU (instance), the second one later.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut GpmMetricsGetHead) -> Ret {
+    counted!();
     if request.is_null() {
         return INVALID_ARGUMENT;
     }
@@ -244,6 +250,7 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut GpmMetricsGetHead) -> R
 /// Streaming is how NVML samples in the background; the fake needs none.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmQueryIfStreamingEnabled(device: Device, state: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         resolve_gpu(l, device, Some(Feature::Gpm))?;
         put(state, 0)

@@ -6,6 +6,9 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 #![warn(unsafe_op_in_unsafe_fn)]
 
+// First: its `counted!` macro is used by every module below.
+#[macro_use]
+mod calls;
 mod scenario;
 mod sharing;
 mod state;
@@ -359,22 +362,26 @@ fn init() -> Ret {
 
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> Ret {
+    counted!();
     init()
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlInit() -> Ret {
+    counted!();
     init()
 }
 
 /// Flags only relax failures this fake never has, so they are ignored.
 #[no_mangle]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
+    counted!();
     init()
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> Ret {
+    counted!();
     guard(|| {
         if state::lock().shutdown() {
             SUCCESS
@@ -386,6 +393,7 @@ pub extern "C" fn nvmlShutdown() -> Ret {
 
 #[no_mangle]
 pub extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
+    counted!();
     let s: &'static CStr = match result {
         0 => c"Success",
         1 => c"Uninitialized",
@@ -417,21 +425,25 @@ pub extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| put_str(version, length, &l.scenario.driver_version))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| put_str(version, length, &l.scenario.nvml_version_string()))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> Ret {
+    counted!();
     with_loaded(|l, _| put(version, l.scenario.cuda_version()))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> Ret {
+    counted!();
     with_loaded(|l, _| put(version, l.scenario.cuda_version()))
 }
 
@@ -439,17 +451,36 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) 
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
-    with_loaded(|l, _| put(count, l.scenario.devices.len() as c_uint))
+    counted!();
+    device_count(count)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> Ret {
+    counted!();
+    device_count(count)
+}
+
+/// A sampler's cycle starts here: the call counts are written (FAKE_NVML_CALLS).
+fn device_count(count: *mut c_uint) -> Ret {
+    calls::write();
     with_loaded(|l, _| put(count, l.scenario.devices.len() as c_uint))
 }
 
 /// Handles of lost GPUs are still handed out; calls on them then fail.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut Device) -> Ret {
+    counted!();
+    handle_by_index(index, device)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut Device) -> Ret {
+    counted!();
+    handle_by_index(index, device)
+}
+
+fn handle_by_index(index: c_uint, device: *mut Device) -> Ret {
     with_loaded(|l, _| {
         find_by_index(l, index).ok_or(INVALID_ARGUMENT)?;
         put(device, gpu_handle(index))
@@ -457,16 +488,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *m
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut Device) -> Ret {
-    // SAFETY: same contract.
-    unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut Device,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let uuid = read_cstr(uuid)?;
         for (pos, d) in l.scenario.devices.iter().enumerate() {
@@ -487,6 +513,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     pci_bus_id: *const c_char,
     device: *mut Device,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let wanted = parse_bus_id(read_cstr(pci_bus_id)?).ok_or(INVALID_ARGUMENT)?;
         l.scenario
@@ -508,6 +535,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve(l, device)?;
         let s = t.mig.map_or(t.dev.uuid.as_str(), |(_, m)| m.uuid.as_str());
@@ -521,6 +549,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve(l, device)?;
         let s = match t.mig {
@@ -537,6 +566,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 /// On a MIG handle: its index under the parent, as the real driver does.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: Device, index: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve(l, device)?;
         put(index, t.mig.map_or(t.index, |(mpos, _)| mpos))
@@ -545,6 +575,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: Device, index: *mut c_uint) 
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: Device, minor: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, None)?;
         put(minor, t.dev.minor_number.unwrap_or(t.index))
@@ -553,6 +584,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: Device, minor: *mut c_
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: Device, pci: *mut PciInfo) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Pci))?;
         let bus_id = t.dev.bus_id(t.index);
@@ -591,6 +623,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: Device,
     memory_out: *mut MemoryV2,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve(l, device)?;
         if memory_out.is_null() {
@@ -616,6 +649,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Device, memory_out: *mut Memory) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let (total, reserved, used) = memory(&resolve(l, device)?)?;
         // v1 counts reserved memory as used.
@@ -637,6 +671,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: Device,
     util: *mut Utilization,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Utilization))?;
         if t.dev.mig_enabled() {
@@ -660,6 +695,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
+    counted!();
     running_processes(device, count, infos, false)
 }
 
@@ -669,6 +705,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
+    counted!();
     running_processes(device, count, infos, true)
 }
 
@@ -679,6 +716,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
+    counted!();
     running_processes(device, count, infos, false)
 }
 
@@ -688,6 +726,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
+    counted!();
     running_processes(device, count, infos, true)
 }
 
@@ -700,6 +739,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     count: *mut c_uint,
     last_seen: c_ulonglong,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve(l, device)?;
         // The driver has no per-process utilization under MIG.
@@ -752,6 +792,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: Device, power: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::PowerUsage))?;
         put(power, t.dev.power_mw)
@@ -764,6 +805,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     device: Device,
     energy: *mut c_ulonglong,
 ) -> Ret {
+    counted!();
     with_loaded(|l, now| {
         let t = resolve_gpu(l, device, Some(Feature::Energy))?;
         put(energy, l.energy_at(t.pos, now))
@@ -776,6 +818,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: c_uint,
     temp: *mut c_uint,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Temperature))?;
         if sensor != 0 {
@@ -791,6 +834,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     clock_type: c_uint,
     clock: *mut c_uint,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Clocks))?;
         let d = t.dev;
@@ -812,6 +856,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     counter_type: c_uint,
     count: *mut c_ulonglong,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Ecc))?;
         let counter = match error_type {
@@ -833,10 +878,8 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     device: Device,
     reasons: *mut c_ulonglong,
 ) -> Ret {
-    with_loaded(|l, _| {
-        let t = resolve_gpu(l, device, Some(Feature::Throttle))?;
-        put(reasons, t.dev.throttle_reasons)
-    })
+    counted!();
+    throttle_reasons(device, reasons)
 }
 
 /// The newer name of the same query.
@@ -845,8 +888,15 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
     device: Device,
     reasons: *mut c_ulonglong,
 ) -> Ret {
-    // SAFETY: same contract.
-    unsafe { nvmlDeviceGetCurrentClocksThrottleReasons(device, reasons) }
+    counted!();
+    throttle_reasons(device, reasons)
+}
+
+fn throttle_reasons(device: Device, reasons: *mut c_ulonglong) -> Ret {
+    with_loaded(|l, _| {
+        let t = resolve_gpu(l, device, Some(Feature::Throttle))?;
+        put(reasons, t.dev.throttle_reasons)
+    })
 }
 
 // ---- MIG ----
@@ -857,6 +907,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Mig))?;
         if current.is_null() || pending.is_null() {
@@ -871,6 +922,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 /// Zero when MIG is disabled, as documented for the real call.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(device: Device, count: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Mig))?;
         put(count, t.dev.max_migs())
@@ -883,6 +935,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut Device,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(Feature::Mig))?;
         if index >= t.dev.max_migs() {
@@ -895,6 +948,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: Device, is_mig: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve(l, device)?;
         put(is_mig, c_uint::from(t.mig.is_some()))
@@ -903,6 +957,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: Device, is_mig: *mu
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: Device, id: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let (_, m) = resolve(l, device)?.mig.ok_or(NOT_SUPPORTED)?;
         put(id, m.gpu_instance_id)
@@ -911,6 +966,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: Device, id: *mut c_u
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: Device, id: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let (_, m) = resolve(l, device)?.mig.ok_or(NOT_SUPPORTED)?;
         put(id, m.compute_instance_id)
@@ -922,6 +978,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_device: Device,
     device: *mut Device,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = resolve(l, mig_device)?;
         if t.mig.is_none() {
@@ -985,6 +1042,7 @@ mod tests {
         assert_eq!(s.devices[0].throttle_reasons, 4);
         for f in [
             "h100-8gpu.json",
+            "h100-8gpu-mig.json",
             "a100-mig.json",
             "timesliced.json",
             "mps.json",

@@ -34,6 +34,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
+    counted!();
     let mut list = Vec::new();
     let ret = with_loaded(|l, _| {
         let t = resolve(l, device)?;
@@ -62,6 +63,7 @@ fn accounting_target(l: &crate::state::Loaded, device: Device) -> Result<crate::
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetAccountingMode(device: Device, mode: *mut c_uint) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = accounting_target(l, device)?;
         let on = if t.dev.accounting_mode {
@@ -97,6 +99,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
     count: *mut c_uint,
     pids: *mut c_uint,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = accounting_target(l, device)?;
         if !t.dev.accounting_mode {
@@ -162,6 +165,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingStats(
     pid: c_uint,
     stats: *mut AccountingStats,
 ) -> Ret {
+    counted!();
     with_loaded(|l, _| {
         let t = accounting_target(l, device)?;
         if !t.dev.accounting_mode {

@@ -14,7 +14,7 @@ use tests::{
     random_hex, random_uid, Agent,
 };
 
-use crate::{cargo, ebpf, workspace_root};
+use crate::{cargo, cargo_command, ebpf, workspace_root};
 
 #[derive(Subcommand)]
 pub enum Which {
@@ -183,11 +183,51 @@ pub(crate) struct StormFigures {
     pub slowdown: f64,
     pub cpu_us_per_event: f64,
     pub bpf_ns_per_event: f64,
+    /// proc_fork's run time per run (the kernel's per-program statistics).
+    pub fork_ns: f64,
+    /// The storm section of docs/benchmarks.md, and its RESULT line.
+    pub md: String,
+    pub result: String,
+}
+
+/// Per-program kernel run time, in a separate run: enabling the statistics costs a little
+/// on every program run and must not colour the slowdown.
+fn program_stats(bin: &Path, cg: &TestCgroup, n: u32) -> Result<Vec<ProgramRow>> {
+    let agent = Agent::start_binary(bin, "[ebpf]\nprogram_stats = true\n", &[]);
+    let p0 = settle(&agent)["programs"].clone();
+    run_storm(cg, n)?;
+    let p1 = settle(&agent)["programs"].clone();
+    drop(agent);
+    let mut programs = vec![];
+    for (a, b) in p0.as_array().unwrap().iter().zip(p1.as_array().unwrap()) {
+        let runs = counter(b, "run_count") - counter(a, "run_count");
+        let ns = counter(b, "run_time_ns") - counter(a, "run_time_ns");
+        programs.push(ProgramRow {
+            name: b["name"].as_str().unwrap_or("?").to_string(),
+            runs,
+            ns_per_run: if runs > 0 {
+                ns as f64 / runs as f64
+            } else {
+                0.0
+            },
+        });
+    }
+    Ok(programs)
 }
 
 pub(crate) fn storm(n: u32, rounds: u32, no_write: bool) -> Result<StormFigures> {
     require_root()?;
-    let bin = release_agent()?;
+    let st = storm_with(&release_agent()?, n, rounds)?;
+    println!("{}", st.md);
+    println!("{}", st.result);
+    if !no_write {
+        write_section("storm", &st.md)?;
+    }
+    Ok(st)
+}
+
+/// The storm with a given agent build (the combined benchmark built it already).
+pub(crate) fn storm_with(bin: &Path, n: u32, rounds: u32) -> Result<StormFigures> {
     let path = systemd_container(&random_uid(), &random_hex(64));
     let cg = TestCgroup::v2(&path);
     eprintln!("bench storm: {n} fork+exec in {path}, {rounds} rounds");
@@ -198,7 +238,7 @@ pub(crate) fn storm(n: u32, rounds: u32, no_write: bool) -> Result<StormFigures>
     let mut rss = 0;
     for round in 0..rounds {
         let b = run_storm(&cg, n)?;
-        let agent = Agent::start_binary(&bin, "", &[]);
+        let agent = Agent::start_binary(bin, "", &[]);
         let s0 = settle(&agent);
         let c0 = cpu_ns(agent.pid())?;
         let w = run_storm(&cg, n)?;
@@ -224,27 +264,7 @@ pub(crate) fn storm(n: u32, rounds: u32, no_write: bool) -> Result<StormFigures>
         events += ev;
     }
 
-    // Per-program kernel run time, in a separate run: enabling the statistics costs a
-    // little on every program run and must not colour the slowdown.
-    let agent = Agent::start_binary(&bin, "[ebpf]\nprogram_stats = true\n", &[]);
-    let p0 = settle(&agent)["programs"].clone();
-    run_storm(&cg, n)?;
-    let p1 = settle(&agent)["programs"].clone();
-    drop(agent);
-    let mut programs = vec![];
-    for (a, b) in p0.as_array().unwrap().iter().zip(p1.as_array().unwrap()) {
-        let runs = counter(b, "run_count") - counter(a, "run_count");
-        let ns = counter(b, "run_time_ns") - counter(a, "run_time_ns");
-        programs.push(ProgramRow {
-            name: b["name"].as_str().unwrap_or("?").to_string(),
-            runs,
-            ns_per_run: if runs > 0 {
-                ns as f64 / runs as f64
-            } else {
-                0.0
-            },
-        });
-    }
+    let programs = program_stats(bin, &cg, n)?;
     let (tb, tw) = (median(&mut base), median(&mut with));
     let slowdown = tw / tb;
     let cpu_us = median(&mut cpu_per_event);
@@ -283,18 +303,20 @@ pub(crate) fn storm(n: u32, rounds: u32, no_write: bool) -> Result<StormFigures>
             p.name, p.runs, p.ns_per_run
         ));
     }
-    println!("{md}");
-    println!(
+    let result = format!(
         "RESULT lost={lost} slowdown={slowdown:.3} agent_us_per_event={cpu_us:.2} bpf_ns_per_event={mean_ns:.0}"
     );
-    if !no_write {
-        write_section("storm", &md)?;
-    }
     Ok(StormFigures {
         lost,
         slowdown,
         cpu_us_per_event: cpu_us,
         bpf_ns_per_event: mean_ns,
+        fork_ns: programs
+            .iter()
+            .find(|p| p.name == "proc_fork")
+            .map_or(f64::NAN, |p| p.ns_per_run),
+        md,
+        result,
     })
 }
 
@@ -334,6 +356,48 @@ pub(crate) fn write_section(name: &str, body: &str) -> Result<()> {
     Ok(())
 }
 
+/// GPU processes a snapshot attributes to a container.
+pub(crate) fn attributed_in(snap: &Value) -> usize {
+    snap["containers"].as_array().map_or(0, |cs| {
+        cs.iter()
+            .filter(|c| !c["container_id"].is_null())
+            .flat_map(|c| c["gpus"].as_array().unwrap().iter())
+            .map(|g| g["pids"].as_array().unwrap().len())
+            .sum()
+    })
+}
+
+/// The 8-GPU scenario with `procs` spread over its devices.
+fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) -> Result<Value> {
+    let devices = scenario["devices"].as_array_mut().context("devices")?;
+    let ndev = devices.len();
+    for d in devices.iter_mut() {
+        d["processes"] = Value::Array(vec![]);
+    }
+    for (i, p) in procs.iter().enumerate() {
+        let d = &mut devices[i % ndev];
+        d["processes"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "pid": p.pid(), "used_memory": (1u64 << 28) * (1 + i as u64 % 8),
+                "sm_util": i % 100, "mem_util": i % 40, "enc_util": 0, "dec_util": 0
+            }));
+    }
+    Ok(scenario)
+}
+
+/// The agent's CPU per second with GPU sampling off.
+fn idle_cost(bin: &Path, env: &[(&str, &str)]) -> Result<f64> {
+    let idle_secs = 10.0;
+    let agent = Agent::start_full(bin, "[nvml]\nenabled = false\n", &[], env);
+    settle(&agent);
+    let c0 = cpu_ns(agent.pid())?;
+    std::thread::sleep(Duration::from_secs_f64(idle_secs));
+    let idle_ns_per_s = (cpu_ns(agent.pid())? - c0) as f64 / idle_secs;
+    Ok(idle_ns_per_s)
+}
+
 fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
     require_root()?;
     let bin = release_agent()?;
@@ -353,35 +417,14 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
             pod_cgroups[(i % pods) as usize].cg.spawn(&mut c),
         ));
     }
-    let mut scenario = template.clone();
-    let devices = scenario["devices"].as_array_mut().context("devices")?;
-    let ndev = devices.len();
-    for d in devices.iter_mut() {
-        d["processes"] = Value::Array(vec![]);
-    }
-    for (i, p) in procs.iter().enumerate() {
-        let d = &mut devices[i % ndev];
-        d["processes"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({
-                "pid": p.pid(), "used_memory": (1u64 << 28) * (1 + i as u64 % 8),
-                "sm_util": i % 100, "mem_util": i % 40, "enc_util": 0, "dec_util": 0
-            }));
-    }
+    let scenario = gpu_scenario(template, &procs)?;
     let path = std::env::temp_dir().join(format!("bench-gpu-{}.json", random_hex(8)));
     std::fs::write(&path, serde_json::to_vec(&scenario)?)?;
     let env = [("FAKE_NVML_SCENARIO", path.to_str().unwrap())];
     let lib_arg = lib.to_str().unwrap();
 
     // Baseline: the same agent with GPU sampling off.
-    let idle_secs = 10.0;
-    let agent = Agent::start_full(&bin, "[nvml]\nenabled = false\n", &[], &env);
-    settle(&agent);
-    let c0 = cpu_ns(agent.pid())?;
-    std::thread::sleep(Duration::from_secs_f64(idle_secs));
-    let idle_ns_per_s = (cpu_ns(agent.pid())? - c0) as f64 / idle_secs;
-    drop(agent);
+    let idle_ns_per_s = idle_cost(&bin, &env)?;
 
     let agent = Agent::start_full(&bin, "", &["--nvml-lib", lib_arg], &env);
     let wait_samples = |agent: &Agent, k: u64| {
@@ -414,24 +457,16 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
         / k
         / 1000.0;
     let total_us = ((c1 - c0) as f64 - idle_ns_per_s * secs) / k / 1000.0;
-    let joined: usize = snap["containers"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .filter(|c| !c["container_id"].is_null())
-                .flat_map(|c| c["gpus"].as_array().unwrap().iter())
-                .map(|g| g["pids"].as_array().unwrap().len())
-                .sum()
-        })
-        .unwrap_or(0);
+    let joined = attributed_in(&snap);
     if joined != n as usize {
         bail!("only {joined} of {n} GPU processes were attributed to their containers");
     }
 
     let mut md = format!(
-        "Measured by `cargo xtask bench gpu` ({ndev} GPUs from tests/scenarios/h100-8gpu.json \
+        "Measured by `cargo xtask bench gpu` ({} GPUs from tests/scenarios/h100-8gpu.json \
          through the fake libnvidia-ml.so, {n} GPU processes that are real processes in {pods} \
          pod cgroups, 1 Hz, {k} cycles) on {}.\n\n",
+        scenario["devices"].as_array().map_or(0, Vec::len),
         machine()
     );
     md.push_str("| figure (per cycle) | value | goal |\n| --- | --- | --- |\n");
@@ -462,9 +497,19 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
     Ok(())
 }
 
-fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
-    // 1. Building and encoding one export: `cargo bench` (release profile) in the otel crate.
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+/// `cargo bench -p otel --bench export -- N` (release profile): building and encoding one
+/// OTLP export, and rendering /metrics, for N containers x 8 GPUs.
+pub(crate) struct ExportBench {
+    pub build_us: f64,
+    pub bytes: f64,
+    pub prom_us: f64,
+    pub prom_bytes: f64,
+}
+
+pub(crate) fn export_bench(n: u32) -> Result<ExportBench> {
+    // cargo_command: with xtask's CARGO_* variables, ring's build script would rerun, and
+    // every crate above it be rebuilt here and again by the next `cargo build`.
+    let out = cargo_command()
         .args([
             "bench",
             "-q",
@@ -475,7 +520,6 @@ fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
             "--",
             &n.to_string(),
         ])
-        .current_dir(workspace_root())
         .stderr(Stdio::inherit())
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -489,15 +533,18 @@ fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(f64::NAN)
     };
-    let (build_us, size, prom_us, prom_size) = (
-        field("build_us"),
-        field("bytes"),
-        field("prom_us"),
-        field("prom_bytes"),
-    );
     eprintln!("{line}");
+    Ok(ExportBench {
+        build_us: field("build_us"),
+        bytes: field("bytes"),
+        prom_us: field("prom_us"),
+        prom_bytes: field("prom_bytes"),
+    })
+}
 
-    // 2. The real agent pushing to a dead collector for `minutes`.
+/// The agent's RSS and export counters every 30 s while its collector is unreachable:
+/// (seconds since start, RSS MiB, /debug/stats).
+fn dead_collector(n: u32, minutes: u32) -> Result<Vec<(u64, f64, Value)>> {
     require_root()?;
     let bin = release_agent()?;
     cargo(&["build", "--release", "-p", "fake-nvml"])?;
@@ -560,6 +607,22 @@ fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
     }
     drop(agent);
     let _ = std::fs::remove_file(&path);
+    drop(procs);
+    drop(pods);
+    Ok(samples)
+}
+
+fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
+    // 1. Building and encoding one export.
+    let ExportBench {
+        build_us,
+        bytes: size,
+        prom_us,
+        prom_bytes: prom_size,
+    } = export_bench(n)?;
+
+    // 2. The real agent pushing to a dead collector for `minutes`.
+    let samples = dead_collector(n, minutes)?;
     let first = samples.first().map(|s| s.1).unwrap_or(0.0);
     let max = samples.iter().map(|s| s.1).fold(0.0, f64::max);
     let last = samples.last().unwrap();
@@ -591,7 +654,5 @@ fn export(n: u32, minutes: u32, no_write: bool) -> Result<()> {
     if !no_write {
         write_section("export", &md)?;
     }
-    drop(procs);
-    drop(pods);
     Ok(())
 }

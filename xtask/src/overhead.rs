@@ -5,7 +5,11 @@
 //! baselines run in this process on the same node state:
 //!   (a) per cycle, read and parse /proc/PID/cgroup for each GPU process (a script that runs
 //!       nvidia-smi then looks each PID up; dcgm-exporter's per-process mode);
-//!   (b) per cycle, scan every /proc/PID/cgroup (Kepler's current approach).
+//!   (b) per cycle, scan every /proc/PID/cgroup (Kepler's current approach);
+//!   (c) the classic script: NVML listing, (a), and a Docker API call per container
+//!       (classic.rs).
+//! Then the largest node, 50,000 processes in 1,000 pods on 8 GPUs x 7 MIG (bignode.rs), and
+//! the issue-15 targets against what was measured (report.rs).
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -17,53 +21,69 @@ use anyhow::{bail, Context, Result};
 use gpu_agent::stats::thread_cpu_ns;
 use serde_json::{json, Value};
 use tests::{
+    cgroups::TestCgroup,
     otlp_receiver::{Kind, Receiver},
-    random_hex, Agent,
+    random_hex, Agent, TempDir,
 };
 
 use crate::{
     bench::{
-        counter, cpu_ns, machine, make_pods, release_agent, require_root, rss_kib, settle, storm,
-        write_section, Pod,
+        self, counter, cpu_ns, machine, make_pods, release_agent, require_root, rss_kib, settle,
+        storm_with, write_section, Pod,
     },
-    cargo, workspace_root,
+    bignode::{self, PidMax, Sleepers},
+    cargo, classic,
+    report::{self, Report},
+    workspace_root,
 };
 
-const GPUS: usize = 8;
-
-/// `per_pod` sleeping processes in each pod, started by one shell per pod.
-fn fill(pods: &[Pod], per_pod: usize) -> Result<()> {
-    for p in pods {
-        let script =
-            format!("i=0; while [ $i -lt {per_pod} ]; do sleep 7200 & i=$((i+1)); done; wait");
-        let mut c = Command::new("/bin/sh");
-        c.args(["-c", &script]);
-        // The shell is reaped when the cgroup is emptied on drop.
-        std::mem::forget(p.cg.spawn(&mut c));
-    }
+/// `per_pod` pausing processes in each pod, forked by one sleeper (killed on drop).
+fn fill(pods: &[Pod], per_pod: usize) -> Result<Sleepers> {
+    let cgroups: Vec<&TestCgroup> = pods.iter().map(|p| &p.cg).collect();
+    let mut sleepers = Sleepers::spawn(&cgroups, per_pod)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     for p in pods {
-        while p.cg.procs().len() < per_pod + 1 {
+        while p.cg.procs().len() < per_pod {
             if Instant::now() > deadline {
                 bail!("processes did not start in time");
             }
+            sleepers.check()?;
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    Ok(())
+    Ok(sleepers)
 }
 
-fn write_scenario(path: &Path, gpu_pids: &[u32]) -> Result<()> {
-    let template: Value = serde_json::from_str(&std::fs::read_to_string(
-        workspace_root().join("tests/scenarios/h100-8gpu.json"),
-    )?)?;
-    let mut v = template;
+/// Where the GPU processes go: round robin over the 8 GPUs of h100-8gpu.json, or over the
+/// 56 MIG devices of h100-8gpu-mig.json.
+#[derive(Clone, Copy)]
+pub(crate) enum Layout {
+    Gpus,
+    Mig,
+}
+
+pub(crate) fn write_scenario(path: &Path, layout: Layout, gpu_pids: &[u32]) -> Result<()> {
+    let file = match layout {
+        Layout::Gpus => "tests/scenarios/h100-8gpu.json",
+        Layout::Mig => "tests/scenarios/h100-8gpu-mig.json",
+    };
+    let mut v: Value =
+        serde_json::from_str(&std::fs::read_to_string(workspace_root().join(file))?)?;
     let devices = v["devices"].as_array_mut().context("devices")?;
-    for d in devices.iter_mut() {
-        d["processes"] = json!([]);
+    let mut slots: Vec<&mut Value> = match layout {
+        Layout::Gpus => devices.iter_mut().collect(),
+        Layout::Mig => devices
+            .iter_mut()
+            .flat_map(|d| d["mig_devices"].as_array_mut().unwrap().iter_mut())
+            .collect(),
+    };
+    for s in slots.iter_mut() {
+        s["processes"] = json!([]);
     }
+    let n = slots.len();
     for (i, pid) in gpu_pids.iter().enumerate() {
-        devices[i % GPUS]["processes"]
+        // MIG devices have no per-process utilization: the library ignores the fields.
+        slots[i % n]["processes"]
             .as_array_mut()
             .unwrap()
             .push(json!({"pid": pid, "used_memory": 1u64 << 28, "sm_util": i % 90, "mem_util": 3, "enc_util": 0, "dec_util": 0}));
@@ -115,18 +135,200 @@ fn baseline_proc_scan(cycles: u32) -> (f64, usize) {
     ((thread_cpu_ns() - t0) as f64 / cycles as f64, map.len())
 }
 
-struct Row {
-    n: usize,
-    agent_ns_per_cycle: f64,
-    agent_cpu_pct: f64,
-    rss_mb: f64,
-    pid_read_ns: f64,
-    proc_scan_ns: f64,
-    attributed: usize,
-    gpu_procs: usize,
+/// What every row says; `big` only for the 50k-process node.
+pub(crate) struct Row {
+    pub n: usize,
+    pub pods: usize,
+    pub agent_ns_per_cycle: f64,
+    pub agent_cpu_pct: f64,
+    pub rss_mb: f64,
+    pub pid_read_ns: f64,
+    pub proc_scan_ns: f64,
+    pub classic: classic::Cost,
+    pub attributed: usize,
+    pub gpu_procs: usize,
     /// Of the agent's cycle: the NVML thread (fake library included) and the join.
-    nvml_ns: f64,
-    join_ns: f64,
+    pub nvml_ns: f64,
+    pub join_ns: f64,
+    /// Agent start to /readyz answering 200.
+    pub ready_s: f64,
+    pub calls: Option<Calls>,
+    pub stats: Value,
+    pub big: Option<BigFigures>,
+}
+
+pub(crate) struct BigFigures {
+    pub cgroups: usize,
+    /// NVML calls per cycle with 320 GPU processes, same MIG layout, same agent.
+    pub calls_320: Option<Calls>,
+    pub node_mem_mib: f64,
+    pub node_start_s: f64,
+}
+
+/// NVML calls per cycle between two FAKE_NVML_CALLS snapshots (both cycle starts).
+#[derive(Clone)]
+pub(crate) struct Calls {
+    pub per_cycle: f64,
+    /// Busiest functions, calls per cycle.
+    pub top: Vec<(String, f64)>,
+}
+
+fn read_calls(path: &Path) -> Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn calls_between(a: &Value, b: &Value) -> Option<Calls> {
+    let f = |v: &Value, k: &str| v["calls"][k].as_u64().unwrap_or(0) as f64;
+    let count = |v: &Value| f(v, "nvmlDeviceGetCount_v2") + f(v, "nvmlDeviceGetCount");
+    let cycles = count(b) - count(a);
+    if cycles < 1.0 {
+        return None;
+    }
+    let mut top: Vec<(String, f64)> = b["calls"]
+        .as_object()?
+        .keys()
+        .map(|k| (k.clone(), (f(b, k) - f(a, k)) / cycles))
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    top.sort_by(|x, y| y.1.total_cmp(&x.1));
+    top.truncate(8);
+    let total = |v: &Value| v["total"].as_u64().unwrap_or(0) as f64;
+    Some(Calls {
+        per_cycle: (total(b) - total(a)) / cycles,
+        top,
+    })
+}
+
+/// Every row's agent: 1 Hz, OTLP every second, FAKE_NVML_CALLS on (one small file written
+/// per cycle by the library, in the agent's NVML thread: part of what is measured).
+const AGENT_CONFIG: &str = "[nvml]\ninterval_ms = 1000\n\n[ebpf]\n\
+    # Room for the 50k-process node (the default follows kernel.pid_max, raised for the run).\n\
+    max_processes = 131072\n";
+
+pub(crate) struct Running {
+    pub agent: Agent,
+    pub ready_s: f64,
+    pub calls_file: PathBuf,
+    rx: Receiver,
+}
+
+pub(crate) fn start_agent(bin: &Path, lib: &Path) -> Result<Running> {
+    let rx = Receiver::start(Kind::Grpc, 0);
+    let url = rx.url();
+    let calls_file = std::env::temp_dir().join(format!("bench-calls-{}.json", random_hex(8)));
+    let scenario = classic::scenario_path();
+    let t0 = Instant::now();
+    let agent = Agent::start_full(
+        bin,
+        AGENT_CONFIG,
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
+            ("FAKE_NVML_CALLS", calls_file.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
+        ],
+    );
+    let ready_s = t0.elapsed().as_secs_f64();
+    Ok(Running {
+        agent,
+        ready_s,
+        calls_file,
+        rx,
+    })
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.calls_file);
+    }
+}
+
+/// The agent's cost over `secs` of sleeping (polling it would be measured as its cost).
+pub(crate) struct Window {
+    pub cpu_ns: f64,
+    pub wall_ns: f64,
+    pub cycles: f64,
+    pub nvml_ns: f64,
+    pub join_ns: f64,
+    pub calls: Option<Calls>,
+}
+
+pub(crate) fn window(r: &Running, secs: u64) -> Result<Window> {
+    let s0 = r.agent.stats();
+    let k0 = read_calls(&r.calls_file);
+    let c0 = cpu_ns(r.agent.pid())?;
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let c1 = cpu_ns(r.agent.pid())?;
+    let wall = t0.elapsed();
+    let k1 = read_calls(&r.calls_file);
+    let s1 = r.agent.stats();
+    let cycles = (counter(&s1, "nvml_samples") - counter(&s0, "nvml_samples")).max(1) as f64;
+    let per = |k: &str| (counter(&s1, k) - counter(&s0, k)) as f64 / cycles;
+    Ok(Window {
+        cpu_ns: (c1 - c0) as f64,
+        wall_ns: wall.as_nanos() as f64,
+        cycles,
+        nvml_ns: per("nvml_sample_cpu_ns"),
+        join_ns: per("join_cpu_ns"),
+        calls: calls_between(&k0, &k1),
+    })
+}
+
+/// The agent's figures, then (agent stopped) the three baselines on the same node.
+pub(crate) fn finish(
+    r: Running,
+    w: &Window,
+    lib: &Path,
+    gpu_pids: &[u32],
+    n: usize,
+) -> Result<Row> {
+    if r.rx.received.count() == 0 {
+        bail!("the agent exported nothing to the receiver");
+    }
+    let rss_mb = rss_kib(r.agent.pid())? as f64 / 1024.0;
+    let attributed = bench::attributed_in(&r.agent.json("/debug/snapshot"));
+    let stats = r.agent.stats();
+    let ready_s = r.ready_s;
+    drop(r);
+    let (pid_read_ns, _) = baseline_pid_read(gpu_pids, 20);
+    let (proc_scan_ns, scanned) = baseline_proc_scan(3);
+    let classic = classic::measure(lib, 10)?;
+    let row = Row {
+        n,
+        pods: 0,
+        agent_ns_per_cycle: w.cpu_ns / w.cycles,
+        agent_cpu_pct: w.cpu_ns / w.wall_ns * 100.0,
+        rss_mb,
+        pid_read_ns,
+        proc_scan_ns,
+        classic,
+        attributed,
+        gpu_procs: gpu_pids.len(),
+        nvml_ns: w.nvml_ns,
+        join_ns: w.join_ns,
+        ready_s,
+        calls: w.calls.clone(),
+        stats,
+        big: None,
+    };
+    eprintln!(
+        "  agent {:.0} us/cycle ({:.3}% of a core), {:.1} NVML calls/cycle, pid-read {:.0} us, \
+         proc-scan {:.0} us over {scanned} processes, classic {:.0} us CPU / {:.0} us wall",
+        row.agent_ns_per_cycle / 1000.0,
+        row.agent_cpu_pct,
+        row.calls.as_ref().map_or(f64::NAN, |c| c.per_cycle),
+        pid_read_ns / 1000.0,
+        proc_scan_ns / 1000.0,
+        row.classic.cpu_ns / 1000.0,
+        row.classic.wall_ns / 1000.0
+    );
+    Ok(row)
 }
 
 fn measure(bin: &Path, lib: &Path, n: usize, secs: u64) -> Result<Row> {
@@ -136,8 +338,9 @@ fn measure(bin: &Path, lib: &Path, n: usize, secs: u64) -> Result<Row> {
         "overhead: N={} processes in {pods_n} pods",
         per_pod * pods_n
     );
+    bignode::check_memory(n)?;
     let pods = make_pods(pods_n);
-    fill(&pods, per_pod)?;
+    let sleepers = fill(&pods, per_pod)?;
     // A few hundred GPU processes among them, spread over the pods and the 8 GPUs.
     let gpu_n = 320.min(per_pod * pods_n);
     let mut gpu_pids = vec![];
@@ -154,77 +357,23 @@ fn measure(bin: &Path, lib: &Path, n: usize, secs: u64) -> Result<Row> {
             break;
         }
     }
-    let scenario = std::env::temp_dir().join(format!("bench-overhead-{}.json", random_hex(8)));
-    write_scenario(&scenario, &gpu_pids)?;
-    let rx = Receiver::start(Kind::Grpc, 0);
-    let url = rx.url();
-    let agent = Agent::start_full(
-        bin,
-        "[nvml]\ninterval_ms = 1000\n",
-        &["--nvml-lib", lib.to_str().unwrap()],
-        &[
-            ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-            ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
-        ],
-    );
-    settle(&agent);
+    write_scenario(&classic::scenario_path(), Layout::Gpus, &gpu_pids)?;
+    let r = start_agent(bin, lib)?;
+    settle(&r.agent);
     std::thread::sleep(Duration::from_secs(3));
-    let s0 = agent.stats();
-    let c0 = cpu_ns(agent.pid())?;
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_secs(secs));
-    let c1 = cpu_ns(agent.pid())?;
-    let wall = t0.elapsed();
-    let s1 = agent.stats();
-    let rss = rss_kib(agent.pid())? as f64 / 1024.0;
-    let snap = agent.json("/debug/snapshot");
-    let attributed: usize = snap["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| !c["container_id"].is_null())
-        .flat_map(|c| c["gpus"].as_array().unwrap().iter())
-        .map(|g| g["pids"].as_array().unwrap().len())
-        .sum();
-    if rx.received.count() == 0 {
-        bail!("the agent exported nothing to the receiver");
-    }
-    drop(agent);
-    let cycles = (counter(&s1, "nvml_samples") - counter(&s0, "nvml_samples")).max(1) as f64;
-    let agent_ns = (c1 - c0) as f64;
-    let (pid_read_ns, _) = baseline_pid_read(&gpu_pids, 20);
-    let (proc_scan_ns, scanned) = baseline_proc_scan(3);
-    eprintln!(
-        "  agent {:.0} us/cycle ({:.3}% of a core), pid-read {:.0} us, proc-scan {:.0} us over {scanned} processes",
-        agent_ns / cycles / 1000.0,
-        agent_ns / wall.as_nanos() as f64 * 100.0,
-        pid_read_ns / 1000.0,
-        proc_scan_ns / 1000.0
-    );
-    let _ = std::fs::remove_file(&scenario);
+    let w = window(&r, secs)?;
+    let mut row = finish(r, &w, lib, &gpu_pids, per_pod * pods_n)?;
+    row.pods = pods_n;
     drop(pods);
-    Ok(Row {
-        n: per_pod * pods_n,
-        agent_ns_per_cycle: agent_ns / cycles,
-        agent_cpu_pct: agent_ns / wall.as_nanos() as f64 * 100.0,
-        rss_mb: rss,
-        pid_read_ns,
-        proc_scan_ns,
-        attributed,
-        gpu_procs: gpu_pids.len(),
-        nvml_ns: (counter(&s1, "nvml_sample_cpu_ns") - counter(&s0, "nvml_sample_cpu_ns")) as f64
-            / cycles,
-        join_ns: (counter(&s1, "join_cpu_ns") - counter(&s0, "join_cpu_ns")) as f64 / cycles,
-    })
+    drop(sleepers);
+    Ok(row)
 }
 
-struct ShortLived {
-    total: usize,
-    agent: usize,
-    pid_read: usize,
-    proc_scan: usize,
+pub(crate) struct ShortLived {
+    pub total: usize,
+    pub agent: usize,
+    pub pid_read: usize,
+    pub proc_scan: usize,
 }
 
 /// GPU processes that live 5-50 ms: NVML saw them during its sampling window; by the time a
@@ -233,7 +382,7 @@ struct ShortLived {
 fn short_lived(bin: &Path, lib: &Path, count: usize) -> Result<ShortLived> {
     let pods = make_pods(10);
     let scenario = std::env::temp_dir().join(format!("bench-short-{}.json", random_hex(8)));
-    write_scenario(&scenario, &[])?;
+    write_scenario(&scenario, Layout::Gpus, &[])?;
     let agent = Agent::start_full(
         bin,
         "[nvml]\ninterval_ms = 1000\n",
@@ -257,7 +406,7 @@ fn short_lived(bin: &Path, lib: &Path, count: usize) -> Result<ShortLived> {
     }
     let pids: Vec<u32> = truth.keys().copied().collect();
     // NVML's sample listed them; the join happens now, after they exited.
-    write_scenario(&scenario, &pids)?;
+    write_scenario(&scenario, Layout::Gpus, &pids)?;
     let written = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as u64;
@@ -348,12 +497,18 @@ fn plot(rows: &[Row], out: &Path) -> Result<()> {
         ("gpu-agent (whole agent: NVML, join, OTLP)", BLUE, 0),
         ("(a) read /proc/PID/cgroup per GPU process", GREEN, 1),
         ("(b) scan every /proc/PID/cgroup", RED, 2),
+        (
+            "(c) classic script: NVML listing, /proc per GPU process",
+            MAGENTA,
+            3,
+        ),
     ];
     for (name, color, which) in series {
         let value = |r: &Row| match which {
             0 => ms(r.agent_ns_per_cycle),
             1 => ms(r.pid_read_ns),
-            _ => ms(r.proc_scan_ns),
+            2 => ms(r.proc_scan_ns),
+            _ => ms(r.classic.cpu_ns),
         };
         let pts: Vec<(f64, f64)> = rows.iter().map(|r| (r.n as f64, value(r))).collect();
         chart
@@ -375,72 +530,51 @@ fn plot(rows: &[Row], out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// kernel.pid_max for the run: 50,000 processes and the rest of the machine.
+const PID_MAX_RUN: u64 = 131_072;
+
 pub fn run(quick: bool, no_write: bool) -> Result<()> {
     require_root()?;
+    // The harness's NVML scenario (baseline (c)): set before any thread exists; every node
+    // rewrites the file, the agent reads the same one.
+    let tmp = TempDir::new("bench-overhead");
+    std::env::set_var("FAKE_NVML_SCENARIO", tmp.0.join("scenario.json"));
     let bin = release_agent()?;
     cargo(&["build", "--release", "-p", "fake-nvml"])?;
     let lib: PathBuf = workspace_root().join("target/release/libnvidia_ml.so");
-    let sizes: &[usize] = if quick { &[5000] } else { &[1000, 5000, 20000] };
-    let secs = if quick { 15 } else { 40 };
     let started = Instant::now();
+    // First, on a quiet machine; a failure (say, otel/ mid-edit) must not cost the run.
+    let export = bench::export_bench(200)
+        .map_err(|e| eprintln!("no export figures: {e:#}"))
+        .ok();
+    let pid_max = PidMax::raise(PID_MAX_RUN)?;
+    let sizes: &[usize] = if quick {
+        &[5000]
+    } else {
+        &[1000, 5000, 20000, 50000]
+    };
+    let secs = if quick { 15 } else { 40 };
     let mut rows = vec![];
     for &n in sizes {
         rows.push(measure(&bin, &lib, n, secs)?);
     }
+    let big = bignode::measure(&bin, &lib, secs)?;
+    drop(pid_max);
     let short = short_lived(&bin, &lib, if quick { 100 } else { 300 })?;
-    let st = storm(if quick { 5000 } else { 20000 }, 1, true)?;
-    let r5 = rows
-        .iter()
-        .find(|r| r.n >= 4000 && r.n <= 6000)
-        .unwrap_or(&rows[0]);
-    let ratio_scan = r5.proc_scan_ns / r5.agent_ns_per_cycle;
-    let ratio_pid = r5.pid_read_ns / r5.agent_ns_per_cycle;
-
-    let mut md = format!(
-        "Measured by `cargo xtask bench{}` on {} in {:.0} s. The agent's figures are its whole \
-         process (eBPF cache, NVML sampling through the fake library, join, OTLP push to an \
-         in-process receiver) from its schedstat; the baselines time only their /proc work, in \
-         the harness, on the same node state, so the comparison favours them.\n\n",
-        if quick { " --quick" } else { "" },
-        machine(),
-        started.elapsed().as_secs_f64()
-    );
-    md.push_str("| N processes | GPU processes (attributed) | agent CPU per cycle (NVML thread / join) | agent % of a core at 1 Hz | agent RSS | (a) per-PID /proc reads | (b) full /proc scan | (b) / agent | (a) / agent |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for r in &rows {
-        md.push_str(&format!(
-            "| {} | {} ({}) | {:.2} ms ({:.2} / {:.2}) | {:.3} % | {:.1} MiB | {:.2} ms | {:.1} ms | {:.1}x | {:.2}x |\n",
-            r.n,
-            r.gpu_procs,
-            r.attributed,
-            r.agent_ns_per_cycle / 1e6,
-            r.nvml_ns / 1e6,
-            r.join_ns / 1e6,
-            r.agent_cpu_pct,
-            r.rss_mb,
-            r.pid_read_ns / 1e6,
-            r.proc_scan_ns / 1e6,
-            r.proc_scan_ns / r.agent_ns_per_cycle,
-            r.pid_read_ns / r.agent_ns_per_cycle
-        ));
-    }
-    md.push_str(&format!(
-        "\nShort-lived GPU processes (5-50 ms, {} of them, looked up after NVML listed them): \
-         gpu-agent attributed {} ({:.0}%), per-PID /proc reads {} ({:.0}%), full /proc scan {} ({:.0}%).\n\n\
-         Exec storm ({} fork+exec): {} notifications lost, slowdown {:.3}x, agent {:.2} us CPU \
-         per event, eBPF {:.0} ns per event (mean of the programs).\n",
-        short.total,
-        short.agent,
-        100.0 * short.agent as f64 / short.total as f64,
-        short.pid_read,
-        100.0 * short.pid_read as f64 / short.total as f64,
-        short.proc_scan,
-        100.0 * short.proc_scan as f64 / short.total as f64,
-        if quick { 5000 } else { 20000 },
-        st.lost,
-        st.slowdown,
-        st.cpu_us_per_event,
-        st.bpf_ns_per_event
-    ));
+    let storm_n = if quick { 5000 } else { 20000 };
+    let st = storm_with(&bin, storm_n, 1)?;
+    let report = Report {
+        quick,
+        machine: machine(),
+        elapsed_s: started.elapsed().as_secs_f64(),
+        rows: &rows,
+        big: &big,
+        short: &short,
+        storm: &st,
+        storm_n,
+        export: export.as_ref(),
+    };
+    let mut md = report::markdown(&report);
     if !quick {
         let png = workspace_root().join("docs/img/overhead.png");
         std::fs::create_dir_all(png.parent().unwrap())?;
@@ -450,10 +584,7 @@ pub fn run(quick: bool, no_write: bool) -> Result<()> {
         }
     }
     println!("{md}");
-    println!(
-        "RESULT agent_cpu_pct={:.3} rss_mb={:.1} ratio_vs_procscan={:.1} ratio_vs_pidread={:.2} lost={} bpf_ns_per_event={:.0}",
-        r5.agent_cpu_pct, r5.rss_mb, ratio_scan, ratio_pid, st.lost, st.bpf_ns_per_event
-    );
+    println!("{}", report::result_line(&report));
     if !no_write && !quick {
         write_section("overhead", &md)?;
     }

@@ -1,0 +1,321 @@
+//! The largest node `cargo xtask bench` builds: 50,000 real processes in 1,000 pods of
+//! kubelet's systemd shape, each pod a slice with nine container scopes (10,000 cgroups),
+//! five of them with ten processes (forked by sleeper.c, pausing). Everything it makes is removed on drop,
+//! also when the benchmark fails half-way.
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use tests::{
+    cgroups::{proc_cgroup, systemd_container, v2_mount, TestCgroup},
+    random_hex, random_uid,
+};
+
+use crate::{
+    bench::settle,
+    classic,
+    overhead::{finish, start_agent, window, write_scenario, BigFigures, Layout, Row},
+    workspace_root,
+};
+
+pub(crate) const PODS: usize = 1000;
+/// Container scopes per pod: with the pod's slice, ten cgroups per pod.
+const CONTAINERS: usize = 9;
+/// Containers that run processes; the others are empty (exited sidecars, init containers).
+const BUSY: usize = 5;
+/// Processes per busy container.
+const PER_CONTAINER: usize = 10;
+pub(crate) const PROCESSES: usize = PODS * BUSY * PER_CONTAINER;
+pub(crate) const CGROUPS: usize = PODS * (1 + CONTAINERS);
+
+/// kernel.pid_max raised for the run, put back on drop (also on error or panic).
+pub(crate) struct PidMax {
+    old: Option<String>,
+}
+
+const PID_MAX: &str = "/proc/sys/kernel/pid_max";
+
+impl PidMax {
+    /// Raises pid_max to at least `want`; a higher value is left alone.
+    pub fn raise(want: u64) -> Result<PidMax> {
+        let old = std::fs::read_to_string(PID_MAX).context("reading kernel.pid_max")?;
+        let cur: u64 = old.trim().parse().context("kernel.pid_max")?;
+        if cur >= want {
+            return Ok(PidMax { old: None });
+        }
+        std::fs::write(PID_MAX, want.to_string()).context("raising kernel.pid_max")?;
+        eprintln!("kernel.pid_max {cur} -> {want} for the benchmark");
+        Ok(PidMax { old: Some(old) })
+    }
+}
+
+impl Drop for PidMax {
+    fn drop(&mut self) {
+        if let Some(old) = self.old.take() {
+            match std::fs::write(PID_MAX, old.trim()) {
+                Ok(()) => eprintln!("kernel.pid_max restored to {}", old.trim()),
+                Err(e) => eprintln!("could not restore kernel.pid_max to {}: {e}", old.trim()),
+            }
+        }
+    }
+}
+
+/// MemAvailable in KiB.
+pub(crate) fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A forked sleeper costs about 95 KiB of the machine's memory (measured: 4.4-4.7 GiB for
+/// the 50k node), a `sleep` up to 200 KiB. Refuse a node that could push the machine into
+/// the OOM killer, and stop filling one when memory runs low.
+const KIB_PER_PROCESS: u64 = 128;
+const RESERVE_KIB: u64 = 3 << 20;
+
+pub(crate) fn check_memory(processes: usize) -> Result<()> {
+    let need = processes as u64 * KIB_PER_PROCESS + RESERVE_KIB;
+    let have = mem_available_kib();
+    if have < need {
+        bail!(
+            "{processes} processes need about {} MiB free, {} MiB available: not starting them",
+            need >> 10,
+            have >> 10
+        );
+    }
+    Ok(())
+}
+
+fn check_low_memory() -> Result<()> {
+    let have = mem_available_kib();
+    if have < RESERVE_KIB / 2 {
+        bail!("memory ran low ({} MiB available): stopping", have >> 10);
+    }
+    Ok(())
+}
+
+/// Builds target/bench-tools/sleeper from sleeper.c (the project needs a C compiler
+/// already), again when the source changed.
+fn sleeper_binary() -> Result<PathBuf> {
+    const SRC: &str = include_str!("sleeper.c");
+    let dir = workspace_root().join("target/bench-tools");
+    let (src, bin) = (dir.join("sleeper.c"), dir.join("sleeper"));
+    if bin.exists() && std::fs::read_to_string(&src).ok().as_deref() == Some(SRC) {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(&src, SRC)?;
+    // Static when libc.a is there: fewer mappings, so smaller page tables per fork.
+    for flags in [&["-O2", "-static"][..], &["-O2"][..]] {
+        let ok = Command::new("cc")
+            .args(flags)
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(bin);
+        }
+    }
+    bail!("cannot build {} with cc", src.display())
+}
+
+/// The sleeper that forked a node's processes; killed and reaped on drop (its children
+/// go with their cgroups).
+pub(crate) struct Sleepers(Child);
+
+impl Sleepers {
+    /// Forks `per` pausing processes into each of `cgroups`.
+    pub fn spawn(cgroups: &[&TestCgroup], per: usize) -> Result<Sleepers> {
+        let own = proc_cgroup(std::process::id(), "0").context("no cgroup2 path of our own")?;
+        let home = v2_mount()
+            .join(own.trim_start_matches('/'))
+            .join("cgroup.procs");
+        let mut child = Command::new(sleeper_binary()?)
+            .arg(&home)
+            .arg(per.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the sleeper")?;
+        let mut list = String::new();
+        for c in cgroups {
+            list.push_str(&format!("{}\n", c.dir.join("cgroup.procs").display()));
+        }
+        let mut stdin = child.stdin.take().unwrap();
+        let s = Sleepers(child);
+        stdin.write_all(list.as_bytes())?;
+        Ok(s)
+    }
+
+    /// Fails when the sleeper gave up (it says why on stderr).
+    pub fn check(&mut self) -> Result<()> {
+        match self.0.try_wait()? {
+            Some(status) => bail!("the sleeper exited: {status}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct BigPod {
+    /// Dropped first (fields drop in order): the slice can only go once they are gone.
+    containers: Vec<TestCgroup>,
+    slice: TestCgroup,
+}
+
+pub(crate) struct BigNode {
+    pods: Vec<BigPod>,
+    sleepers: Option<Sleepers>,
+    /// MemAvailable fell by this much while the processes started (KiB).
+    pub mem_used_kib: u64,
+    pub started_in: Duration,
+}
+
+impl BigNode {
+    pub fn build() -> Result<BigNode> {
+        check_memory(PROCESSES)?;
+        let mem0 = mem_available_kib();
+        let t0 = Instant::now();
+        let mut node = BigNode {
+            pods: Vec::with_capacity(PODS),
+            sleepers: None,
+            mem_used_kib: 0,
+            started_in: Duration::ZERO,
+        };
+        for _ in 0..PODS {
+            let uid = random_uid();
+            let first = systemd_container(&uid, &random_hex(64));
+            let slice = TestCgroup::v2(first.rsplit_once('/').unwrap().0);
+            let containers: Vec<TestCgroup> = (0..CONTAINERS)
+                .map(|i| match i {
+                    0 => TestCgroup::v2(&first),
+                    _ => TestCgroup::v2(&systemd_container(&uid, &random_hex(64))),
+                })
+                .collect();
+            node.pods.push(BigPod { containers, slice });
+        }
+        let busy: Vec<&TestCgroup> = node
+            .pods
+            .iter()
+            .flat_map(|p| &p.containers[..BUSY])
+            .collect();
+        node.sleepers = Some(Sleepers::spawn(&busy, PER_CONTAINER)?);
+        node.wait_started()?;
+        node.mem_used_kib = mem0.saturating_sub(mem_available_kib());
+        node.started_in = t0.elapsed();
+        eprintln!(
+            "big node: {PROCESSES} processes, {CGROUPS} cgroups in {:.1} s, {} MiB",
+            node.started_in.as_secs_f64(),
+            node.mem_used_kib >> 10
+        );
+        Ok(node)
+    }
+
+    fn count(&self) -> usize {
+        self.pods
+            .iter()
+            .flat_map(|p| &p.containers[..BUSY])
+            .map(|c| c.procs().len())
+            .sum()
+    }
+
+    fn wait_started(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let n = self.count();
+            if n >= PROCESSES {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("only {n} of {PROCESSES} processes started in time");
+            }
+            check_low_memory()?;
+            self.sleepers.as_mut().unwrap().check()?;
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Two processes of each pod (first two containers) are GPU processes: 2,000.
+    pub fn gpu_pids(&self) -> Vec<u32> {
+        self.pods
+            .iter()
+            .flat_map(|p| &p.containers[..2])
+            .filter_map(|c| c.procs().into_iter().nth(1))
+            .collect()
+    }
+}
+
+impl Drop for BigNode {
+    fn drop(&mut self) {
+        let t0 = Instant::now();
+        // cgroup.kill: every process of a pod at once; TestCgroup's own kill loop would
+        // take 20 ms per busy container.
+        for p in &self.pods {
+            let _ = std::fs::write(p.slice.dir.join("cgroup.kill"), "1");
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for p in &self.pods {
+            let events = p.slice.dir.join("cgroup.events");
+            while std::fs::read_to_string(&events).is_ok_and(|e| e.contains("populated 1"))
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.sleepers = None;
+        // The first pod made the shared parents: it goes last.
+        while let Some(p) = self.pods.pop() {
+            drop(p);
+        }
+        eprintln!("big node removed in {:.1} s", t0.elapsed().as_secs_f64());
+    }
+}
+
+/// The 50k node with the agent: ready time, then NVML calls per cycle with 320 GPU
+/// processes, then everything at 2,000 GPU processes on 8 GPUs x 7 MIG devices.
+pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
+    eprintln!("overhead: N={PROCESSES} processes in {PODS} pods, {CGROUPS} cgroups");
+    let node = BigNode::build()?;
+    let pids = node.gpu_pids();
+    if pids.len() < 2 * PODS {
+        bail!("only {} GPU processes found of {}", pids.len(), 2 * PODS);
+    }
+    let scenario = classic::scenario_path();
+    write_scenario(&scenario, Layout::Mig, &pids[..320])?;
+    let r = start_agent(bin, lib)?;
+    eprintln!("  agent ready in {:.2} s", r.ready_s);
+    settle(&r.agent);
+    std::thread::sleep(Duration::from_secs(2));
+    let small = window(&r, 5)?;
+    write_scenario(&scenario, Layout::Mig, &pids)?;
+    // The library reloads the file within 100 ms; let a cycle pass on it.
+    std::thread::sleep(Duration::from_millis(2500));
+    let w = window(&r, secs)?;
+    let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
+    row.pods = PODS;
+    row.big = Some(BigFigures {
+        cgroups: CGROUPS,
+        calls_320: small.calls,
+        node_mem_mib: node.mem_used_kib as f64 / 1024.0,
+        node_start_s: node.started_in.as_secs_f64(),
+    });
+    drop(node);
+    Ok(row)
+}
