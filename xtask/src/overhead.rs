@@ -150,6 +150,8 @@ pub(crate) struct Row {
     /// Of the agent's cycle: the NVML thread (fake library included) and the join.
     pub nvml_ns: f64,
     pub join_ns: f64,
+    /// The OTLP export task (encode and send).
+    pub export_ns: f64,
     /// Agent start to /readyz answering 200.
     pub ready_s: f64,
     pub calls: Option<Calls>,
@@ -255,6 +257,7 @@ pub(crate) struct Window {
     pub cycles: f64,
     pub nvml_ns: f64,
     pub join_ns: f64,
+    pub export_ns: f64,
     pub calls: Option<Calls>,
 }
 
@@ -276,6 +279,7 @@ pub(crate) fn window(r: &Running, secs: u64) -> Result<Window> {
         cycles,
         nvml_ns: per("nvml_sample_cpu_ns"),
         join_ns: per("join_cpu_ns"),
+        export_ns: per("export_cpu_ns"),
         calls: calls_between(&k0, &k1),
     })
 }
@@ -312,6 +316,7 @@ pub(crate) fn finish(
         gpu_procs: gpu_pids.len(),
         nvml_ns: w.nvml_ns,
         join_ns: w.join_ns,
+        export_ns: w.export_ns,
         ready_s,
         calls: w.calls.clone(),
         stats,

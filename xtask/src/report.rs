@@ -70,7 +70,7 @@ pub(crate) fn markdown(r: &Report) -> String {
 
 fn rows_table(md: &mut String, r: &Report) {
     md.push_str(
-        "| N processes | GPU processes (attributed) | agent CPU per cycle (NVML thread / join) | \
+        "| N processes | GPU processes (attributed) | agent CPU per cycle (NVML thread / join / OTLP export) | \
          agent % of a core at 1 Hz | agent RSS | ready | NVML calls per cycle | (a) per-PID \
          /proc reads | (b) full /proc scan | (c) classic script, CPU (wall) | (b) / agent | \
          (a) / agent | (c) / agent |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | \
@@ -87,13 +87,14 @@ fn rows_table(md: &mut String, r: &Report) {
         let a = row.agent_ns_per_cycle;
         let _ = writeln!(
             md,
-            "| {n} | {} ({}) | {:.2} ms ({:.2} / {:.2}) | {:.3} % | {:.1} MiB | {:.2} s | {:.0} | \
+            "| {n} | {} ({}) | {:.2} ms ({:.2} / {:.2} / {:.2}) | {:.3} % | {:.1} MiB | {:.2} s | {:.0} | \
              {:.2} ms | {:.1} ms | {:.2} ms ({:.2} ms) | {:.1}x | {:.2}x | {:.2}x |",
             row.gpu_procs,
             row.attributed,
             a / 1e6,
             row.nvml_ns / 1e6,
             row.join_ns / 1e6,
+            row.export_ns / 1e6,
             row.agent_cpu_pct,
             row.rss_mb,
             row.ready_s,

@@ -224,9 +224,14 @@ pub fn account(
     let mut records = charge_accounting(containers, &owners, counters, inputs, now);
     records.extend(close_ended(counters, now));
     let accounted = accounted_devices(counters);
-    add_accounted_owners(containers, &accounted, metadata);
-    for c in containers.iter_mut() {
-        fill_accounts(c, counters, &accounted, sample, metadata, inputs);
+    let added = accounted_owners(&owners, &accounted, metadata);
+    let mut owners = owners;
+    owners.extend(added.iter().map(owner_key));
+    containers.extend(added);
+    for (c, owner) in containers.iter_mut().zip(&owners) {
+        if let Some(owner) = owner {
+            fill_accounts(c, owner, counters, &accounted, sample, metadata, inputs);
+        }
     }
     records
 }
@@ -245,12 +250,13 @@ fn accounted_devices(counters: &Counters) -> HashMap<&Owner, Vec<&str>> {
 /// Owners with no process now whose exited processes were charged through NVML accounting
 /// (a job shorter than a sample): an entry of their own, so that their accounting series
 /// go on, until their counters are forgotten.
-fn add_accounted_owners(
-    containers: &mut Vec<ContainerUsage>,
+fn accounted_owners(
+    present: &[Option<Owner>],
     accounted: &HashMap<&Owner, Vec<&str>>,
     metadata: &Metadata,
-) {
-    let present: HashSet<Owner> = containers.iter().filter_map(owner_key).collect();
+) -> Vec<ContainerUsage> {
+    let present: HashSet<&Owner> = present.iter().flatten().collect();
+    let mut added = vec![];
     let mut owners: Vec<&Owner> = accounted
         .keys()
         .copied()
@@ -280,8 +286,9 @@ fn add_accounted_owners(
             c.pod_uid = n.pod_uid.clone();
             c.runtime = n.runtime;
         }
-        containers.push(c);
+        added.push(c);
     }
+    added
 }
 
 /// Splits the GPU's energy since the last sample over the containers on it by their
@@ -527,19 +534,19 @@ pub fn close(counters: &mut Counters, key: &(Owner, String), reason: &str) -> Op
 /// Each device the container used or was allocated: its ledger and its limits.
 fn fill_accounts(
     c: &mut ContainerUsage,
+    owner: &Owner,
     counters: &Counters,
     accounted: &HashMap<&Owner, Vec<&str>>,
     sample: &GpuSample,
     metadata: &Metadata,
     inputs: &Inputs,
 ) {
-    let Some(owner) = owner_key(c) else { return };
     let mut uuids: Vec<(&str, &str)> = c
         .gpus
         .iter()
         .map(|g| (g.uuid.as_str(), g.gpu_uuid.as_str()))
         .collect();
-    let charged = accounted.get(&owner).into_iter().flatten().copied();
+    let charged = accounted.get(owner).into_iter().flatten().copied();
     for u in c.allocated_gpus.iter().map(String::as_str).chain(charged) {
         if !uuids.iter().any(|(x, _)| *x == u) {
             uuids.push((u, parent_of(sample, u).unwrap_or(u)));
@@ -547,7 +554,7 @@ fn fill_accounts(
     }
     let mut accounts = Vec::with_capacity(uuids.len());
     for (uuid, gpu_uuid) in uuids {
-        let l = counters.ledgers.get(&owner, uuid);
+        let l = counters.ledgers.get(owner, uuid);
         let mut a = GpuAccount {
             uuid: uuid.to_string(),
             gpu_uuid: gpu_uuid.to_string(),
