@@ -143,7 +143,7 @@ impl Default for EbpfConfig {
             enabled: true,
             max_processes: None,
             ring_buffer_bytes: 1 << 20,
-            poll_interval_ms: 250,
+            poll_interval_ms: 500,
             wakeup_bytes: 256 << 10,
             program_stats: false,
         }

@@ -192,6 +192,10 @@ fn prepare_tracefs(config: &Config) -> Option<String> {
 }
 
 fn main() -> ExitCode {
+    // One malloc arena: glibc gives each thread that allocates (NVML, HTTP, the start-up
+    // walk's readers) an arena of its own, which a node agent pays for in RSS, not speed.
+    // SAFETY: mallopt has no preconditions; called before any other thread exists.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::CheckConfig { file } => {

@@ -3,7 +3,7 @@
 //! metadata, and publishes every snapshot on one watch channel that all sinks read.
 use std::{
     sync::{atomic::Ordering::Relaxed, Arc, RwLock},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Result;
@@ -21,6 +21,11 @@ use crate::{
     process::Tracker,
     stats::{thread_cpu_ns, Stats},
 };
+
+/// How often expired tombstones and cgroups are forgotten and the kernel's counters read.
+const GC_EVERY: Duration = Duration::from_secs(1);
+/// A timer tick a little early still counts as due.
+const TICK_SLACK: Duration = Duration::from_millis(20);
 
 /// Where the snapshots are published; every sink holds a receiver.
 pub type Published = watch::Receiver<Arc<Snapshot>>;
@@ -72,9 +77,11 @@ impl Pipeline {
             Some(s) => Some(s.readiness()?),
             None => None,
         };
-        let mut gc = tokio::time::interval(Duration::from_secs(1));
-        let mut poll = tokio::time::interval(self.poll_every);
-        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // One timer for the drain and the gc: each wake-up of an idle agent costs tens of
+        // microseconds on a VM, so they are few.
+        let mut tick = tokio::time::interval(self.poll_every.min(GC_EVERY));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let (mut polled, mut collected) = (Instant::now(), Instant::now());
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return Ok(()),
@@ -82,21 +89,30 @@ impl Pipeline {
                     r?;
                     self.tracker.drain();
                 }
-                _ = poll.tick() => {
-                    if self.tracker.is_ebpf() {
-                        self.tracker.drain();
-                    } else {
-                        self.tracker.rescan_procfs();
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    if now + TICK_SLACK >= polled + self.poll_every {
+                        polled = now;
+                        if self.tracker.is_ebpf() {
+                            self.tracker.drain();
+                        } else {
+                            self.tracker.rescan_procfs();
+                        }
                     }
-                }
-                _ = gc.tick() => {
-                    let gone = self.tracker.gc();
-                    if let Some(names) = self.names.as_mut().filter(|_| !gone.is_empty()) {
-                        names.gone(gone);
+                    if now + TICK_SLACK >= collected + GC_EVERY {
+                        collected = now;
+                        self.gc();
                     }
                 }
                 Some(msg) = gpu.recv() => self.on_gpu(msg),
             }
+        }
+    }
+
+    fn gc(&mut self) {
+        let gone = self.tracker.gc();
+        if let Some(names) = self.names.as_mut().filter(|_| !gone.is_empty()) {
+            names.gone(gone);
         }
     }
 

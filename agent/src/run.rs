@@ -273,8 +273,9 @@ async fn serve_http(
     let thread = http::spawn(listeners, stop.clone())?;
     let stop = stop.clone();
     Ok(tokio::spawn(async move {
-        // Beats on this runtime, the agent's main loop: /healthz fails when it stalls.
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // Beats on this runtime, the agent's main loop: /healthz fails when it stalls (30
+        // s). Every 5 s: an idle agent's wake-ups are its cost.
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,

@@ -107,7 +107,13 @@ pub(crate) fn require_root() -> Result<()> {
     Ok(())
 }
 
+/// The agent under test: this tree's release build, or GPU_AGENT_BENCH_BIN (another
+/// commit's build, for a before/after on the same kernel and machine state).
 pub(crate) fn release_agent() -> Result<std::path::PathBuf> {
+    if let Some(bin) = std::env::var_os("GPU_AGENT_BENCH_BIN") {
+        eprintln!("xtask: benchmarking {}", bin.to_string_lossy());
+        return Ok(bin.into());
+    }
     ebpf::build()?;
     cargo(&["build", "--release", "-p", "agent"])?;
     Ok(workspace_root().join("target/release/gpu-agent"))

@@ -157,7 +157,20 @@ impl Tracker {
         if self.source.is_none() {
             return 0;
         }
-        let mut n = self.apply_queued();
+        let n = self.apply_queued();
+        // Notifications are lost only when the ring is full, so a loss leaves data to read:
+        // an empty drain need not ask the kernel for its counters (a syscall; gc still
+        // reads them every second).
+        if n == 0 {
+            return 0;
+        }
+        n + self.check_counters()
+    }
+
+    /// Reads the kernel's counters; after lost notifications, resyncs from the kernel map.
+    /// Returns the number of notifications applied meanwhile.
+    fn check_counters(&mut self) -> usize {
+        let mut n = 0;
         loop {
             let counters = self.read_counters();
             if counters.ringbuf_lost <= self.last_lost {
@@ -468,6 +481,9 @@ impl Tracker {
     /// Forgets expired tombstones and removed cgroups. Returns the containers whose last
     /// cgroup went.
     pub fn gc(&mut self) -> Vec<String> {
+        if self.source.is_some() {
+            self.check_counters();
+        }
         let now = Instant::now();
         let mut st = self.state.write().unwrap();
         st.cache.gc(now);
