@@ -160,10 +160,14 @@ pub(crate) fn counter(stats: &Value, name: &str) -> u64 {
 }
 
 /// Waits until the agent has drained what the storm queued (the count stops moving).
+/// Longer than the ring's poll (500 ms) and the gc that refreshes the program statistics
+/// (1 s): a count that did not move for this long has settled.
+const SETTLED_AFTER: Duration = Duration::from_millis(1200);
+
 pub(crate) fn settle(agent: &Agent) -> Value {
     let mut last = agent.stats();
     loop {
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(SETTLED_AFTER);
         let now = agent.stats();
         if counter(&now, "events_received") == counter(&last, "events_received") {
             return now;
