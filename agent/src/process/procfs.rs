@@ -71,31 +71,6 @@ impl Procfs {
         })
     }
 
-    /// Every process, read by up to four threads (at start-up, tens of thousands of
-    /// processes cost two file reads each). Only the cgroup lines `keep` wants are kept.
-    pub fn read_all(&self, pids: &[u32], keep: impl Fn(u32) -> bool + Sync) -> Vec<ProcRecord> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-        let chunk = pids.len().div_ceil(threads).max(1);
-        let read = |pids: &[u32]| -> Vec<ProcRecord> {
-            let mut out = Vec::with_capacity(pids.len());
-            for &pid in pids {
-                if let Some(mut r) = self.read(pid) {
-                    r.cgroups.retain(|(h, _)| keep(*h));
-                    out.push(r);
-                }
-            }
-            out
-        };
-        std::thread::scope(|s| {
-            let parts: Vec<_> = pids.chunks(chunk).map(|c| s.spawn(|| read(c))).collect();
-            // A reader that panicked loses its share only: the resync and lookups cover it.
-            parts
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_default())
-                .collect()
-        })
-    }
-
     /// The command name of a process, from /proc/PID/comm.
     pub fn comm(&self, pid: u32) -> Option<String> {
         let comm = fs::read_to_string(self.root.join(pid.to_string()).join("comm")).ok()?;
