@@ -319,22 +319,19 @@ const MS: u64 = 1_000_000;
 /// the start of every resource's.
 fn node_attributes(ctx: &ExportContext, drop: Dropped) -> Vec<KeyValue> {
     let mut a = vec![
-        s(Attr::ServiceName, &ctx.service_name),
-        s(Attr::ServiceVersion, env!("CARGO_PKG_VERSION")),
+        (Attr::ServiceName, ctx.service_name.as_str()),
+        (Attr::ServiceVersion, env!("CARGO_PKG_VERSION")),
     ];
     if !ctx.node.host_name.is_empty() {
-        a.push(s(Attr::HostName, &ctx.node.host_name));
+        a.push((Attr::HostName, &ctx.node.host_name));
     }
     if let Some(n) = &ctx.node.node_name {
-        a.push(s(Attr::K8sNodeName, n));
+        a.push((Attr::K8sNodeName, n));
     }
     let mut out: Vec<KeyValue> = a
         .iter()
         .filter(|(x, _)| !drop.contains(*x))
-        .map(|(x, v)| match v {
-            Value::Str(v) => kv(x.otlp(), *v),
-            Value::Int(_) => unreachable!("the node's attributes are strings"),
-        })
+        .map(|(x, v)| kv(x.otlp(), *v))
         .collect();
     let configured = ctx
         .resource_attributes

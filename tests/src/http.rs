@@ -6,11 +6,23 @@ use std::{
 };
 
 pub fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
+    let s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    get_on(s, addr, path)
+}
+
+/// The same over a unix socket (the Docker API's, say).
+pub fn get_unix(sock: &std::path::Path, path: &str) -> std::io::Result<(u16, String)> {
+    let s = std::os::unix::net::UnixStream::connect(sock)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    get_on(s, "localhost", path)
+}
+
+/// One GET on a fresh connection, which the reply closes.
+fn get_on(mut s: impl Read + Write, host: &str, path: &str) -> std::io::Result<(u16, String)> {
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;

@@ -5,10 +5,9 @@
 //! the round trip is what costs. Without a reachable dockerd that part is left out.
 use std::{
     collections::BTreeSet,
-    io::{Read, Write},
     os::{fd::AsRawFd, unix::net::UnixStream},
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{Context, Result};
@@ -52,19 +51,7 @@ pub(crate) fn docker_socket() -> Option<PathBuf> {
 
 /// One HTTP/1.1 GET on a fresh connection (as curl or a script's client does); the status.
 fn get(sock: &Path, path: &str) -> Result<u16> {
-    let mut s = UnixStream::connect(sock)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut reply = Vec::new();
-    s.read_to_end(&mut reply)?;
-    let head = String::from_utf8_lossy(&reply[..reply.len().min(64)]).into_owned();
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("bad HTTP reply {head:?}"))
+    Ok(tests::http::get_unix(sock, path)?.0)
 }
 
 /// dockerd's pid: the peer of a connection to its socket (SO_PEERCRED).

@@ -212,76 +212,61 @@ fn others(md: &mut String, r: &Report) {
     }
 }
 
+/// A row of a target that is an upper bound: `value` shown with `decimals`, in `unit`.
+fn at_most(what: &str, value: f64, limit: f64, unit: &str, decimals: usize) -> [String; 4] {
+    let met = if value <= limit { "met" } else { "not met" };
+    [
+        what.into(),
+        format!("<= {limit} {unit}"),
+        format!("{value:.decimals$} {unit}"),
+        met.into(),
+    ]
+}
+
 fn targets(md: &mut String, r: &Report) {
     let (st, big, r5) = (r.storm, r.big, r.r5());
     let (prom_ms, build_ms) = r.export_ms();
     let (c320, c2000) = (r.calls_320(), Report::calls(big));
-    let rows: [(&str, &str, String, bool); 10] = [
-        (
+    let verdict = |met: bool| if met { "met" } else { "not met" }.to_string();
+    let big_cpu = "agent CPU, 50,000 processes, 1,000 pods, 2,000 GPU processes, 8 x 7 MIG";
+    let per_200x8 = |what: &str| format!("{what}, 200 containers x 8 GPUs");
+    let rows = [
+        at_most(
             "eBPF mean run time per event",
-            "<= 600 ns",
-            format!("{:.0} ns", st.bpf_ns_per_event),
-            st.bpf_ns_per_event <= 600.0,
+            st.bpf_ns_per_event,
+            600.0,
+            "ns",
+            0,
         ),
-        (
-            "proc_fork run time",
-            "<= 900 ns",
-            format!("{:.0} ns", st.fork_ns),
-            st.fork_ns <= 900.0,
-        ),
-        (
-            "agent CPU, 5,000 processes",
-            "<= 0.2 %",
-            format!("{:.3} %", r5.agent_cpu_pct),
-            r5.agent_cpu_pct <= 0.2,
-        ),
-        (
-            "agent CPU, 50,000 processes, 1,000 pods, 2,000 GPU processes, 8 x 7 MIG",
-            "<= 0.5 %",
-            format!("{:.3} %", big.agent_cpu_pct),
-            big.agent_cpu_pct <= 0.5,
-        ),
-        (
-            "agent RSS, 50,000 processes",
-            "<= 32 MiB",
-            format!("{:.1} MiB", big.rss_mb),
-            big.rss_mb <= 32.0,
-        ),
-        (
+        at_most("proc_fork run time", st.fork_ns, 900.0, "ns", 0),
+        at_most("agent CPU, 5,000 processes", r5.agent_cpu_pct, 0.2, "%", 3),
+        at_most(big_cpu, big.agent_cpu_pct, 0.5, "%", 3),
+        at_most("agent RSS, 50,000 processes", big.rss_mb, 32.0, "MiB", 1),
+        at_most(
             "ready, 50,000 processes, 10,000 cgroups",
-            "<= 1.5 s",
-            format!("{:.2} s", big.ready_s),
-            big.ready_s <= 1.5,
+            big.ready_s,
+            1.5,
+            "s",
+            2,
         ),
-        (
-            "exec storm",
-            "<= 1.03x, 0 lost",
+        [
+            "exec storm".into(),
+            "<= 1.03x, 0 lost".into(),
             format!("{:.3}x, {} lost", st.slowdown, st.lost),
-            st.slowdown <= 1.03 && st.lost == 0,
-        ),
+            verdict(st.slowdown <= 1.03 && st.lost == 0),
+        ],
         // A per-process call would add at least 1,680 calls between the two.
-        (
-            "NVML calls per cycle",
-            "counted, none per process",
+        [
+            "NVML calls per cycle".into(),
+            "counted, none per process".into(),
             format!("{c320:.1} at 320, {c2000:.1} at 2,000 GPU processes"),
-            c2000 - c320 < 1.0,
-        ),
-        (
-            "/metrics render, 200 containers x 8 GPUs",
-            "<= 5 ms",
-            format!("{prom_ms:.2} ms"),
-            prom_ms <= 5.0,
-        ),
-        (
-            "OTLP build + encode, 200 containers x 8 GPUs",
-            "<= 2 ms",
-            format!("{build_ms:.2} ms"),
-            build_ms <= 2.0,
-        ),
+            verdict(c2000 - c320 < 1.0),
+        ],
+        at_most(&per_200x8("/metrics render"), prom_ms, 5.0, "ms", 2),
+        at_most(&per_200x8("OTLP build + encode"), build_ms, 2.0, "ms", 2),
     ];
     md.push_str("\n| issue 15 target | goal | measured | |\n| --- | --- | --- | --- |\n");
-    for (what, goal, got, met) in rows {
-        let verdict = if met { "met" } else { "not met" };
+    for [what, goal, got, verdict] in rows {
         let _ = writeln!(md, "| {what} | {goal} | {got} | {verdict} |");
     }
 }

@@ -84,19 +84,27 @@ impl ProcessCache {
         self.tombstones += 1;
         self.exits.push_back((pid, now));
         while self.tombstones > self.max_tombstones {
-            let Some((old, at)) = self.exits.pop_front() else {
-                break;
-            };
-            if self
-                .procs
-                .get(&old)
-                .is_some_and(|e| e.exited_at == Some(at))
-            {
-                self.procs.remove(&old);
-                self.tombstones -= 1;
-                self.evicted += 1;
+            match self.forget_oldest_exit() {
+                Some(true) => self.evicted += 1,
+                Some(false) => {}
+                None => break,
             }
         }
+    }
+
+    /// Pops the oldest exit and removes its tombstone if it is still that one (the pid may
+    /// have been reused). None when there is no exit left; else whether one was removed.
+    fn forget_oldest_exit(&mut self) -> Option<bool> {
+        let (pid, at) = self.exits.pop_front()?;
+        let same = self
+            .procs
+            .get(&pid)
+            .is_some_and(|e| e.exited_at == Some(at));
+        if same {
+            self.procs.remove(&pid);
+            self.tombstones -= 1;
+        }
+        Some(same)
     }
 
     /// Tombstones evicted by the cap before they expired.
@@ -197,19 +205,12 @@ impl ProcessCache {
     pub fn gc(&mut self, now: Instant) {
         // Every tombstone is in `exits`, oldest first: only the expired ones are visited,
         // never the (tens of thousands of) live processes.
-        while let Some(&(pid, at)) = self.exits.front() {
-            if now.duration_since(at) < self.tombstone {
-                break;
-            }
-            self.exits.pop_front();
-            if self
-                .procs
-                .get(&pid)
-                .is_some_and(|e| e.exited_at == Some(at))
-            {
-                self.procs.remove(&pid);
-                self.tombstones -= 1;
-            }
+        while self
+            .exits
+            .front()
+            .is_some_and(|&(_, at)| now.duration_since(at) >= self.tombstone)
+        {
+            self.forget_oldest_exit();
         }
     }
 
