@@ -288,6 +288,23 @@ impl Drop for BigNode {
     }
 }
 
+/// GPU_AGENT_BENCH_HOLD=SECS keeps the big node and its agent that long after the window,
+/// to profile it (`perf record -p PID`).
+fn hold(r: &crate::overhead::Running) {
+    let secs: u64 = match std::env::var("GPU_AGENT_BENCH_HOLD")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(s) => s,
+        None => return,
+    };
+    eprintln!(
+        "  holding the node for {secs} s: agent pid {}",
+        r.agent.pid()
+    );
+    std::thread::sleep(Duration::from_secs(secs));
+}
+
 /// The 50k node with the agent: ready time, then NVML calls per cycle with 320 GPU
 /// processes, then everything at 2,000 GPU processes on 8 GPUs x 7 MIG devices.
 pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
@@ -308,6 +325,7 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     // The library reloads the file within 100 ms; let a cycle pass on it.
     std::thread::sleep(Duration::from_millis(2500));
     let w = window(&r, secs)?;
+    hold(&r);
     let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
     row.pods = PODS;
     row.big = Some(BigFigures {

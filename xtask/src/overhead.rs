@@ -553,7 +553,11 @@ pub fn run(quick: bool, no_write: bool) -> Result<()> {
         .map_err(|e| eprintln!("no export figures: {e:#}"))
         .ok();
     let pid_max = PidMax::raise(PID_MAX_RUN)?;
-    let sizes: &[usize] = if quick {
+    // GPU_AGENT_BENCH_ONLY=big: the big node alone, for profiling; prints its row and stops.
+    let big_only = std::env::var("GPU_AGENT_BENCH_ONLY").is_ok_and(|v| v == "big");
+    let sizes: &[usize] = if big_only {
+        &[]
+    } else if quick {
         &[5000]
     } else {
         &[1000, 5000, 20000, 50000]
@@ -565,6 +569,9 @@ pub fn run(quick: bool, no_write: bool) -> Result<()> {
     }
     let big = bignode::measure(&bin, &lib, secs)?;
     drop(pid_max);
+    if big_only {
+        return Ok(());
+    }
     let short = short_lived(&bin, &lib, if quick { 100 } else { 300 })?;
     let storm_n = if quick { 5000 } else { 20000 };
     let st = storm_with(&bin, storm_n, 1)?;

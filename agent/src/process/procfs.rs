@@ -71,6 +71,17 @@ impl Procfs {
         })
     }
 
+    /// (comm, ppid, start ns) from /proc/PID/stat alone: the start-up walk, which has the
+    /// cgroups from `cgroup.procs`. `buf` is reused across calls.
+    pub fn read_stat(&self, pid: u32, buf: &mut String) -> Option<(String, u32, u64)> {
+        use std::io::Read;
+        let path = self.root.join(pid.to_string()).join("stat");
+        buf.clear();
+        fs::File::open(path).ok()?.read_to_string(buf).ok()?;
+        let (comm, ppid, start_ticks) = parse_stat(buf)?;
+        Some((comm, ppid, start_ticks * self.ns_per_tick))
+    }
+
     /// The command name of a process, from /proc/PID/comm.
     pub fn comm(&self, pid: u32) -> Option<String> {
         let comm = fs::read_to_string(self.root.join(pid.to_string()).join("comm")).ok()?;

@@ -98,29 +98,56 @@ impl Tracker {
         self.source.is_some()
     }
 
-    /// One cgroup-filesystem walk and one /proc walk. In eBPF mode the programs are already
-    /// attached: the walk only fills kernel entries that do not exist yet (the kernel's are
-    /// fresher), then the cache is read back from the kernel map.
+    /// One cgroup-filesystem walk, which reads each cgroup's members, and one read of
+    /// /proc/PID/stat per process, on two threads while the walk runs. In eBPF mode the
+    /// programs are already attached: the walk only fills kernel entries that do not exist
+    /// yet (the kernel's are fresher), then the cache is read back from the kernel map.
     pub fn startup(&mut self) {
         let started = Instant::now();
         let mut guard = self.state.write().unwrap();
         let st = &mut *guard;
         let hier = st.hierarchies.clone();
-        for h in hier.all() {
-            st.registry.walk(h);
-            self.stats.cgroup_walks.fetch_add(1, Relaxed);
-        }
-        let cgroups_ms = started.elapsed().as_millis() as u64;
-        // One record at a time: reading them all first (even on several threads, tried)
-        // left tens of MiB of freed, fragmented heap behind at 50,000 processes.
-        let mut procfs_ns = 0;
-        for pid in self.procfs.pids() {
-            let t = Instant::now();
-            let Some(rec) = self.procfs.read(pid) else {
-                continue; // exited meanwhile
+        let pids = self.procfs.pids();
+        let procfs = &self.procfs;
+        let (members, rows, cgroups_ms, procfs_ms) = std::thread::scope(|s| {
+            let readers: Vec<_> = pids
+                .chunks(pids.len().div_ceil(STAT_READERS).max(1))
+                .map(|chunk| s.spawn(move || read_stats(procfs, chunk)))
+                .collect();
+            let members = Members::walk(&mut st.registry, &hier);
+            let cgroups_ms = started.elapsed().as_millis() as u64;
+            let rows: Vec<StatRow> = readers
+                .into_iter()
+                .flat_map(|r| r.join().unwrap_or_default())
+                .collect();
+            (
+                members,
+                rows,
+                cgroups_ms,
+                started.elapsed().as_millis() as u64,
+            )
+        });
+        self.stats
+            .cgroup_walks
+            .fetch_add(hier.all().count() as u64, Relaxed);
+        for (pid, stat) in rows {
+            let entry = match (stat, members.of(pid)) {
+                (Some((comm, ppid, start_ns)), Some((cgroup_v2, cgroup_v1))) => ProcessEntry {
+                    pid,
+                    start_ns,
+                    ppid,
+                    comm,
+                    cgroup_v2,
+                    cgroup_v1,
+                    exited_at: None,
+                },
+                // Not in any cgroup.procs read (it moved, or started after): all from /proc.
+                (Some(_), None) => match self.procfs.read(pid) {
+                    Some(rec) => entry_from_record(&mut st.registry, &hier, &rec),
+                    None => continue,
+                },
+                (None, _) => continue, // exited meanwhile
             };
-            procfs_ns += t.elapsed().as_nanos() as u64;
-            let entry = entry_from_record(&mut st.registry, &hier, &rec);
             if let Some(src) = self.source.as_mut() {
                 if src.insert_if_absent(pid, kernel_info(&entry)).is_err() {
                     // Map full: the cache still knows it; lookups fall back to /proc.
@@ -131,8 +158,8 @@ impl Tracker {
             // equal to the kernel map.
             st.cache.upsert(entry);
         }
+        drop(members);
         drop(guard);
-        let procfs_ms = procfs_ns / 1_000_000;
         let seeded = started.elapsed().as_millis() as u64;
         if self.source.is_some() {
             self.read_counters();
@@ -145,7 +172,7 @@ impl Tracker {
             total_ms = total,
             cgroups_ms,
             procfs_ms,
-            seed_ms = seeded.saturating_sub(cgroups_ms + procfs_ms),
+            seed_ms = seeded.saturating_sub(cgroups_ms.max(procfs_ms)),
             kernel_resync_ms = total - seeded,
             processes = self.state.read().unwrap().cache.live_count(),
             "start-up walk done"
@@ -511,6 +538,55 @@ impl Tracker {
         self.stats
             .cgroups_known
             .store(st.registry.len() as u64, Relaxed);
+    }
+}
+
+/// Threads reading /proc/PID/stat at start-up, beside the cgroup walk.
+const STAT_READERS: usize = 2;
+
+/// A PID and its (comm, ppid, start ns); None when it exited before the read.
+type StatRow = (u32, Option<(String, u32, u64)>);
+
+fn read_stats(procfs: &Procfs, pids: &[u32]) -> Vec<StatRow> {
+    let mut buf = String::new();
+    pids.iter()
+        .map(|&pid| (pid, procfs.read_stat(pid, &mut buf)))
+        .collect()
+}
+
+/// Who is in which cgroup, from each cgroup's `cgroup.procs`: (pid, id) sorted by pid, per
+/// tracked hierarchy.
+struct Members {
+    v2: Option<Vec<(u32, u64)>>,
+    v1: Option<Vec<(u32, u64)>>,
+}
+
+impl Members {
+    fn walk(registry: &mut CgroupRegistry, hier: &Hierarchies) -> Members {
+        let mut walk = |h: &Hierarchy| {
+            let mut m = vec![];
+            registry.walk_members(h, &mut m);
+            m.sort_unstable();
+            m
+        };
+        Members {
+            v2: hier.v2.as_ref().map(&mut walk),
+            v1: hier.v1.as_ref().map(&mut walk),
+        }
+    }
+
+    /// (cgroup2 id, v1 id) of a process found in every tracked hierarchy, else None.
+    fn of(&self, pid: u32) -> Option<(Option<u64>, Option<u64>)> {
+        let find = |m: &Option<Vec<(u32, u64)>>| -> Option<Option<u64>> {
+            match m {
+                None => Some(None),
+                Some(m) => {
+                    let at = m.binary_search_by_key(&pid, |(p, _)| *p).ok()?;
+                    Some(Some(m[at].1))
+                }
+            }
+        };
+        Some((find(&self.v2)?, find(&self.v1)?))
     }
 }
 

@@ -283,7 +283,20 @@ impl CgroupRegistry {
     /// One walk of a hierarchy's cgroup filesystem (start-up, or a cgroup id nobody told us
     /// about). Returns the number of cgroups seen.
     pub fn walk(&mut self, h: &Hierarchy) -> usize {
+        self.walk_inner(h, None)
+    }
+
+    /// The walk, also reading each cgroup's `cgroup.procs`: (pid, cgroup id) of every
+    /// process in the hierarchy, for the start-up walk. One read per cgroup instead of a
+    /// /proc/PID/cgroup read and a stat per process (10,000 reads, not 100,000, on a large
+    /// node).
+    pub fn walk_members(&mut self, h: &Hierarchy, members: &mut Vec<(u32, u64)>) -> usize {
+        self.walk_inner(h, Some(members))
+    }
+
+    fn walk_inner(&mut self, h: &Hierarchy, mut members: Option<&mut Vec<(u32, u64)>>) -> usize {
         let mut seen = 0;
+        let mut buf = String::new();
         let mut stack = vec![(
             h.mount_point.clone(),
             h.mount_root.to_string_lossy().into_owned(),
@@ -294,6 +307,9 @@ impl CgroupRegistry {
             };
             self.insert(h.id, meta.ino(), &path);
             seen += 1;
+            if let Some(m) = members.as_deref_mut() {
+                read_procs(&dir.join("cgroup.procs"), meta.ino(), &mut buf, m);
+            }
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
@@ -320,6 +336,16 @@ impl CgroupRegistry {
             self.insert(h.id, ino, path);
         }
         Some(ino)
+    }
+}
+
+/// Appends (pid, id) for each pid in a `cgroup.procs` file (gone or unreadable: none).
+fn read_procs(file: &Path, id: u64, buf: &mut String, out: &mut Vec<(u32, u64)>) {
+    use std::io::Read;
+    buf.clear();
+    let ok = std::fs::File::open(file).and_then(|mut f| f.read_to_string(buf));
+    if ok.is_ok() {
+        out.extend(buf.lines().filter_map(|l| Some((l.parse().ok()?, id))));
     }
 }
 
@@ -422,5 +448,41 @@ mod tests {
             assert_eq!(v2.path_of_id(id).as_deref(), Some(path));
         }
         assert_eq!(v2.path_of_id(u64::MAX - 7), None);
+    }
+
+    #[test]
+    fn the_walk_reads_who_is_in_each_cgroup() {
+        // A directory tree shaped like a cgroup2 mount: the walk only reads directories
+        // and their cgroup.procs.
+        let root = std::env::temp_dir().join(format!("cg-walk-{}", std::process::id()));
+        let pod = root.join("kubepods.slice/kubepods-pod1.slice");
+        let ctr = pod.join("cri-containerd-abc.scope");
+        std::fs::create_dir_all(&ctr).unwrap();
+        std::fs::write(root.join("cgroup.procs"), "1\n2\n").unwrap();
+        std::fs::write(pod.join("cgroup.procs"), "").unwrap();
+        std::fs::write(ctr.join("cgroup.procs"), "4242\n4243\n").unwrap();
+        let h = Hierarchy {
+            id: 0,
+            name: "cgroup2".into(),
+            mount_point: root.clone(),
+            mount_root: "/".into(),
+        };
+        let mut reg = CgroupRegistry::default();
+        let mut m = vec![];
+        assert_eq!(reg.walk_members(&h, &mut m), 4);
+        m.sort_unstable();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let (r, c) = (ino(&root), ino(&ctr));
+        assert_eq!(m, vec![(1, r), (2, r), (4242, c), (4243, c)]);
+        let node = reg.get(0, c).unwrap();
+        assert_eq!(
+            node.path,
+            "/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope"
+        );
+        // The plain walk registers the same cgroups and reads no members.
+        let mut plain = CgroupRegistry::default();
+        assert_eq!(plain.walk(&h), 4);
+        assert!(plain.contains(0, c));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
