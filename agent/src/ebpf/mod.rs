@@ -1,12 +1,13 @@
 //! Kernel events: loads the programs, attaches them to the lifecycle tracepoints and
 //! exposes the kernel's PROCS map (the truth), the decoded notifications of the ring buffer
 //! (`events`), when they are ready to read, and the in-kernel drop counters.
+mod batch;
 pub mod caps;
 pub mod events;
 pub mod tracefs;
 
 use std::{
-    os::fd::{AsFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
     time::Duration,
 };
 
@@ -15,7 +16,7 @@ use agent_common::{
     COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENTS_MAP, PROCS_MAP,
 };
 use aya::{
-    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::TracePoint,
     Ebpf, EbpfLoader,
 };
@@ -179,8 +180,28 @@ impl EbpfSource {
     }
 
     /// Every entry of the kernel map: the state a resync restores.
+    /// The whole PROCS map: in batches (Linux 5.6), else one entry at a time.
     pub fn snapshot(&self) -> Vec<(u32, ProcInfo)> {
-        self.procs.iter().filter_map(Result::ok).collect()
+        match batch::lookup_all(self.procs_fd()) {
+            Ok(v) => v,
+            Err(_) => self.procs.iter().filter_map(Result::ok).collect(),
+        }
+    }
+
+    fn procs_fd(&self) -> RawFd {
+        self.procs.map().fd().as_fd().as_raw_fd()
+    }
+
+    /// Inserts each entry whose process the kernel has no (fresher) entry for. Returns how
+    /// many the map had no room for.
+    pub fn insert_all_absent(&mut self, entries: &[(u32, ProcInfo)]) -> u64 {
+        let mut failed = 0;
+        for (tgid, info) in entries {
+            if self.insert_if_absent(*tgid, *info).is_err() {
+                failed += 1;
+            }
+        }
+        failed
     }
 
     pub fn get(&self, tgid: u32) -> Option<ProcInfo> {

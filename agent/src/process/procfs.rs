@@ -82,6 +82,16 @@ impl Procfs {
         Some((comm, ppid, start_ticks * self.ns_per_tick))
     }
 
+    /// Our own PID as this /proc sees it: not ours when it is another PID namespace's
+    /// /proc (a host /proc mounted into the agent's container without hostPID).
+    pub fn self_pid(&self) -> Option<u32> {
+        fs::read_link(self.root.join("self"))
+            .ok()?
+            .to_str()?
+            .parse()
+            .ok()
+    }
+
     /// The command name of a process, from /proc/PID/comm.
     pub fn comm(&self, pid: u32) -> Option<String> {
         let comm = fs::read_to_string(self.root.join(pid.to_string()).join("comm")).ok()?;

@@ -114,7 +114,10 @@ impl Tracker {
                 .chunks(pids.len().div_ceil(STAT_READERS).max(1))
                 .map(|chunk| s.spawn(move || read_stats(procfs, chunk)))
                 .collect();
-            let members = Members::walk(&mut st.registry, &hier);
+            // cgroup.procs names PIDs as our PID namespace sees them: of use only when
+            // /proc is of the same namespace.
+            let same_ns = procfs.self_pid() == Some(std::process::id());
+            let members = Members::walk(&mut st.registry, &hier, same_ns);
             let cgroups_ms = started.elapsed().as_millis() as u64;
             let rows: Vec<StatRow> = readers
                 .into_iter()
@@ -130,6 +133,7 @@ impl Tracker {
         self.stats
             .cgroup_walks
             .fetch_add(hier.all().count() as u64, Relaxed);
+        let mut seed = Vec::with_capacity(if self.source.is_some() { rows.len() } else { 0 });
         for (pid, stat) in rows {
             let entry = match (stat, members.of(pid)) {
                 (Some((comm, ppid, start_ns)), Some((cgroup_v2, cgroup_v1))) => ProcessEntry {
@@ -148,18 +152,22 @@ impl Tracker {
                 },
                 (None, _) => continue, // exited meanwhile
             };
-            if let Some(src) = self.source.as_mut() {
-                if src.insert_if_absent(pid, kernel_info(&entry)).is_err() {
-                    // Map full: the cache still knows it; lookups fall back to /proc.
-                    self.seed_failures += 1;
-                }
+            if self.source.is_some() {
+                seed.push((pid, kernel_info(&entry)));
             }
             // The cache keeps what only /proc knows (comm); the resync below makes the rest
             // equal to the kernel map.
             st.cache.upsert(entry);
         }
         drop(members);
+        if let Some(src) = self.source.as_mut() {
+            // Map full: the cache still knows them; lookups fall back to /proc.
+            self.seed_failures += src.insert_all_absent(&seed);
+        }
+        drop(seed);
         drop(guard);
+        // Processes that exited while the walk ran: the seed may have brought them back.
+        self.apply_queued_with(true);
         let seeded = started.elapsed().as_millis() as u64;
         if self.source.is_some() {
             self.read_counters();
@@ -222,7 +230,9 @@ impl Tracker {
     }
 
     /// One pass over the ring buffer.
-    fn apply_queued(&mut self) -> usize {
+    /// With `reap_exits`, the kernel entries of processes that exited are removed too: the
+    /// start-up seed may have written them after the kernel deleted them at exit.
+    fn apply_queued_with(&mut self, reap_exits: bool) -> usize {
         let Some(src) = self.source.as_mut() else {
             return 0;
         };
@@ -230,14 +240,27 @@ impl Tracker {
         let n = src.read_events(&mut events);
         let mut attaches: Vec<(u32, u32, u64)> = vec![];
         let mut unknown: HashSet<(u32, u64)> = HashSet::new();
+        let mut exited: HashSet<u32> = HashSet::new();
         {
             let mut guard = self.state.write().unwrap();
             let st = &mut *guard;
             for ev in events.drain(..) {
+                if reap_exits {
+                    match ev {
+                        KernelEvent::Exit { tgid } => exited.insert(tgid),
+                        KernelEvent::Fork { tgid, .. } | KernelEvent::Exec { tgid, .. } => {
+                            exited.remove(&tgid)
+                        }
+                        _ => false,
+                    };
+                }
                 apply(st, ev, &mut attaches, &mut unknown);
             }
         }
         self.events = events;
+        for tgid in exited {
+            src.remove(tgid);
+        }
         self.stats.events_received.fetch_add(n as u64, Relaxed);
         for (pid, hierarchy, id) in attaches {
             self.apply_attach(pid, hierarchy, id);
@@ -247,6 +270,10 @@ impl Tracker {
             src.flush_logs();
         }
         n
+    }
+
+    fn apply_queued(&mut self) -> usize {
+        self.apply_queued_with(false)
     }
 
     /// The kernel's drop counters, copied into the stats; a full map is said loudly.
@@ -557,26 +584,40 @@ fn read_stats(procfs: &Procfs, pids: &[u32]) -> Vec<StatRow> {
 /// Who is in which cgroup, from each cgroup's `cgroup.procs`: (pid, id) sorted by pid, per
 /// tracked hierarchy.
 struct Members {
+    read: bool,
     v2: Option<Vec<(u32, u64)>>,
     v1: Option<Vec<(u32, u64)>>,
 }
 
 impl Members {
-    fn walk(registry: &mut CgroupRegistry, hier: &Hierarchies) -> Members {
+    /// The cgroup walk; the members too when `read` (else every process is read whole).
+    fn walk(registry: &mut CgroupRegistry, hier: &Hierarchies, read: bool) -> Members {
         let mut walk = |h: &Hierarchy| {
+            if !read {
+                registry.walk(h);
+                return None;
+            }
             let mut m = vec![];
             registry.walk_members(h, &mut m);
             m.sort_unstable();
-            m
+            Some(m)
         };
+        let (v2, v1) = (
+            hier.v2.as_ref().map(&mut walk),
+            hier.v1.as_ref().map(&mut walk),
+        );
         Members {
-            v2: hier.v2.as_ref().map(&mut walk),
-            v1: hier.v1.as_ref().map(&mut walk),
+            read,
+            v2: v2.flatten(),
+            v1: v1.flatten(),
         }
     }
 
     /// (cgroup2 id, v1 id) of a process found in every tracked hierarchy, else None.
     fn of(&self, pid: u32) -> Option<(Option<u64>, Option<u64>)> {
+        if !self.read {
+            return None;
+        }
         let find = |m: &Option<Vec<(u32, u64)>>| -> Option<Option<u64>> {
             match m {
                 None => Some(None),
