@@ -229,8 +229,7 @@ impl Tracker {
         n
     }
 
-    /// One pass over the ring buffer.
-    /// With `reap_exits`, the kernel entries of processes that exited are removed too: the
+    /// One pass over the ring buffer. With `reap_exits`, the kernel entries of processes that exited are removed too: the
     /// start-up seed may have written them after the kernel deleted them at exit.
     fn apply_queued_with(&mut self, reap_exits: bool) -> usize {
         let Some(src) = self.source.as_mut() else {
@@ -272,6 +271,7 @@ impl Tracker {
         n
     }
 
+    /// One pass over the ring buffer.
     fn apply_queued(&mut self) -> usize {
         self.apply_queued_with(false)
     }
