@@ -4,143 +4,28 @@
 //! prometheus`); without them the test fails, it does not skip.
 use std::{
     io::Write,
-    net::TcpListener,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tests::{
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
     fake_nvml_lib, http,
     nvml::Scenario,
+    prom::{which, Prometheus},
     random_hex, random_uid, Agent,
 };
 
 const GIB: u64 = 1 << 30;
-const INSTALL: &str = "apt-get install -y --no-install-recommends prometheus";
 
-/// A scenario file for the fake NVML library, removed on drop.
-/// A Prometheus server scraping one target every second; killed, and its data removed,
-/// on drop.
-struct Prometheus {
-    child: Child,
-    dir: PathBuf,
-    addr: String,
-}
-
-impl Prometheus {
-    fn start(target: &str) -> Prometheus {
-        let bin = which("prometheus");
-        let dir = std::env::temp_dir().join(format!("gpu-agent-prometheus-{}", random_hex(12)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: gpu-agent\n    static_configs:\n      \
-                 - targets: ['{target}']\n"
-            ),
-        )
-        .unwrap();
-        let addr = format!("127.0.0.1:{}", free_port());
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new(bin)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting prometheus");
-        Prometheus { child, dir, addr }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// An instant query: the result vector, or None while Prometheus is not answering.
-    fn query(&self, promql: &str) -> Option<Vec<Value>> {
-        let (status, body) = http::get(
-            &self.addr,
-            &format!("/api/v1/query?query={}", urlencode(promql)),
-        )
-        .ok()?;
-        if status != 200 {
-            return None;
-        }
-        let v: Value = serde_json::from_str(&body).ok()?;
-        v["data"]["result"].as_array().cloned()
-    }
-
-    /// Polls `promql` until one of its series has `label` = `want_label` and value `want`.
-    fn wait_for(&self, promql: &str, label: &str, want_label: &str, want: f64) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut last = None;
-        while Instant::now() < deadline {
-            last = self.query(promql);
-            let found = last.iter().flatten().any(|s| {
-                s["metric"][label] == want_label
-                    && s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()) == Some(want)
-            });
-            if found {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        let targets = http::get(&self.addr, "/api/v1/targets").map(|r| r.1);
-        panic!(
-            "Prometheus never answered {promql} with {label}={want_label} = {want}; \
-             last result: {last:?}\ntargets: {targets:?}\nprometheus log:\n{}",
-            self.log()
-        );
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A program on PATH, or a failure that says how to install it.
-fn which(name: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("{name} is not installed: this test needs Debian's Prometheus (`{INSTALL}`)")
-        })
-}
-
-fn free_port() -> u16 {
-    // Released before Prometheus binds it: a small race, good enough on a test machine.
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// Polls `promql` until one of its series has `label` = `want_label` and value `want`.
+fn wait_for(prom: &Prometheus, promql: &str, label: &str, want_label: &str, want: f64) {
+    prom.wait(promql, |r| {
+        r.iter()
+            .any(|s| s.label(label) == want_label && s.value == want)
+    });
 }
 
 /// `promtool check metrics` on `text`: (success, what it printed).
@@ -323,14 +208,16 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     );
 
     // A real Prometheus scrapes it and answers PromQL.
-    let prom = Prometheus::start(&agent.addr);
-    prom.wait_for(
+    let prom = Prometheus::start(&[("gpu-agent", &agent.addr)]);
+    wait_for(
+        &prom,
         "sum by (pod_uid) (container_gpu_memory_usage_bytes)",
         "pod_uid",
         &uid,
         mem as f64,
     );
-    prom.wait_for(
+    wait_for(
+        &prom,
         "DCGM_FI_DEV_FB_USED",
         "UUID",
         "GPU-11111111-2222-3333-4444-555555555555",
