@@ -242,6 +242,21 @@ fn add_claim(pods: &mut Vec<PodResources>, cl: &FakeClaim) {
     }
 }
 
+/// The agent's `[metadata]` table for `node`'s sockets, or for sockets in `dir` that do not
+/// exist (no node): the runtime and the kubelet asked every second.
+pub fn metadata_config(dir: &Path, node: Option<&FakeNode>) -> String {
+    let (cri, podres) = match node {
+        Some(n) => (n.cri.clone(), n.pod_resources.clone()),
+        None => (dir.join("no-cri.sock"), dir.join("no-kubelet.sock")),
+    };
+    format!(
+        "[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\ndocker_socket = \"{}\"\nallocation_interval_secs = 1\n",
+        cri.display(),
+        podres.display(),
+        dir.join("no-docker.sock").display()
+    )
+}
+
 /// Both servers on sockets in `dir`; stop() removes the sockets (they "vanish").
 pub struct FakeNode {
     pub cri: PathBuf,

@@ -10,7 +10,7 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     cgroups::{cgroupfs_container, sleeper, systemd_container, Proc, TestCgroup},
-    fake_node::{FakeClaim, FakeContainer, FakeNode, World},
+    fake_node::{metadata_config, FakeClaim, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
     random_hex, random_uid, Agent, TempDir as Dir,
@@ -23,15 +23,9 @@ const G1: &str = "GPU-11111111-aaaa-2222-3333-444444444444";
 /// The agent on the fake library, with the node's sockets at `node` (or nowhere).
 fn start_agent(sc: &Scenario, dir: &Path, node: Option<&FakeNode>, extra: &str) -> Agent {
     let lib = fake_nvml_lib();
-    let (cri, podres) = match node {
-        Some(n) => (n.cri.clone(), n.pod_resources.clone()),
-        None => (dir.join("no-cri.sock"), dir.join("no-kubelet.sock")),
-    };
     let cfg = format!(
-        "[nvml]\ninterval_ms = 200\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\ndocker_socket = \"{}\"\nallocation_interval_secs = 1\n{extra}",
-        cri.display(),
-        podres.display(),
-        dir.join("no-docker.sock").display()
+        "[nvml]\ninterval_ms = 200\n{}{extra}",
+        metadata_config(dir, node)
     );
     Agent::start_env(
         &cfg,

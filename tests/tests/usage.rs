@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tests::{
     agent_binary,
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
-    fake_node::{FakeContainer, FakeNode, World},
+    fake_node::{metadata_config, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
     otlp_receiver::{attr_str, Kind, Receiver},
@@ -31,15 +31,9 @@ fn start(
     env: &[(&str, &str)],
 ) -> Agent {
     let lib = fake_nvml_lib();
-    let (cri, podres) = match node {
-        Some(n) => (n.cri.clone(), n.pod_resources.clone()),
-        None => (dir.join("no-cri.sock"), dir.join("no-kubelet.sock")),
-    };
     let cfg = format!(
-        "[nvml]\ninterval_ms = 200\n[cache]\ntombstone_secs = 60\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\ndocker_socket = \"{}\"\nallocation_interval_secs = 1\n{extra}",
-        cri.display(),
-        podres.display(),
-        dir.join("no-docker.sock").display()
+        "[nvml]\ninterval_ms = 200\n[cache]\ntombstone_secs = 60\n{}{extra}",
+        metadata_config(dir, node)
     );
     let mut all = vec![("FAKE_NVML_SCENARIO", sc.path())];
     all.extend_from_slice(env);
