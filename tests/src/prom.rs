@@ -70,15 +70,20 @@ pub struct Prometheus {
 
 impl Prometheus {
     pub fn start(targets: &[(&str, &str)]) -> Prometheus {
-        let bin = which("prometheus");
-        let dir = std::env::temp_dir().join(format!("gpu-agent-prometheus-{}", random_hex(12)));
-        std::fs::create_dir_all(&dir).unwrap();
         let jobs: String = targets
             .iter()
             .map(|(job, addr)| {
                 format!("  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n")
             })
             .collect();
+        Prometheus::start_with(&jobs)
+    }
+
+    /// A Prometheus server with these `scrape_configs` entries (YAML), every job at 1 s.
+    pub fn start_with(jobs: &str) -> Prometheus {
+        let bin = which("prometheus");
+        let dir = std::env::temp_dir().join(format!("gpu-agent-prometheus-{}", random_hex(12)));
+        std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("prometheus.yml");
         std::fs::write(
             &config,
@@ -99,6 +104,21 @@ impl Prometheus {
             .spawn()
             .expect("starting prometheus");
         Prometheus { child, dir, addr }
+    }
+
+    /// The active targets: (job, health, lastError).
+    pub fn targets(&self) -> Vec<(String, String, String)> {
+        let Some(v) = self.get("/api/v1/targets") else {
+            return vec![];
+        };
+        let targets = v["activeTargets"].as_array().cloned().unwrap_or_default();
+        targets
+            .iter()
+            .map(|t| {
+                let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+                (s(&t["labels"]["job"]), s(&t["health"]), s(&t["lastError"]))
+            })
+            .collect()
     }
 
     pub fn log(&self) -> String {

@@ -13,16 +13,15 @@ mod hardening;
 use std::{
     io::{Read, Write},
     net::TcpStream,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::Command,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use base64::Engine;
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
-use serde_json::Value;
-use tests::{http, random_hex, TempDir as Dir};
+use tests::{http, prom::Prometheus, TempDir as Dir};
 
 const PASSWORD: &str = "correct horse battery staple";
 const TOKEN: &str = "gpu-agent-test-token-4f1c";
@@ -170,81 +169,6 @@ fn tls_get(
     Ok((status, text))
 }
 
-/// A Prometheus server with `scrape_configs`, every job at 1 s; killed and removed on drop.
-struct Prometheus {
-    child: Child,
-    dir: PathBuf,
-    addr: String,
-}
-
-impl Prometheus {
-    fn start(scrape_configs: &str) -> Prometheus {
-        let dir = std::env::temp_dir().join(format!("gpu-agent-prom-tls-{}", random_hex(8)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{scrape_configs}"),
-        )
-        .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "starting prometheus: {e}: this test needs Debian's Prometheus \
-                     (`apt-get install -y --no-install-recommends prometheus`)"
-                )
-            });
-        Prometheus { child, dir, addr }
-    }
-
-    /// The active targets: job -> (health, lastError).
-    fn targets(&self) -> Vec<(String, String, String)> {
-        let Ok((200, body)) = http::get(&self.addr, "/api/v1/targets") else {
-            return vec![];
-        };
-        let v: Value = serde_json::from_str(&body).unwrap_or_default();
-        let targets = v["data"]["activeTargets"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        targets
-            .iter()
-            .map(|t| {
-                let s = |v: &Value| v.as_str().unwrap_or("").to_string();
-                (s(&t["labels"]["job"]), s(&t["health"]), s(&t["lastError"]))
-            })
-            .collect()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// A scrape job for `addr` over TLS trusting `dir`'s CA, with `extra` YAML (credentials).
 fn job(name: &str, dir: &Dir, addr: &str, extra: &str) -> String {
     format!(
@@ -361,7 +285,7 @@ fn prometheus_scrapes_over_tls_with_credentials_and_is_refused_without() {
             }
         })
         .collect();
-    let prom = Prometheus::start(&jobs.concat());
+    let prom = Prometheus::start_with(&jobs.concat());
     let want = [
         ("basic", "up", ""),
         ("bearer", "up", ""),
