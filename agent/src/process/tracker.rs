@@ -109,20 +109,24 @@ impl Tracker {
         let hier = st.hierarchies.clone();
         let pids = self.procfs.pids();
         let procfs = &self.procfs;
+        // cgroup.procs names PIDs as our PID namespace sees them: of use only when /proc is
+        // of the same namespace. Else each process is read whole below, and no stat first.
+        let same_ns = procfs.self_pid() == Some(std::process::id());
         let (members, rows, cgroups_ms, procfs_ms) = std::thread::scope(|s| {
             let readers: Vec<_> = pids
                 .chunks(pids.len().div_ceil(STAT_READERS).max(1))
+                .filter(|_| same_ns)
                 .map(|chunk| s.spawn(move || read_stats(procfs, chunk)))
                 .collect();
-            // cgroup.procs names PIDs as our PID namespace sees them: of use only when
-            // /proc is of the same namespace.
-            let same_ns = procfs.self_pid() == Some(std::process::id());
             let members = Members::walk(&mut st.registry, &hier, same_ns);
             let cgroups_ms = started.elapsed().as_millis() as u64;
-            let rows: Vec<StatRow> = readers
-                .into_iter()
-                .flat_map(|r| r.join().unwrap_or_default())
-                .collect();
+            let rows: Vec<StatRow> = match same_ns {
+                true => readers
+                    .into_iter()
+                    .flat_map(|r| r.join().unwrap_or_default())
+                    .collect(),
+                false => pids.iter().map(|&pid| (pid, None)).collect(),
+            };
             (
                 members,
                 rows,
@@ -135,8 +139,8 @@ impl Tracker {
             .fetch_add(hier.all().count() as u64, Relaxed);
         let mut seed = Vec::with_capacity(if self.source.is_some() { rows.len() } else { 0 });
         for (pid, stat) in rows {
-            let entry = match (stat, members.of(pid)) {
-                (Some((comm, ppid, start_ns)), Some((cgroup_v2, cgroup_v1))) => ProcessEntry {
+            let entry = match (members.of(pid), stat) {
+                (Some((cgroup_v2, cgroup_v1)), Some((comm, ppid, start_ns))) => ProcessEntry {
                     pid,
                     start_ns,
                     ppid,
@@ -145,12 +149,13 @@ impl Tracker {
                     cgroup_v1,
                     exited_at: None,
                 },
-                // Not in any cgroup.procs read (it moved, or started after): all from /proc.
-                (Some(_), None) => match self.procfs.read(pid) {
+                (Some(_), None) => continue, // exited meanwhile
+                // Not in a cgroup.procs read (it moved, started after, or none was read):
+                // all from /proc.
+                (None, _) => match self.procfs.read(pid) {
                     Some(rec) => entry_from_record(&mut st.registry, &hier, &rec),
                     None => continue,
                 },
-                (None, _) => continue, // exited meanwhile
             };
             if self.source.is_some() {
                 seed.push((pid, kernel_info(&entry)));
