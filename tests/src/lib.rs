@@ -79,6 +79,14 @@ impl Drop for TempDir {
     }
 }
 
+/// A snapshot's entry of container `id` (/debug/snapshot's JSON).
+pub fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
+    snap["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["container_id"] == id)
+}
+
 pub fn random_hex(len: usize) -> String {
     let mut buf = vec![0u8; len.div_ceil(2)];
     std::fs::File::open("/dev/urandom")

@@ -6,6 +6,7 @@ use std::{path::PathBuf, time::Duration};
 use serde_json::{json, Value};
 use tests::{
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
+    container,
     fake_node::{FakeContainer, FakeNode, World},
     fake_nvml_lib, random_hex, random_uid, Agent,
 };
@@ -26,13 +27,6 @@ fn scenario(path: &PathBuf, procs_on_g0: &[u32]) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, v.to_string()).unwrap();
     std::fs::rename(tmp, path).unwrap();
-}
-
-fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
-    snap["containers"]
-        .as_array()?
-        .iter()
-        .find(|c| c["container_id"] == json!(id))
 }
 
 fn wait(agent: &Agent, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {

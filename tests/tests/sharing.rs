@@ -10,6 +10,7 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     cgroups::{cgroupfs_container, sleeper, systemd_container, Proc, TestCgroup},
+    container,
     fake_node::{metadata_config, FakeClaim, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
@@ -36,13 +37,6 @@ fn start_agent(sc: &Scenario, dir: &Path, node: Option<&FakeNode>, extra: &str) 
 
 fn wait_snapshot(agent: &Agent, what: &str, pred: impl FnMut(&Value) -> bool) -> Value {
     agent.wait_snapshot(Duration::from_secs(25), what, pred)
-}
-
-fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
-    snap["containers"]
-        .as_array()?
-        .iter()
-        .find(|c| c["container_id"] == json!(id))
 }
 
 fn metrics(agent: &Agent) -> String {

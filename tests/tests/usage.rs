@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use tests::{
     agent_binary,
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
+    container,
     fake_node::{metadata_config, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
@@ -46,13 +47,6 @@ fn start(
 
 fn wait_snapshot(agent: &Agent, what: &str, pred: impl FnMut(&Value) -> bool) -> Value {
     agent.wait_snapshot(Duration::from_secs(25), what, pred)
-}
-
-fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
-    snap["containers"]
-        .as_array()?
-        .iter()
-        .find(|c| c["container_id"] == json!(id))
 }
 
 fn p(pid: u32, mem: u64, sm: u32) -> Value {
