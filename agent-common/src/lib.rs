@@ -32,6 +32,9 @@ pub const PROCS_MAP: &str = "PROCS";
 pub const EVENTS_MAP: &str = "EVENTS";
 pub const COUNTERS_MAP: &str = "COUNTERS";
 pub const CONFIG_GLOBAL: &str = "AGENT_CONFIG";
+pub const ITER_CONFIG_GLOBAL: &str = "ITER_CONFIG";
+/// The start-up task iterator (`iter/task`).
+pub const TASK_ITER_PROGRAM: &str = "proc_iter";
 
 /// Value of the kernel `PROCS` map, keyed by tgid: the truth about a process.
 #[repr(C)]
@@ -262,6 +265,48 @@ impl Config {
     }
 }
 
+/// Byte offsets the start-up task iterator reads at, from the kernel's BTF (they differ
+/// between kernel builds; the programs use no CO-RE). `enabled` is 0 when BTF lacked one.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct IterConfig {
+    pub enabled: u32,
+    /// `task_struct`: pid, tgid, start_boottime, comm, real_parent, cgroups.
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_start: u32,
+    pub task_comm: u32,
+    pub task_parent: u32,
+    pub task_cgroups: u32,
+    /// `css_set.dfl_cgrp`: the task's cgroup2 cgroup.
+    pub cset_dfl_cgrp: u32,
+    /// `css_set.subsys[ssid]` of a controller of the tracked v1 hierarchy; ABSENT if none.
+    pub cset_v1_css: u32,
+    /// `cgroup_subsys_state.cgroup`, `cgroup.kn`, `kernfs_node.id` (the cgroup id).
+    pub css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kn_id: u32,
+}
+
+impl IterConfig {
+    pub const fn zeroed() -> Self {
+        IterConfig {
+            enabled: 0,
+            task_pid: 0,
+            task_tgid: 0,
+            task_start: 0,
+            task_comm: 0,
+            task_parent: 0,
+            task_cgroups: 0,
+            cset_dfl_cgrp: 0,
+            cset_v1_css: ABSENT,
+            css_cgroup: 0,
+            cgroup_kn: 0,
+            kn_id: 0,
+        }
+    }
+}
+
 /// `task/task_newtask` from `pid` on, as 5.x and 6.x kernels lay it out: pid at 8, the
 /// child's comm at 12, clone_flags at 32 (`NEWTASK_OFFSETS`).
 #[repr(C)]
@@ -283,6 +328,7 @@ mod pod {
     // SAFETY: plain-old-data, #[repr(C)], every bit pattern valid, no padding.
     unsafe impl aya::Pod for super::ProcInfo {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::IterConfig {}
 }
 
 // Layout guards: these sizes are part of the kernel/userspace contract.
@@ -290,6 +336,7 @@ const _: () = assert!(core::mem::size_of::<ProcInfo>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 56);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
 const _: () = assert!(core::mem::size_of::<Config>() == 19 * 4);
+const _: () = assert!(core::mem::size_of::<IterConfig>() == 12 * 4);
 
 #[cfg(test)]
 mod tests {

@@ -5,15 +5,17 @@
 #![no_main]
 
 use agent_common::{
-    CgroupEvent, Config, NewTaskRecord, ProcEvent, ProcInfo, ABSENT, CGROUP_PATH_MAX, COUNTERS_LEN,
-    COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
-    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
+    CgroupEvent, Config, IterConfig, NewTaskRecord, ProcEvent, ProcInfo, ABSENT, CGROUP_PATH_MAX,
+    COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, F_START_KNOWN,
 };
 use aya_ebpf::{
+    bindings::seq_file,
     bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_boot_ns, bpf_probe_read_kernel_str_bytes,
+        bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+        generated::bpf_seq_write,
     },
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -36,6 +38,10 @@ static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(65536, 0);
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
+
+/// Offsets for the start-up task iterator, from BTF (`IterConfig` in agent-common).
+#[no_mangle]
+static ITER_CONFIG: IterConfig = IterConfig::zeroed();
 
 /// One field of the loader's config. Volatile: the value is patched into .rodata at load
 /// time, after compilation. Per field: copying the whole struct cost every event ~20 loads.
@@ -321,6 +327,96 @@ fn try_cgroup_event(ctx: &TracePointContext, kind: u32, f: &CgroupFields) -> Res
         }
     }
     entry.submit(submit_flags());
+    Ok(())
+}
+
+macro_rules! icfg {
+    ($field:ident) => {
+        unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ITER_CONFIG.$field)) } as u64
+    };
+}
+
+const E2BIG: i32 = 7;
+
+/// A kernel value at `base + offset` (offsets from BTF, so read as plain addresses).
+#[inline(always)]
+fn kread<T>(base: u64, offset: u64) -> Result<T, i32> {
+    unsafe { bpf_probe_read_kernel((base + offset) as *const T) }
+}
+
+/// The cgroup id (`kernfs_node.id`) of `cgroup`.
+#[inline(always)]
+fn cgroup_id(cgroup: u64) -> Result<u64, i32> {
+    let kn: u64 = kread(cgroup, icfg!(cgroup_kn))?;
+    kread(kn, icfg!(kn_id))
+}
+
+/// `iter/task`, run once at start-up after the tracepoints are attached: every process
+/// that predates them gets its entry here, in the kernel, instead of from a read of
+/// /proc/PID/stat and a map insert from userspace per process. Entries the tracepoints
+/// wrote since are fresher and kept; only what an exec could not know is filled in.
+/// Each process leader's tgid goes to the reader.
+#[no_mangle]
+#[link_section = "iter/task"]
+pub fn proc_iter(ctx: *mut core::ffi::c_void) -> i32 {
+    if try_proc_iter(ctx as *const u64).is_err() {
+        count(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
+fn try_proc_iter(ctx: *const u64) -> Result<(), i32> {
+    // struct bpf_iter__task { struct bpf_iter_meta *meta; struct task_struct *task; }
+    let task: u64 = kread(ctx as u64, 8)?;
+    if task == 0 || icfg!(enabled) == 0 {
+        return Ok(()); // the end of the iteration
+    }
+    let pid: i32 = kread(task, icfg!(task_pid))?;
+    let tgid: i32 = kread(task, icfg!(task_tgid))?;
+    if pid != tgid {
+        return Ok(()); // a thread
+    }
+    let start: u64 = kread(task, icfg!(task_start))?;
+    let parent: u64 = kread(task, icfg!(task_parent))?;
+    let ppid: i32 = if parent == 0 {
+        0
+    } else {
+        kread(parent, icfg!(task_tgid))?
+    };
+    let cset: u64 = kread(task, icfg!(task_cgroups))?;
+    let dfl: u64 = kread(cset, icfg!(cset_dfl_cgrp))?;
+    let mut info = ProcInfo::new(Some(cgroup_id(dfl)?), None, Some(start), ppid as u32);
+    info.comm = kread(task, icfg!(task_comm))?;
+    let v1_css = icfg!(cset_v1_css);
+    if v1_css != ABSENT as u64 {
+        let css: u64 = kread(cset, v1_css)?;
+        let cgroup: u64 = kread(css, icfg!(css_cgroup))?;
+        info.set_v1(cgroup_id(cgroup)?);
+    }
+    let tgid = tgid as u32;
+    match PROCS.get_ptr_mut(tgid) {
+        // Written by exec (or fork) since attach: keep it, add what exec could not know.
+        Some(p) => unsafe {
+            if !(*p).start_known() {
+                (*p).start_ns = start;
+                (*p).ppid = ppid as u32;
+                (*p).flags |= F_START_KNOWN;
+            }
+            if info.v1_known() && !(*p).v1_known() {
+                (*p).set_v1(info.cgroup_v1_id);
+            }
+        },
+        None => {
+            if let Err(e) = PROCS.insert(tgid, info, BPF_NOEXIST as u64) {
+                if e == -E2BIG {
+                    count(COUNTER_MAP_FULL);
+                }
+            }
+        }
+    }
+    // meta->seq, loaded field by field so the verifier types it as the seq_file.
+    let seq = unsafe { *(*(ctx as *const *const *mut seq_file)) };
+    unsafe { bpf_seq_write(seq, &tgid as *const u32 as *const _, 4) };
     Ok(())
 }
 

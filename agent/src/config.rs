@@ -114,6 +114,9 @@ pub struct EbpfConfig {
     /// Enable the kernel's per-program run-time statistics (kernel.bpf_stats_enabled),
     /// shown in /debug/stats. Costs a little on every program run.
     pub program_stats: bool,
+    /// The start-up walk lets the kernel iterate its tasks (Linux 5.8 with BTF) instead of
+    /// reading /proc/PID/stat per process; false reads /proc.
+    pub task_iterator: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -146,6 +149,7 @@ impl Default for EbpfConfig {
             poll_interval_ms: 500,
             wakeup_bytes: 256 << 10,
             program_stats: false,
+            task_iterator: true,
         }
     }
 }

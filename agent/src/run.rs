@@ -146,8 +146,7 @@ fn load_ebpf(
     let source = if !config.ebpf.enabled {
         Err("disabled by configuration (ebpf.enabled = false)".to_string())
     } else {
-        let v1 = hierarchies.v1.as_ref().map(|h| h.id);
-        EbpfSource::load(&config.ebpf, v1).map_err(|e| match &prep_error {
+        EbpfSource::load(&config.ebpf, hierarchies.v1.as_ref()).map_err(|e| match &prep_error {
             Some(p) => format!("{e} ({p})"),
             None => e,
         })

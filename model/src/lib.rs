@@ -330,6 +330,9 @@ pub struct AgentStats {
     pub tombstones_evicted: u64,
     pub cgroups_known: u64,
     pub startup_walk_ms: u64,
+    /// Where the start-up walk learnt the processes: "task_iterator" (the kernel filled its
+    /// own map) or "procfs" (one read per process).
+    pub startup_source: String,
     pub ebpf_load_ms: u64,
     pub nvml: SourceStatus,
     pub nvml_samples: u64,

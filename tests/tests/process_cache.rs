@@ -297,6 +297,89 @@ fn cache_matches_proc_for_every_process() {
     assert!(mismatches.is_empty(), "{mismatches:?}");
 }
 
+/// Both start-up sources, the kernel's task iterator (the default) and /proc
+/// (`ebpf.task_iterator = false`), give every process that predates the agent the parent,
+/// start time, command and cgroups that /proc gives.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn both_startup_sources_agree_with_proc() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let _ps: Vec<Proc> = (0..3).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
+    // On hybrid hosts, one process in a v1 memory cgroup only (its cgroup2 is the root).
+    let v1_path = format!("/kubepods/burstable/pod{}/{}", random_uid(), random_hex(64));
+    let v1 = TestCgroup::v1_memory(&v1_path);
+    let in_v1 = v1.as_ref().map(|cg| {
+        let p = Proc(sleeper().spawn().unwrap());
+        cg.add(p.pid());
+        p
+    });
+    // What the start-up walk is about: the processes older than both agents.
+    let before = procs_now();
+    let iterated = Agent::start("");
+    let walked = Agent::start("[ebpf]\ntask_iterator = false\n");
+    for (agent, source) in [(&iterated, "task_iterator"), (&walked, "procfs")] {
+        let stats = agent.stats();
+        assert_eq!(stats["startup_source"], source, "{stats}\n{}", agent.log());
+    }
+    let rows = [
+        ("task_iterator", iterated.processes()),
+        ("procfs", walked.processes()),
+    ];
+    let after = procs_now();
+    let mut mismatches = vec![];
+    let mut checked = 0;
+    for pid in before.intersection(&after) {
+        let Some((ppid, start_ns, comm)) = proc_stat(*pid) else {
+            continue;
+        };
+        let cgroup = proc_cgroup(*pid, "0");
+        for (source, rows) in &rows {
+            let Some(row) = rows.iter().find(|r| r["pid"] == json!(pid)) else {
+                mismatches.push(format!("{source} {pid} ({comm}, parent {ppid}): missing"));
+                continue;
+            };
+            checked += 1;
+            let start = row["start_time_ns"].as_u64().unwrap_or(0);
+            // /proc names a kernel worker with its current workqueue ("kworker/0:1-events",
+            // "kworker/0:1+events"): kernel threads (children of kthreadd) are not compared.
+            let same_comm = ppid == 2 || row["comm"] == json!(comm);
+            let same_cgroup = row["cgroup_version"] != 2 || row["cgroup_path"] == json!(cgroup);
+            if row["ppid"] != json!(ppid)
+                || start.abs_diff(start_ns) > 20_000_000
+                || !same_comm
+                || !same_cgroup
+            {
+                mismatches.push(format!(
+                    "{source} {pid}: {row} vs /proc {ppid} {start_ns} {comm} {cgroup:?}"
+                ));
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} rows compared");
+    if let Some(p) = &in_v1 {
+        for (source, rows) in &rows {
+            let row = rows.iter().find(|r| r["pid"] == json!(p.pid()));
+            let row = row.unwrap_or_else(|| panic!("{source}: pid {} missing", p.pid()));
+            assert_eq!(row["cgroup_version"], 1, "{source}: {row}");
+            assert_eq!(row["cgroup_path"], json!(v1_path), "{source}: {row}");
+        }
+    }
+    assert!(mismatches.is_empty(), "{mismatches:#?}");
+}
+
+/// (ppid, start time in ns since boot, command) from /proc/PID/stat.
+fn proc_stat(pid: u32) -> Option<(u32, u64, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(") ")?;
+    let comm = head.split_once(" (")?.1.to_string();
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = f.get(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Some((f.get(1)?.parse().ok()?, ticks * 1_000_000_000 / hz, comm))
+}
+
 /// Live processes: zombies are left out, since they have exited (the agent keeps a tombstone)
 /// and their cgroup may already be removed ("... (deleted)" in /proc/PID/cgroup).
 fn procs_now() -> BTreeSet<u32> {

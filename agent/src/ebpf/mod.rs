@@ -2,6 +2,7 @@
 //! exposes the kernel's PROCS map (the truth), the decoded notifications of the ring buffer
 //! (`events`), when they are ready to read, and the in-kernel drop counters.
 mod batch;
+mod btf;
 pub mod caps;
 pub mod events;
 pub mod tracefs;
@@ -12,19 +13,20 @@ use std::{
 };
 
 use agent_common::{
-    Config as KernelConfig, ProcInfo, ABSENT, CONFIG_GLOBAL, COUNTERS_MAP, COUNTER_MAP_FULL,
-    COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENTS_MAP, PROCS_MAP,
+    Config as KernelConfig, IterConfig, ProcInfo, ABSENT, CONFIG_GLOBAL, COUNTERS_MAP,
+    COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENTS_MAP, ITER_CONFIG_GLOBAL,
+    PROCS_MAP, TASK_ITER_PROGRAM,
 };
 use aya::{
     maps::{HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf},
-    programs::TracePoint,
-    Ebpf, EbpfLoader,
+    programs::{Iter, TracePoint},
+    Btf, Ebpf, EbpfLoader,
 };
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 
 use self::events::KernelEvent;
-use crate::config::EbpfConfig;
+use crate::{config::EbpfConfig, process::cgroup::Hierarchy};
 
 /// The object built by `cargo xtask build-ebpf`, or empty when the agent was built without it.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf.o"));
@@ -47,6 +49,8 @@ pub struct EbpfSource {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     _stats: Option<OwnedFd>,
     capacity: u32,
+    /// Why the start-up task iterator cannot run here (None: it is loaded).
+    task_iter: Option<String>,
     pub load_time: Duration,
 }
 
@@ -61,7 +65,7 @@ pub use gpu_model::ProgramStats;
 
 impl EbpfSource {
     /// Loads and attaches everything; any failure is a reason to run in /proc mode.
-    pub fn load(cfg: &EbpfConfig, v1_hierarchy: Option<u32>) -> Result<EbpfSource, String> {
+    pub fn load(cfg: &EbpfConfig, v1: Option<&Hierarchy>) -> Result<EbpfSource, String> {
         let started = std::time::Instant::now();
         if OBJECT.is_empty() {
             return Err("this build has no eBPF object (build with `cargo xtask build`)".into());
@@ -73,15 +77,21 @@ impl EbpfSource {
                 missing.join(" and ")
             ));
         }
-        if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-            // Our programs use no CO-RE, so BTF is not required; say so for the record.
-            tracing::debug!("kernel has no BTF at /sys/kernel/btf/vmlinux");
-        }
+        // The tracepoint programs use no CO-RE and need no BTF; the start-up task iterator
+        // does (its attach point and its offsets), and without it the walk reads /proc.
+        let btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"));
+        let icfg = match cfg.task_iterator {
+            false => Err("disabled by configuration (ebpf.task_iterator = false)".into()),
+            true => btf
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|_| iter_config(v1)),
+        };
         let tracefs = tracefs::find().ok_or(
             "tracefs is not mounted and could not be mounted (needs CAP_SYS_ADMIN)".to_string(),
         )?;
         let mut kcfg: KernelConfig = tracefs::offsets(&tracefs)?;
-        kcfg.v1_hierarchy = v1_hierarchy.unwrap_or(ABSENT);
+        kcfg.v1_hierarchy = v1.map_or(ABSENT, |h| h.id);
         kcfg.wakeup_bytes = cfg.wakeup_bytes;
         let stats = if cfg.program_stats {
             Some(
@@ -93,7 +103,13 @@ impl EbpfSource {
         };
 
         let mut ebpf = EbpfLoader::new()
+            .btf(btf.as_ref().ok())
             .override_global(CONFIG_GLOBAL, &kcfg, true)
+            .override_global(
+                ITER_CONFIG_GLOBAL,
+                icfg.as_ref().unwrap_or(&IterConfig::zeroed()),
+                true,
+            )
             .map_max_entries(PROCS_MAP, cfg.capacity())
             .map_max_entries(EVENTS_MAP, cfg.ring_buffer_bytes)
             .load(OBJECT)
@@ -113,6 +129,10 @@ impl EbpfSource {
             tp.attach(category, name)
                 .map_err(|e| format!("attaching {prog} to {category}/{name}: {e:#}"))?;
         }
+        // After the tracepoints: a process that starts meanwhile is theirs.
+        let task_iter = icfg
+            .and_then(|_| load_task_iter(&mut ebpf, btf.as_ref().unwrap()))
+            .err();
         let take = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| format!("map {name} missing from the object"))
@@ -129,8 +149,48 @@ impl EbpfSource {
             logger,
             _stats: stats,
             capacity: cfg.capacity(),
+            task_iter,
             load_time: started.elapsed(),
         })
+    }
+
+    /// Why the start-up task iterator cannot run on this kernel, if it cannot.
+    pub fn task_iter_unavailable(&self) -> Option<&str> {
+        self.task_iter.as_deref()
+    }
+
+    /// Runs the task iterator once: every process the kernel map has no entry for gets one
+    /// (see `proc_iter`). Returns the tgids it visited.
+    pub fn iterate_tasks(&mut self) -> Result<Vec<u32>, String> {
+        use std::io::Read;
+        if let Some(why) = &self.task_iter {
+            return Err(why.clone());
+        }
+        let prog: &mut Iter = self
+            .ebpf
+            .program_mut(TASK_ITER_PROGRAM)
+            .ok_or("no task iterator program")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        let link = prog.attach().map_err(|e| format!("attaching: {e}"))?;
+        let link = prog.take_link(link).map_err(|e| format!("{e}"))?;
+        let mut file = link.into_file().map_err(|e| format!("{e}"))?;
+        let mut bytes = Vec::with_capacity(256 << 10);
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            match file.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+                // More than a million tasks without output in one read: go on.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("reading the iterator: {e}")),
+            }
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
     }
 
     /// How many processes the kernel map holds at most.
@@ -251,6 +311,59 @@ impl EbpfSource {
             })
             .collect()
     }
+}
+
+/// The task iterator's offsets from this kernel's BTF, or why it cannot run.
+fn iter_config(v1: Option<&Hierarchy>) -> Result<IterConfig, String> {
+    let btf = btf::Btf::from_sys_fs()?;
+    let off = |s: &str, m: &str| {
+        btf.offset_of(s, m)
+            .ok_or_else(|| format!("this kernel's BTF has no {s}.{m}"))
+    };
+    let mut c = IterConfig {
+        enabled: 1,
+        task_pid: off("task_struct", "pid")?,
+        task_tgid: off("task_struct", "tgid")?,
+        task_start: off("task_struct", "start_boottime")?,
+        task_comm: off("task_struct", "comm")?,
+        task_parent: off("task_struct", "real_parent")?,
+        task_cgroups: off("task_struct", "cgroups")?,
+        cset_dfl_cgrp: off("css_set", "dfl_cgrp")?,
+        cgroup_kn: off("cgroup", "kn")?,
+        kn_id: off("kernfs_node", "id")?,
+        ..IterConfig::zeroed()
+    };
+    if let Some(h) = v1 {
+        // The v1 cgroup is reached through one of the hierarchy's controllers; a named
+        // hierarchy (name=systemd) has none.
+        let controller = h
+            .name
+            .split(',')
+            .find(|c| !c.starts_with("name="))
+            .ok_or_else(|| format!("the v1 hierarchy {} has no controller", h.name))?;
+        // The block controller's subsystem is `io` in the kernel, `blkio` in v1's name.
+        let subsys = if controller == "blkio" {
+            "io"
+        } else {
+            controller
+        };
+        let ssid = btf
+            .enumerator(&format!("{subsys}_cgrp_id"))
+            .ok_or_else(|| format!("this kernel's BTF has no {subsys}_cgrp_id"))?;
+        c.cset_v1_css = off("css_set", "subsys")? + 8 * ssid as u32;
+        c.css_cgroup = off("cgroup_subsys_state", "cgroup")?;
+    }
+    Ok(c)
+}
+
+fn load_task_iter(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), String> {
+    let prog: &mut Iter = ebpf
+        .program_mut(TASK_ITER_PROGRAM)
+        .ok_or("no task iterator in the object")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    prog.load("task", btf)
+        .map_err(|e| format!("loading the task iterator: {e:#}"))
 }
 
 /// The ring buffer's readiness, on a duplicate of its fd.

@@ -98,12 +98,128 @@ impl Tracker {
         self.source.is_some()
     }
 
-    /// One cgroup-filesystem walk, which reads each cgroup's members, and one read of
-    /// /proc/PID/stat per process, on two threads while the walk runs. In eBPF mode the
-    /// programs are already attached: the walk only fills kernel entries that do not exist
-    /// yet (the kernel's are fresher), then the cache is read back from the kernel map.
+    /// The one start-up walk. In eBPF mode the programs are already attached, and where
+    /// the kernel can iterate its tasks it fills its own map (`startup_iterated`);
+    /// otherwise /proc is read (`startup_from_procfs`). Then the cache is read back from
+    /// the kernel map.
     pub fn startup(&mut self) {
         let started = Instant::now();
+        let (source, phases) = match self.startup_iterated(started) {
+            Some(p) => ("task_iterator", p),
+            None => ("procfs", self.startup_from_procfs(started)),
+        };
+        // Processes that exited while the walk ran: the seed may have brought them back.
+        self.apply_queued_with(true);
+        let seeded = started.elapsed().as_millis() as u64;
+        if self.source.is_some() {
+            self.read_counters();
+            self.resync_from_kernel();
+        }
+        self.publish_gauges();
+        let total = started.elapsed().as_millis() as u64;
+        self.stats.startup_walk_ms.store(total, Relaxed);
+        *self.stats.startup_source.write().unwrap() = source;
+        let Phases {
+            cgroups_ms,
+            processes_ms,
+        } = phases;
+        tracing::info!(
+            source,
+            total_ms = total,
+            cgroups_ms,
+            processes_ms,
+            seed_ms = seeded.saturating_sub(cgroups_ms.max(processes_ms)),
+            kernel_resync_ms = total - seeded,
+            processes = self.state.read().unwrap().cache.live_count(),
+            "start-up walk done"
+        );
+        // The walk's transient buffers are freed: give the pages back.
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
+    }
+
+    /// The kernel's task iterator fills the kernel map (no /proc read and no insert from
+    /// here per process) while this thread's helper walks the cgroup filesystem. None
+    /// where it cannot run: no eBPF, no BTF, a kernel before 5.8, or an agent outside the
+    /// initial PID namespace (the iterator sees only the reader's namespace).
+    fn startup_iterated(&mut self, started: Instant) -> Option<Phases> {
+        let src = self.source.as_mut()?;
+        let why_not = match (src.task_iter_unavailable(), in_initial_pid_namespace()) {
+            (Some(why), _) => Some(why.to_string()),
+            (None, false) => Some("the agent is not in the host's PID namespace".into()),
+            (None, true) => None,
+        };
+        if let Some(why) = why_not {
+            tracing::info!(reason = %why, "no task iterator: the start-up walk reads /proc");
+            return None;
+        }
+        let mut guard = self.state.write().unwrap();
+        let st = &mut *guard;
+        let hier = st.hierarchies.clone();
+        let registry = &mut st.registry;
+        let procfs = &self.procfs;
+        let (tasks, cgroups_ms, processes_ms) = std::thread::scope(|s| {
+            let walker = s.spawn(|| {
+                Members::walk(registry, &hier, false);
+                started.elapsed().as_millis() as u64
+            });
+            // The kernel's list, then /proc's (names only: one readdir) to find what the
+            // iterator did not visit.
+            let tasks = src.iterate_tasks().map(|mut t| {
+                t.sort_unstable();
+                (t, procfs.pids())
+            });
+            let processes_ms = started.elapsed().as_millis() as u64;
+            (tasks, walker.join().unwrap_or(0), processes_ms)
+        });
+        self.stats
+            .cgroup_walks
+            .fetch_add(hier.all().count() as u64, Relaxed);
+        let (visited, listed) = match tasks {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "the task iterator failed: the start-up walk reads /proc");
+                return None;
+            }
+        };
+        // Some kernels never show PID 1 to the iterator (6.18 here), and a full map holds
+        // only some of what it visited: the rest is read from /proc, as the walk without an
+        // iterator reads every process, and kept in the cache if the map has no room.
+        let known = match src.counters().map_full {
+            0 => visited,
+            _ => {
+                let mut in_map: Vec<u32> = src.snapshot().into_iter().map(|(k, _)| k).collect();
+                in_map.sort_unstable();
+                in_map
+            }
+        };
+        let mut seed = vec![];
+        for pid in listed {
+            if known.binary_search(&pid).is_ok() {
+                continue;
+            }
+            if let Some(rec) = self.procfs.read(pid) {
+                let entry = entry_from_record(&mut st.registry, &hier, &rec);
+                seed.push((pid, kernel_info(&entry)));
+                st.cache.upsert(entry);
+            }
+        }
+        tracing::debug!(
+            known = known.len(),
+            from_procfs = seed.len(),
+            "task iterator"
+        );
+        self.seed_failures += src.insert_all_absent(&seed);
+        Some(Phases {
+            cgroups_ms,
+            processes_ms,
+        })
+    }
+
+    /// One cgroup-filesystem walk, which reads each cgroup's members, and one read of
+    /// /proc/PID/stat per process, on two threads while the walk runs. In eBPF mode the
+    /// walk then fills kernel entries that do not exist yet (the kernel's are fresher).
+    fn startup_from_procfs(&mut self, started: Instant) -> Phases {
         let mut guard = self.state.write().unwrap();
         let st = &mut *guard;
         let hier = st.hierarchies.clone();
@@ -112,7 +228,7 @@ impl Tracker {
         // cgroup.procs names PIDs as our PID namespace sees them: of use only when /proc is
         // of the same namespace. Else each process is read whole below, and no stat first.
         let same_ns = procfs.self_pid() == Some(std::process::id());
-        let (members, rows, cgroups_ms, procfs_ms) = std::thread::scope(|s| {
+        let (members, rows, cgroups_ms, processes_ms) = std::thread::scope(|s| {
             let readers: Vec<_> = pids
                 .chunks(pids.len().div_ceil(STAT_READERS).max(1))
                 .filter(|_| same_ns)
@@ -169,30 +285,10 @@ impl Tracker {
             // Map full: the cache still knows them; lookups fall back to /proc.
             self.seed_failures += src.insert_all_absent(&seed);
         }
-        drop(seed);
-        drop(guard);
-        // Processes that exited while the walk ran: the seed may have brought them back.
-        self.apply_queued_with(true);
-        let seeded = started.elapsed().as_millis() as u64;
-        if self.source.is_some() {
-            self.read_counters();
-            self.resync_from_kernel();
-        }
-        self.publish_gauges();
-        let total = started.elapsed().as_millis() as u64;
-        self.stats.startup_walk_ms.store(total, Relaxed);
-        tracing::info!(
-            total_ms = total,
+        Phases {
             cgroups_ms,
-            procfs_ms,
-            seed_ms = seeded.saturating_sub(cgroups_ms.max(procfs_ms)),
-            kernel_resync_ms = total - seeded,
-            processes = self.state.read().unwrap().cache.live_count(),
-            "start-up walk done"
-        );
-        // The walk's transient buffers are freed: give the pages back.
-        // SAFETY: malloc_trim has no preconditions.
-        unsafe { libc::malloc_trim(0) };
+            processes_ms,
+        }
     }
 
     /// Applies every queued notification; after lost ones, resyncs from the kernel map.
@@ -577,6 +673,17 @@ impl Tracker {
 const STAT_READERS: usize = 2;
 
 /// A PID and its (comm, ppid, start ns); None when it exited before the read.
+/// How long the start-up walk's two concurrent parts took, from its start.
+struct Phases {
+    cgroups_ms: u64,
+    processes_ms: u64,
+}
+
+/// The initial PID namespace has a fixed inode (PROC_PID_INIT_INO) since Linux 3.8.
+fn in_initial_pid_namespace() -> bool {
+    std::fs::read_link("/proc/self/ns/pid").is_ok_and(|l| l.as_os_str() == "pid:[4026531836]")
+}
+
 type StatRow = (u32, Option<(String, u32, u64)>);
 
 fn read_stats(procfs: &Procfs, pids: &[u32]) -> Vec<StatRow> {
