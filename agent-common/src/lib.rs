@@ -179,7 +179,8 @@ impl ProcInfo {
     }
 }
 
-/// Ring-buffer notification for exec, fork and exit; the command is `info.comm`.
+/// Ring-buffer notification for exec, fork and exit; the command is `info.comm`. An exit
+/// carries only the tgid (`info` is zeroed).
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct ProcEvent {

@@ -213,12 +213,9 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
     if !group_dead {
         return Ok(());
     }
-    let info = match PROCS.get_ptr(tgid) {
-        Some(p) => unsafe { *p },
-        None => ProcInfo::default(),
-    };
+    // Userspace needs only the tgid of an exit: no lookup of the entry before removing it.
     let _ = PROCS.remove(tgid);
-    notify_proc(EVENT_EXIT, tgid, &info);
+    notify_proc(EVENT_EXIT, tgid, &ProcInfo::default());
     Ok(())
 }
 
