@@ -146,7 +146,8 @@ fn load_ebpf(
     let source = if !config.ebpf.enabled {
         Err("disabled by configuration (ebpf.enabled = false)".to_string())
     } else {
-        EbpfSource::load(&config.ebpf, hierarchies.v1.as_ref()).map_err(|e| match &prep_error {
+        let v1 = hierarchies.v1.as_ref().map(|h| (h.id, h.name.as_str()));
+        EbpfSource::load(&config.ebpf, v1).map_err(|e| match &prep_error {
             Some(p) => format!("{e} ({p})"),
             None => e,
         })

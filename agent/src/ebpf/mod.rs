@@ -26,7 +26,7 @@ use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 
 use self::events::KernelEvent;
-use crate::{config::EbpfConfig, process::cgroup::Hierarchy};
+use crate::config::EbpfConfig;
 
 /// The object built by `cargo xtask build-ebpf`, or empty when the agent was built without it.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf.o"));
@@ -64,8 +64,9 @@ pub struct KernelCounters {
 pub use gpu_model::ProgramStats;
 
 impl EbpfSource {
-    /// Loads and attaches everything; any failure is a reason to run in /proc mode.
-    pub fn load(cfg: &EbpfConfig, v1: Option<&Hierarchy>) -> Result<EbpfSource, String> {
+    /// Loads and attaches everything; any failure is a reason to run in /proc mode. `v1`:
+    /// the tracked cgroup v1 hierarchy's id and controllers ("memory", "cpu,cpuacct").
+    pub fn load(cfg: &EbpfConfig, v1: Option<(u32, &str)>) -> Result<EbpfSource, String> {
         let started = std::time::Instant::now();
         if OBJECT.is_empty() {
             return Err("this build has no eBPF object (build with `cargo xtask build`)".into());
@@ -91,7 +92,7 @@ impl EbpfSource {
             "tracefs is not mounted and could not be mounted (needs CAP_SYS_ADMIN)".to_string(),
         )?;
         let mut kcfg: KernelConfig = tracefs::offsets(&tracefs)?;
-        kcfg.v1_hierarchy = v1.map_or(ABSENT, |h| h.id);
+        kcfg.v1_hierarchy = v1.map_or(ABSENT, |(id, _)| id);
         kcfg.wakeup_bytes = cfg.wakeup_bytes;
         let stats = if cfg.program_stats {
             Some(
@@ -314,7 +315,7 @@ impl EbpfSource {
 }
 
 /// The task iterator's offsets from this kernel's BTF, or why it cannot run.
-fn iter_config(v1: Option<&Hierarchy>) -> Result<IterConfig, String> {
+fn iter_config(v1: Option<(u32, &str)>) -> Result<IterConfig, String> {
     let btf = btf::Btf::from_sys_fs()?;
     let off = |s: &str, m: &str| {
         btf.offset_of(s, m)
@@ -333,14 +334,13 @@ fn iter_config(v1: Option<&Hierarchy>) -> Result<IterConfig, String> {
         kn_id: off("kernfs_node", "id")?,
         ..IterConfig::zeroed()
     };
-    if let Some(h) = v1 {
+    if let Some((_, controllers)) = v1 {
         // The v1 cgroup is reached through one of the hierarchy's controllers; a named
         // hierarchy (name=systemd) has none.
-        let controller = h
-            .name
+        let controller = controllers
             .split(',')
             .find(|c| !c.starts_with("name="))
-            .ok_or_else(|| format!("the v1 hierarchy {} has no controller", h.name))?;
+            .ok_or_else(|| format!("the v1 hierarchy {controllers} has no controller"))?;
         // The block controller's subsystem is `io` in the kernel, `blkio` in v1's name.
         let subsys = if controller == "blkio" {
             "io"
