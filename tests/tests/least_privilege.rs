@@ -324,7 +324,12 @@ fn the_default_daemonset_runs_non_root_in_full_ebpf_mode() {
     assert_eq!(stats["mode"], "ebpf", "{stats}\n{}", agent.log());
     assert_eq!(stats["degraded_reason"], Value::Null, "{stats}");
     // The DaemonSet's capabilities also let the kernel list its tasks at start-up.
-    assert_eq!(stats["startup_source"], "task_iterator", "{stats}\n{}", agent.log());
+    assert_eq!(
+        stats["startup_source"],
+        "task_iterator",
+        "{stats}\n{}",
+        agent.log()
+    );
     procs.extend((0..2).map(|_| Proc(cg.spawn(&mut sleeper()))));
     for p in &procs {
         agent.wait_for_process(p.pid(), "container_id", &json!(id));
