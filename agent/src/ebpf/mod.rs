@@ -178,13 +178,14 @@ impl EbpfSource {
         let mut file = link.into_file().map_err(|e| format!("{e}"))?;
         let mut bytes = Vec::with_capacity(256 << 10);
         let mut chunk = vec![0u8; 1 << 20];
+        // EAGAIN: a million tasks went by without output in one read; go on, a few times.
+        let mut again = 0;
         loop {
             match file.read(&mut chunk) {
                 Ok(0) => break,
                 Ok(n) => bytes.extend_from_slice(&chunk[..n]),
-                // More than a million tasks without output in one read: go on.
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && again < 16 => again += 1,
                 Err(e) => return Err(format!("reading the iterator: {e}")),
             }
         }
