@@ -315,7 +315,11 @@ fn both_startup_sources_agree_with_proc() {
         p
     });
     // What the start-up walk is about: the processes older than both agents.
-    let before = procs_now();
+    let facts = |pid: u32| Some((proc_stat(pid)?, proc_cgroup(pid, "0")));
+    let before: Vec<(u32, _)> = procs_now()
+        .into_iter()
+        .filter_map(|pid| Some((pid, facts(pid)?)))
+        .collect();
     let iterated = Agent::start("");
     let walked = Agent::start("[ebpf]\ntask_iterator = false\n");
     for (agent, source) in [(&iterated, "task_iterator"), (&walked, "procfs")] {
@@ -329,11 +333,13 @@ fn both_startup_sources_agree_with_proc() {
     let after = procs_now();
     let mut mismatches = vec![];
     let mut checked = 0;
-    for pid in before.intersection(&after) {
-        let Some((ppid, start_ns, comm)) = proc_stat(*pid) else {
+    for (pid, then) in &before {
+        // What changed while the test ran (a parent that exited, an exec, a move) is the
+        // notifications' business, not the start-up walk's.
+        if !after.contains(pid) || facts(*pid).as_ref() != Some(then) {
             continue;
-        };
-        let cgroup = proc_cgroup(*pid, "0");
+        }
+        let ((ppid, start_ns, comm), cgroup) = then.clone();
         for (source, rows) in &rows {
             let Some(row) = rows.iter().find(|r| r["pid"] == json!(pid)) else {
                 mismatches.push(format!("{source} {pid} ({comm}, parent {ppid}): missing"));
