@@ -108,7 +108,8 @@ impl Tracker {
             Some(p) => ("task_iterator", p),
             None => ("procfs", self.startup_from_procfs(started)),
         };
-        // Processes that exited while the walk ran: the seed may have brought them back.
+        // Processes that exited while the walk ran: the seed or the iterator may have written
+        // their entries after the kernel deleted them at exit.
         self.apply_queued_with(true);
         let seeded = started.elapsed().as_millis() as u64;
         if self.source.is_some() {
@@ -330,8 +331,9 @@ impl Tracker {
         n
     }
 
-    /// One pass over the ring buffer. With `reap_exits`, the kernel entries of processes that exited are removed too: the
-    /// start-up seed may have written them after the kernel deleted them at exit.
+    /// One pass over the ring buffer. With `reap_exits`, the kernel entries of processes that
+    /// exited are removed too: the start-up seed or task iterator may have written them after
+    /// the kernel deleted them at exit.
     fn apply_queued_with(&mut self, reap_exits: bool) -> usize {
         let Some(src) = self.source.as_mut() else {
             return 0;
