@@ -158,10 +158,10 @@ impl Tracker {
         let st = &mut *guard;
         let hier = st.hierarchies.clone();
         let registry = &mut st.registry;
-        let procfs = &self.procfs;
+        let (procfs, stats) = (&self.procfs, &self.stats);
         let (tasks, cgroups_ms, processes_ms) = std::thread::scope(|s| {
             let walker = s.spawn(|| {
-                Members::walk(registry, &hier, false);
+                Members::walk(registry, &hier, false, stats);
                 started.elapsed().as_millis() as u64
             });
             // The kernel's list, then /proc's (names only: one readdir) to find what the
@@ -173,9 +173,6 @@ impl Tracker {
             let processes_ms = started.elapsed().as_millis() as u64;
             (tasks, walker.join().unwrap_or(0), processes_ms)
         });
-        self.stats
-            .cgroup_walks
-            .fetch_add(hier.all().count() as u64, Relaxed);
         let (visited, listed) = match tasks {
             Ok(t) => t,
             Err(e) => {
@@ -235,7 +232,7 @@ impl Tracker {
                 .filter(|_| same_ns)
                 .map(|chunk| s.spawn(move || read_stats(procfs, chunk)))
                 .collect();
-            let members = Members::walk(&mut st.registry, &hier, same_ns);
+            let members = Members::walk(&mut st.registry, &hier, same_ns, &self.stats);
             let cgroups_ms = started.elapsed().as_millis() as u64;
             let rows: Vec<StatRow> = match same_ns {
                 true => readers
@@ -251,9 +248,6 @@ impl Tracker {
                 started.elapsed().as_millis() as u64,
             )
         });
-        self.stats
-            .cgroup_walks
-            .fetch_add(hier.all().count() as u64, Relaxed);
         let mut seed = Vec::with_capacity(if self.source.is_some() { rows.len() } else { 0 });
         for (pid, stat) in rows {
             let entry = match (members.of(pid), stat) {
@@ -674,7 +668,6 @@ impl Tracker {
 /// Threads reading /proc/PID/stat at start-up, beside the cgroup walk.
 const STAT_READERS: usize = 2;
 
-/// A PID and its (comm, ppid, start ns); None when it exited before the read.
 /// How long the start-up walk's two concurrent parts took, from its start.
 struct Phases {
     cgroups_ms: u64,
@@ -686,6 +679,7 @@ fn in_initial_pid_namespace() -> bool {
     std::fs::read_link("/proc/self/ns/pid").is_ok_and(|l| l.as_os_str() == "pid:[4026531836]")
 }
 
+/// A PID and its (comm, ppid, start ns); None when it exited before the read.
 type StatRow = (u32, Option<(String, u32, u64)>);
 
 fn read_stats(procfs: &Procfs, pids: &[u32]) -> Vec<StatRow> {
@@ -704,9 +698,16 @@ struct Members {
 }
 
 impl Members {
-    /// The cgroup walk; the members too when `read` (else every process is read whole).
-    fn walk(registry: &mut CgroupRegistry, hier: &Hierarchies, read: bool) -> Members {
+    /// The cgroup walk (counted in `stats`); the members too when `read` (else every
+    /// process is read whole).
+    fn walk(
+        registry: &mut CgroupRegistry,
+        hier: &Hierarchies,
+        read: bool,
+        stats: &Stats,
+    ) -> Members {
         let mut walk = |h: &Hierarchy| {
+            stats.cgroup_walks.fetch_add(1, Relaxed);
             if !read {
                 registry.walk(h);
                 return None;
