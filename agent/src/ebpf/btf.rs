@@ -2,6 +2,8 @@
 //! struct member's offset and an enumerator's value by name. The start-up task iterator
 //! reads `task_struct` and the cgroup structs at offsets that differ between kernel builds;
 //! the programs use no CO-RE, so the loader finds them here and patches them in.
+/// The running kernel's BTF.
+pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 const MAGIC: u16 = 0xeb9f;
 const KIND_INT: u32 = 1;
 const KIND_ARRAY: u32 = 3;
@@ -33,9 +35,9 @@ struct Member {
 }
 
 impl Btf {
+    #[cfg(test)]
     pub fn from_sys_fs() -> Result<Btf, String> {
-        let path = "/sys/kernel/btf/vmlinux";
-        let data = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
+        let data = std::fs::read(VMLINUX).map_err(|e| format!("{VMLINUX}: {e}"))?;
         Btf::parse(data)
     }
 

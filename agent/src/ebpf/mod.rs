@@ -20,7 +20,7 @@ use agent_common::{
 use aya::{
     maps::{HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{Iter, TracePoint},
-    Btf, Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader, Endianness,
 };
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
@@ -80,13 +80,20 @@ impl EbpfSource {
         }
         // The tracepoint programs use no CO-RE and need no BTF; the start-up task iterator
         // does (its attach point and its offsets), and without it the walk reads /proc.
-        let btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"));
+        // Read once: aya parses it for the loader and the iterator's attach point, our
+        // reader for the offsets.
+        let vmlinux = std::fs::read(btf::VMLINUX).map_err(|e| format!("no kernel BTF: {e}"));
+        let btf = match &vmlinux {
+            Ok(data) => Btf::parse(data, Endianness::default()).map_err(|e| format!("{e}")),
+            Err(e) => Err(e.clone()),
+        };
         let icfg = match cfg.task_iterator {
             false => Err("disabled by configuration (ebpf.task_iterator = false)".into()),
             true => btf
                 .as_ref()
                 .map_err(Clone::clone)
-                .and_then(|_| iter_config(v1)),
+                .and(vmlinux)
+                .and_then(|data| iter_config(&btf::Btf::parse(data)?, v1)),
         };
         let tracefs = tracefs::find().ok_or(
             "tracefs is not mounted and could not be mounted (needs CAP_SYS_ADMIN)".to_string(),
@@ -316,8 +323,7 @@ impl EbpfSource {
 }
 
 /// The task iterator's offsets from this kernel's BTF, or why it cannot run.
-fn iter_config(v1: Option<(u32, &str)>) -> Result<IterConfig, String> {
-    let btf = btf::Btf::from_sys_fs()?;
+fn iter_config(btf: &btf::Btf, v1: Option<(u32, &str)>) -> Result<IterConfig, String> {
     let off = |s: &str, m: &str| {
         btf.offset_of(s, m)
             .ok_or_else(|| format!("this kernel's BTF has no {s}.{m}"))
