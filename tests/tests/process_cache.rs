@@ -315,7 +315,10 @@ fn both_startup_sources_agree_with_proc() {
         p
     });
     // What the start-up walk is about: the processes older than both agents.
-    let facts = |pid: u32| Some((proc_stat(pid)?, proc_cgroup(pid, "0")));
+    let facts = |pid: u32| {
+        let s = proc_stat(pid)?;
+        Some(((s.ppid, s.start_ns, s.comm), proc_cgroup(pid, "0")))
+    };
     let before: Vec<(u32, _)> = procs_now()
         .into_iter()
         .filter_map(|pid| Some((pid, facts(pid)?)))
@@ -374,16 +377,29 @@ fn both_startup_sources_agree_with_proc() {
     assert!(mismatches.is_empty(), "{mismatches:#?}");
 }
 
-/// (ppid, start time in ns since boot, command) from /proc/PID/stat.
-fn proc_stat(pid: u32) -> Option<(u32, u64, String)> {
+/// What /proc/PID/stat says of a process.
+struct Stat {
+    state: char,
+    ppid: u32,
+    /// Nanoseconds since boot.
+    start_ns: u64,
+    comm: String,
+}
+
+fn proc_stat(pid: u32) -> Option<Stat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command is in parentheses and may hold any byte: the fields follow the last ")".
     let (head, rest) = stat.rsplit_once(") ")?;
-    let comm = head.split_once(" (")?.1.to_string();
     let f: Vec<&str> = rest.split(' ').collect();
     let ticks: u64 = f.get(19)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Some((f.get(1)?.parse().ok()?, ticks * 1_000_000_000 / hz, comm))
+    Some(Stat {
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        start_ns: ticks * 1_000_000_000 / hz,
+        comm: head.split_once(" (")?.1.to_string(),
+    })
 }
 
 /// Live processes: zombies are left out, since they have exited (the agent keeps a tombstone)
@@ -393,13 +409,6 @@ fn procs_now() -> BTreeSet<u32> {
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The state follows the command, which is in parentheses and may hold any byte.
-            let state = stat
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.chars().next());
-            !matches!(state, Some('Z') | None)
-        })
+        .filter(|pid| proc_stat(*pid).is_some_and(|s| s.state != 'Z'))
         .collect()
 }
