@@ -58,6 +58,15 @@ impl Env {
         Env { dir, scenario }
     }
 
+    /// A pod's container with one sleeping process, the GPU scenario's only one.
+    fn gpu_pod(&self) -> (String, String, TestCgroup, Proc) {
+        let (uid, id) = (random_uid(), random_hex(64));
+        let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+        let p = Proc(cg.spawn(&mut sleeper()));
+        scenario(&self.scenario, &[p.pid()]);
+        (uid, id, cg, p)
+    }
+
     fn agent(&self, node: &FakeNode) -> Agent {
         self.agent_with(node, "")
     }
@@ -88,10 +97,7 @@ impl Drop for Env {
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn names_allocations_and_allocated_but_idle_containers() {
     let env = Env::new();
-    let (uid, id) = (random_uid(), random_hex(64));
-    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
-    let p = Proc(cg.spawn(&mut sleeper()));
-    scenario(&env.scenario, &[p.pid()]);
+    let (uid, id, _cg, _p) = env.gpu_pod();
     let idle_id = random_hex(64);
     let world = World::default();
     world.set(vec![
@@ -158,10 +164,7 @@ fn names_allocations_and_allocated_but_idle_containers() {
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn sockets_that_vanish_leave_ids_and_names_come_back_with_them() {
     let env = Env::new();
-    let (uid, id) = (random_uid(), random_hex(64));
-    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
-    let p = Proc(cg.spawn(&mut sleeper()));
-    scenario(&env.scenario, &[p.pid()]);
+    let (uid, id, _cg, p) = env.gpu_pod();
     let world = World::default();
     let first = FakeContainer {
         id: id.clone(),
@@ -300,10 +303,7 @@ fn plain_docker_host_names_come_from_the_docker_api() {
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn names_of_removed_containers_are_forgotten() {
     let env = Env::new();
-    let (uid, id) = (random_uid(), random_hex(64));
-    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
-    let p = Proc(cg.spawn(&mut sleeper()));
-    scenario(&env.scenario, &[p.pid()]);
+    let (uid, id, cg, p) = env.gpu_pod();
     let world = World::default();
     world.set(vec![FakeContainer {
         id: id.clone(),
