@@ -1,0 +1,153 @@
+//! `cargo bench -p agent --bench join [CONTAINERS] [CYCLES]`: CPU of one join cycle (the
+//! pipeline's work per GPU sample: join, publish, drop the previous snapshot) on the large
+//! node's shape: CONTAINERS (default 2,000) containers with one GPU process each, spread
+//! over 8 GPUs with 7 MIG devices each, every process placed through the real process
+//! cache and cgroup registry. Prints one `BENCH ...` line.
+use std::{sync::Arc, time::Duration};
+
+use gpu_agent::{
+    gpu::{join::Joiner, DeviceSample, GpuSample, MigSample, ProcessSample},
+    metadata::Metadata,
+    process::{
+        cache::{ProcessCache, ProcessEntry},
+        cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
+        State,
+    },
+    stats::thread_cpu_ns,
+};
+use gpu_model::{DeviceStatus, SourceStatus};
+
+const GPUS: u32 = 8;
+const MIG: u32 = 7;
+const MAX_GAP: Duration = Duration::from_secs(3);
+
+/// splitmix64: a fixed pseudo-random sequence.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn state(containers: u32) -> State {
+    let mut registry = CgroupRegistry::default();
+    let mut cache = ProcessCache::new(Duration::from_secs(5), 1000);
+    for c in 0..containers {
+        // Random-looking, like real ids: ordered compares end at the first bytes.
+        let h = |i: u64| mix(c as u64 * 4 + i);
+        let pod = format!(
+            "{:08x}_{:04x}_4{:03x}_8{:03x}_{:012x}",
+            h(0) as u32,
+            h(0) >> 48,
+            h(1) & 0xfff,
+            h(2) & 0xfff,
+            h(3) >> 16
+        );
+        let id = format!("{:016x}{:016x}{:016x}{:016x}", h(0), h(1), h(2), h(3));
+        let path = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/cri-containerd-{id}.scope"
+        );
+        registry.insert(0, 1000 + c as u64, &path);
+        cache.upsert(ProcessEntry {
+            pid: 10_000 + c,
+            start_ns: 1,
+            ppid: 1,
+            comm: "python3".into(),
+            cgroup_v2: Some(1000 + c as u64),
+            cgroup_v1: None,
+            exited_at: None,
+        });
+    }
+    State {
+        cache,
+        registry,
+        hierarchies: Hierarchies {
+            v2: Some(Hierarchy {
+                id: 0,
+                name: "cgroup2".into(),
+                mount_point: "/sys/fs/cgroup".into(),
+                mount_root: "/".into(),
+            }),
+            v1: None,
+        },
+    }
+}
+
+fn sample(containers: u32, t: u64) -> GpuSample {
+    let uuid = |g: u32, m: Option<u32>| match m {
+        None => format!("GPU-{g:08x}-0000-0000-0000-000000000000"),
+        Some(m) => format!("MIG-{g:08x}-{m:04x}-0000-0000-000000000000"),
+    };
+    let devices = (0..GPUS)
+        .map(|g| DeviceSample {
+            index: g,
+            uuid: uuid(g, None),
+            status: DeviceStatus::Ok,
+            memory_total_bytes: Some(85_520_809_984),
+            energy_mj: Some(t * 400),
+            mig_devices: (0..MIG)
+                .map(|m| MigSample {
+                    uuid: uuid(g, Some(m)),
+                    gpu_instance_id: m,
+                    compute_instance_id: 0,
+                    memory_total_bytes: Some(10 << 30),
+                    ..Default::default()
+                })
+                .collect(),
+            processes: (0..containers)
+                .filter(|c| c % GPUS == g)
+                .map(|c| ProcessSample {
+                    pid: 10_000 + c,
+                    used_memory_bytes: 1 << 30,
+                    gpu_instance_id: Some(c / GPUS % MIG),
+                    compute_instance_id: Some(0),
+                    mig_uuid: Some(uuid(g, Some(c / GPUS % MIG))),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    GpuSample {
+        taken_at_ms: t,
+        driver_version: Some("580.65.06".into()),
+        devices,
+    }
+}
+
+fn main() {
+    let arg = |i: usize, default: u32| {
+        std::env::args()
+            .filter(|a| !a.starts_with('-'))
+            .nth(i)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(default)
+    };
+    let (containers, cycles) = (arg(1, 2000), arg(2, 200));
+    let state = state(containers);
+    let metadata = Metadata::default();
+    let mut joiner = Joiner::default();
+    let mut published = Arc::new(gpu_model::Snapshot::default());
+    let mut t = 1_700_000_000_000;
+    // Per cycle, the join and the publish (which drops the snapshot before last); the
+    // sample is built outside the measured time, as NVML's thread makes it.
+    let mut run = |n: u32| {
+        let mut spent = 0;
+        for _ in 0..n {
+            t += 1000;
+            let s = sample(containers, t);
+            let cpu = thread_cpu_ns();
+            let snap = joiner.join(&state, &metadata, &s, &SourceStatus::Ok, MAX_GAP, false);
+            published = Arc::new(snap);
+            spent += thread_cpu_ns() - cpu;
+        }
+        spent as f64 / n as f64
+    };
+    run(5);
+    let per_cycle = run(cycles);
+    assert_eq!(published.containers.len(), containers as usize);
+    println!(
+        "BENCH join_ms={:.3} containers={containers} cycles={cycles}",
+        per_cycle / 1e6
+    );
+}
