@@ -1,6 +1,10 @@
 //! The data the agent produces and every sink reads: GPU samples and the joined snapshot.
 //! Plain values, no behaviour that reaches back into sources.
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+/// A name or id shared, not copied, between the process state, each cycle's snapshot and
+/// the sinks: a clone is a reference count.
+pub type Name = Arc<str>;
 
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -147,15 +151,15 @@ pub struct Snapshot {
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ContainerUsage {
     /// Full 64-hex id; null for the host entry and for pod-level cgroups.
-    pub container_id: Option<String>,
-    pub pod_uid: Option<String>,
+    pub container_id: Option<Name>,
+    pub pod_uid: Option<Name>,
     pub qos: Option<&'static str>,
     pub runtime: Option<&'static str>,
-    pub cgroup_path: Option<String>,
+    pub cgroup_path: Option<Name>,
     /// Names, when the node's runtime or kubelet told us (null otherwise).
-    pub pod_name: Option<String>,
-    pub namespace: Option<String>,
-    pub container_name: Option<String>,
+    pub pod_name: Option<Name>,
+    pub namespace: Option<Name>,
+    pub container_name: Option<Name>,
     pub gpus: Vec<ContainerGpu>,
     /// Devices the kubelet allocated to this container (GPU or MIG UUIDs), whether it uses
     /// them or not; empty when unknown or none.
@@ -196,8 +200,8 @@ impl LimitSource {
 /// device the container used or was allocated (MIG device UUID under MIG).
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct GpuAccount {
-    pub uuid: String,
-    pub gpu_uuid: String,
+    pub uuid: Name,
+    pub gpu_uuid: Name,
     /// Cumulative: the container's share of the GPU's energy (its SM-utilization share, or
     /// memory share where no utilization is known, plus the idle remainder of a GPU
     /// allocated to it), joules.
@@ -257,7 +261,7 @@ impl ContainerUsage {
             .iter()
             .filter(|u| {
                 !self.gpus.iter().any(|g| {
-                    (&g.uuid == *u || &g.gpu_uuid == *u)
+                    (&*g.uuid == u.as_str() || &*g.gpu_uuid == u.as_str())
                         && (g.memory_used_bytes > 0 || g.sm_util.unwrap_or(0) > 0)
                 })
             })
@@ -269,9 +273,9 @@ impl ContainerUsage {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ContainerGpu {
     /// The device charged: the MIG device UUID under MIG, else the GPU UUID.
-    pub uuid: String,
+    pub uuid: Name,
     /// The physical GPU.
-    pub gpu_uuid: String,
+    pub gpu_uuid: Name,
     pub memory_used_bytes: u64,
     /// Summed over the container's processes, capped at 100 (percent of this device).
     pub sm_util: Option<u32>,

@@ -29,18 +29,18 @@ fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
         .collect::<Vec<_>>();
     let containers = (0..n)
         .map(|c| ContainerUsage {
-            container_id: Some(format!("{:064x}", c as u128 * 7919 + 1)),
-            pod_uid: Some(format!("{:08x}-0000-4000-8000-{:012x}", c, c)),
+            container_id: Some(format!("{:064x}", c as u128 * 7919 + 1).into()),
+            pod_uid: Some(format!("{:08x}-0000-4000-8000-{:012x}", c, c).into()),
             qos: Some("burstable"),
             runtime: Some("containerd"),
-            pod_name: Some(format!("trainer-{c}")),
+            pod_name: Some(format!("trainer-{c}").into()),
             namespace: Some("ml".into()),
             container_name: Some("main".into()),
             gpus: devices
                 .iter()
                 .map(|d| ContainerGpu {
-                    uuid: d.uuid.clone(),
-                    gpu_uuid: d.uuid.clone(),
+                    uuid: d.uuid.as_str().into(),
+                    gpu_uuid: d.uuid.as_str().into(),
                     memory_used_bytes: 1 << 30,
                     sm_util: Some(10),
                     mem_util: Some(5),

@@ -255,10 +255,10 @@ pub(crate) fn pods_of(snap: &Snapshot, uuid: &str, mode: Mode) -> Vec<Pod> {
             continue;
         };
         let base = Pod {
-            namespace: namespace.clone(),
-            pod: pod.clone(),
-            container: container.clone(),
-            uid: c.pod_uid.clone().unwrap_or_default(),
+            namespace: namespace.to_string(),
+            pod: pod.to_string(),
+            container: container.to_string(),
+            uid: c.pod_uid.as_deref().unwrap_or_default().to_string(),
             vgpu: None,
         };
         let replicas = matching_ids(c, uuid).filter_map(replica);
@@ -416,7 +416,7 @@ pub(crate) fn pod_value(id: MetricId, snap: &Snapshot, uuid: &str, pod_uid: &str
         .iter()
         .filter(|c| !pod_uid.is_empty() && c.pod_uid.as_deref() == Some(pod_uid))
         .flat_map(|c| &c.gpus)
-        .filter(|g| g.uuid == uuid);
+        .filter(|g| &*g.uuid == uuid);
     match id {
         M::DcgmFbUsed => mib(gpus.map(|g| g.memory_used_bytes).sum()),
         M::DcgmGpuUtil => gpus.map(|g| g.sm_util.unwrap_or(0) as f64).sum(),

@@ -743,8 +743,14 @@ fn self_metrics(m: &mut Metrics, st: &AgentStats) {
 /// A container's key in the snapshot's per-container lists.
 type Owner<'a> = (Option<&'a str>, Option<&'a str>);
 
-fn owner<'a>(container_id: &'a Option<String>, pod_uid: &'a Option<String>) -> Owner<'a> {
-    (container_id.as_deref(), pod_uid.as_deref())
+fn owner<'a, A: AsRef<str>, B: AsRef<str>>(
+    container_id: &'a Option<A>,
+    pod_uid: &'a Option<B>,
+) -> Owner<'a> {
+    (
+        container_id.as_ref().map(AsRef::as_ref),
+        pod_uid.as_ref().map(AsRef::as_ref),
+    )
 }
 
 /// The snapshot's XID charges and per-process detail by container, made once per request:
@@ -808,11 +814,11 @@ fn xids_of_gone_containers(
         m.clear();
         xid_metrics(m, &by.xids[&key]);
         let c = ContainerUsage {
-            container_id: x.container_id.clone(),
-            pod_uid: x.pod_uid.clone(),
-            pod_name: x.pod_name.clone(),
-            namespace: x.namespace.clone(),
-            container_name: x.container_name.clone(),
+            container_id: x.container_id.as_deref().map(Into::into),
+            pod_uid: x.pod_uid.as_deref().map(Into::into),
+            pod_name: x.pod_name.as_deref().map(Into::into),
+            namespace: x.namespace.as_deref().map(Into::into),
+            container_name: x.container_name.as_deref().map(Into::into),
             ..Default::default()
         };
         container_resource_bytes(&mut attrs, node, &c, m.drop);

@@ -468,8 +468,8 @@ impl Renderer<'_> {
     }
 }
 
-fn s(v: &Option<String>) -> &str {
-    v.as_deref().unwrap_or_default()
+fn s<S: AsRef<str>>(v: &Option<S>) -> &str {
+    v.as_ref().map_or("", AsRef::as_ref)
 }
 
 /// A container, a pod-level cgroup, or the host (outside any container).

@@ -85,11 +85,11 @@ fn double(key: &str, v: f64) -> KeyValue {
 /// The container a record belongs to, as the metrics' resources name it.
 fn owner_of(r: &UsageRecord) -> ContainerUsage {
     ContainerUsage {
-        container_id: r.container_id.clone(),
-        pod_uid: r.pod_uid.clone(),
-        pod_name: r.pod_name.clone(),
-        namespace: r.namespace.clone(),
-        container_name: r.container_name.clone(),
+        container_id: r.container_id.as_deref().map(Into::into),
+        pod_uid: r.pod_uid.as_deref().map(Into::into),
+        pod_name: r.pod_name.as_deref().map(Into::into),
+        namespace: r.namespace.as_deref().map(Into::into),
+        container_name: r.container_name.as_deref().map(Into::into),
         ..Default::default()
     }
 }

@@ -99,7 +99,7 @@ fn pod_uid_of(cgroup_file: &str) -> Option<String> {
         .lines()
         .filter_map(|l| l.splitn(3, ':').nth(2))
         .filter_map(gpu_agent::process::cgroup::parse_cgroup_path)
-        .find_map(|c| c.pod_uid)
+        .find_map(|c| c.pod_uid.as_deref().map(str::to_string))
 }
 
 /// Baseline (a): per cycle, read and parse /proc/PID/cgroup for each GPU process.

@@ -5,10 +5,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use gpu_model::{
-    AccountingSample, ContainerUsage, DeviceSample, GpuAccount, GpuSample, LimitSource, UsageRecord,
+    AccountingSample, ContainerUsage, DeviceSample, GpuAccount, GpuSample, LimitSource, Name,
+    UsageRecord,
 };
 
-use super::join::{Counters, Owner};
+use super::join::{same, Counters, DeviceNames, Owner};
 use crate::metadata::{hami::HamiLimits, Metadata};
 
 /// The largest value over a sliding window: a deque of decreasing values.
@@ -35,11 +36,11 @@ impl PeakWindow {
 /// Who a record names: the container's identity and names when the session last saw it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RecordNames {
-    pub container_id: Option<String>,
-    pub pod_uid: Option<String>,
-    pub pod_name: Option<String>,
-    pub namespace: Option<String>,
-    pub container_name: Option<String>,
+    pub container_id: Option<Name>,
+    pub pod_uid: Option<Name>,
+    pub pod_name: Option<Name>,
+    pub namespace: Option<Name>,
+    pub container_name: Option<Name>,
 }
 
 impl RecordNames {
@@ -67,7 +68,7 @@ impl RecordNames {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Session {
     /// The physical GPU of the device.
-    pub gpu_uuid: String,
+    pub gpu_uuid: Name,
     pub start_ms: u64,
     pub end_ms: u64,
     pub gpu_seconds: f64,
@@ -97,29 +98,29 @@ pub struct Ledger {
 /// Ledgers by owner, then by device: one hash lookup per owner a cycle, and a short scan
 /// of its few devices.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Ledgers(rustc_hash::FxHashMap<Owner, Vec<(String, Ledger)>>);
+pub struct Ledgers(rustc_hash::FxHashMap<Owner, Vec<(Name, Ledger)>>);
 
 impl Ledgers {
-    pub fn get(&self, owner: &Owner, uuid: &str) -> Option<&Ledger> {
+    pub fn get(&self, owner: &Owner, uuid: &Name) -> Option<&Ledger> {
         self.0
             .get(owner)?
             .iter()
-            .find(|(u, _)| u == uuid)
+            .find(|(u, _)| same(u, uuid))
             .map(|(_, l)| l)
     }
 
     /// The owner's devices, made on first use.
-    pub fn of(&mut self, owner: &Owner) -> &mut Vec<(String, Ledger)> {
+    pub fn of(&mut self, owner: &Owner) -> &mut Vec<(Name, Ledger)> {
         if !self.0.contains_key(owner) {
             self.0.insert(owner.clone(), vec![]);
         }
         self.0.get_mut(owner).unwrap()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &str, &Ledger)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Name, &Ledger)> {
         self.0
             .iter()
-            .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u.as_str(), l)))
+            .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u, l)))
     }
 
     pub fn len(&self) -> usize {
@@ -140,11 +141,11 @@ impl Ledgers {
 }
 
 /// The device's ledger in an owner's list, made on first use.
-pub fn device<'a>(devices: &'a mut Vec<(String, Ledger)>, uuid: &str) -> &'a mut Ledger {
-    let i = match devices.iter().position(|(u, _)| u == uuid) {
+pub fn device<'a>(devices: &'a mut Vec<(Name, Ledger)>, uuid: &Name) -> &'a mut Ledger {
+    let i = match devices.iter().position(|(u, _)| same(u, uuid)) {
         Some(i) => i,
         None => {
-            devices.push((uuid.to_string(), Ledger::default()));
+            devices.push((uuid.clone(), Ledger::default()));
             devices.len() - 1
         }
     };
@@ -182,6 +183,15 @@ impl Default for Inputs<'_> {
     }
 }
 
+/// What one cycle's pass reads: the sample, its devices' shared names (in the sample's
+/// order), the metadata and the inputs above.
+pub struct Pass<'a> {
+    pub sample: &'a GpuSample,
+    pub names: &'a DeviceNames,
+    pub metadata: &'a Metadata,
+    pub inputs: &'a Inputs<'a>,
+}
+
 /// The owner a snapshot entry stands for; None for an allocated container nobody can
 /// identify (no id: its names are all we have).
 pub fn owner_key(c: &ContainerUsage) -> Option<Owner> {
@@ -194,9 +204,12 @@ pub fn owner_key(c: &ContainerUsage) -> Option<Owner> {
 }
 
 /// The ledger of (owner, device), made on first use; no key is built for a present one.
-fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &str) -> &'a mut Ledger {
+fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &Name) -> &'a mut Ledger {
     device(counters.ledgers.of(owner), uuid)
 }
+
+/// Energy charged to a container this cycle: (its index, the device, joules).
+type Charge<'a> = (usize, &'a Name, f64);
 
 /// The whole pass, in order: the energy split computed, then per container one pass over
 /// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
@@ -205,40 +218,85 @@ fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &str) -> &'a mut 
 pub fn account(
     containers: &mut Vec<ContainerUsage>,
     counters: &mut Counters,
-    prev: &Counters,
-    sample: &GpuSample,
-    metadata: &Metadata,
-    inputs: &Inputs,
+    pass: &Pass,
 ) -> Vec<UsageRecord> {
-    let now = sample.taken_at_ms;
+    let now = pass.sample.taken_at_ms;
     let owners: Vec<Option<Owner>> = containers.iter().map(owner_key).collect();
-    let mut charges: Vec<Vec<(&str, f64)>> = vec![vec![]; containers.len()];
-    for d in &sample.devices {
-        split_energy(d, containers, &owners, counters, &mut charges);
+    let users = DeviceUsers::of(containers, &owners, pass.names);
+    let mut charges: Vec<Charge> = vec![];
+    for (i, d) in pass.sample.devices.iter().enumerate() {
+        split_energy(d, &users, i, counters, &mut charges);
     }
-    for ((c, owner), charge) in containers.iter().zip(&owners).zip(charges) {
+    // By container, in device order within each (a stable sort).
+    charges.sort_by_key(|c| c.0);
+    let mut rest = &charges[..];
+    for (i, (c, owner)) in containers.iter().zip(&owners).enumerate() {
+        let n = rest.iter().take_while(|c| c.0 == i).count();
+        let (mine, later) = rest.split_at(n);
+        rest = later;
         if let Some(owner) = owner {
-            advance(c, owner, charge, counters, prev, inputs.peak_window_ms, now);
+            advance(c, owner, mine, counters, pass.inputs.peak_window_ms, now);
         }
     }
-    let mut records = charge_accounting(containers, &owners, counters, inputs, now);
+    let mut records = charge_accounting(containers, &owners, counters, pass, now);
     records.extend(close_ended(counters, now));
     let accounted = accounted_devices(counters);
-    let added = accounted_owners(&owners, &accounted, metadata);
+    let added = accounted_owners(&owners, &accounted, pass.metadata);
     let mut owners = owners;
     owners.extend(added.iter().map(owner_key));
     containers.extend(added);
     for (c, owner) in containers.iter_mut().zip(&owners) {
         if let Some(owner) = owner {
-            fill_accounts(c, owner, counters, &accounted, sample, metadata, inputs);
+            fill_accounts(c, owner, counters, &accounted, pass);
         }
     }
     records
 }
 
+/// A container's use of a device: (its index, the device, SM utilization, memory).
+type Use<'a> = (usize, &'a Name, Option<u32>, u64);
+
+/// Per GPU of the sample (by position), found in one pass over the containers: who used
+/// it (container, device, SM utilization, memory) and who holds an allocation of it or of
+/// one of its MIG devices.
+struct DeviceUsers<'a> {
+    users: Vec<Vec<Use<'a>>>,
+    holders: Vec<Vec<(usize, Name)>>,
+}
+
+impl<'a> DeviceUsers<'a> {
+    fn of(
+        containers: &'a [ContainerUsage],
+        owners: &[Option<Owner>],
+        names: &DeviceNames,
+    ) -> DeviceUsers<'a> {
+        let mut users = vec![vec![]; names.len()];
+        let mut holders = vec![vec![]; names.len()];
+        for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
+            if owner.is_none() {
+                continue;
+            }
+            for g in &c.gpus {
+                if let Some(j) = names.gpu_index(&g.gpu_uuid) {
+                    users[j].push((i, &g.uuid, g.sm_util, g.memory_used_bytes));
+                }
+            }
+            // `allocated_gpus` holds each uuid once.
+            for u in &c.allocated_gpus {
+                if let Some(j) = names.position(u) {
+                    holders[j].push((i, names.name(u)));
+                }
+            }
+        }
+        DeviceUsers { users, holders }
+    }
+}
+
 /// The devices each owner was charged NVML accounting on.
-fn accounted_devices(counters: &Counters) -> HashMap<&Owner, Vec<&str>> {
-    let mut out: HashMap<&Owner, Vec<&str>> = HashMap::new();
+type ChargedDevices<'a> = rustc_hash::FxHashMap<&'a Owner, Vec<&'a Name>>;
+
+fn accounted_devices(counters: &Counters) -> ChargedDevices<'_> {
+    let mut out = ChargedDevices::default();
     for (o, u, l) in counters.ledgers.iter() {
         if l.accounted_processes > 0 {
             out.entry(o).or_default().push(u);
@@ -252,7 +310,7 @@ fn accounted_devices(counters: &Counters) -> HashMap<&Owner, Vec<&str>> {
 /// go on, until their counters are forgotten.
 fn accounted_owners(
     present: &[Option<Owner>],
-    accounted: &HashMap<&Owner, Vec<&str>>,
+    accounted: &ChargedDevices,
     metadata: &Metadata,
 ) -> Vec<ContainerUsage> {
     let present: HashSet<&Owner> = present.iter().flatten().collect();
@@ -291,16 +349,16 @@ fn accounted_owners(
     added
 }
 
-/// Splits the GPU's energy since the last sample over the containers on it by their
+/// Splits GPU `i`'s energy since the last sample over the containers on it by their
 /// SM-utilization share (memory share where no utilization is known); the rest (idle)
 /// goes to the containers the GPU is allocated to, in equal parts, else to the GPU's
 /// idle entry. Every joule of the delta lands somewhere.
 fn split_energy<'a>(
     d: &DeviceSample,
-    containers: &'a [ContainerUsage],
-    owners: &[Option<Owner>],
+    users: &'a DeviceUsers<'a>,
+    i: usize,
     counters: &mut Counters,
-    charges: &mut [Vec<(&'a str, f64)>],
+    charges: &mut Vec<Charge<'a>>,
 ) {
     let Some(e) = d.energy_mj.filter(|_| d.status.is_ok()) else {
         return;
@@ -312,40 +370,29 @@ fn split_energy<'a>(
         return; // first sample, or the counter restarted (driver reload)
     };
     let delta = (e - before) as f64 / 1000.0;
-    let mut users: Vec<(usize, &'a str, Option<u32>, u64)> = vec![];
-    for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
-        if owner.is_none() {
-            continue;
-        }
-        for g in c.gpus.iter().filter(|g| g.gpu_uuid == d.uuid) {
-            users.push((i, &g.uuid, g.sm_util, g.memory_used_bytes));
-        }
-    }
-    let by_sm = users.iter().any(|u| u.2.is_some());
+    let on = &users.users[i];
+    let by_sm = on.iter().any(|u| u.2.is_some());
     let total = d.memory_total_bytes.unwrap_or(0).max(1) as f64;
-    let weights: Vec<f64> = users
-        .iter()
-        .map(|u| match by_sm {
-            true => u.2.unwrap_or(0) as f64 / 100.0,
-            false => u.3 as f64 / total,
-        })
-        .collect();
-    let sum: f64 = weights.iter().sum();
+    let weight = |u: &Use| match by_sm {
+        true => u.2.unwrap_or(0) as f64 / 100.0,
+        false => u.3 as f64 / total,
+    };
+    let sum: f64 = on.iter().map(weight).sum();
     let scale = if sum > 1.0 { 1.0 / sum } else { 1.0 };
     let mut charged = 0.0;
-    for (u, w) in users.iter().zip(&weights) {
-        let j = delta * w * scale;
-        charges[u.0].push((u.1, j));
+    for u in on {
+        let j = delta * weight(u) * scale;
+        charges.push((u.0, u.1, j));
         charged += j;
     }
     let idle = (delta - charged).max(0.0);
-    let holders = allocated_holders(d, containers, owners);
+    let holders = &users.holders[i];
     if holders.is_empty() {
         *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += idle;
     } else {
         let part = idle / holders.len() as f64;
-        for (i, uuid) in holders {
-            charges[i].push((uuid, part));
+        for (c, uuid) in holders {
+            charges.push((*c, uuid, part));
         }
     }
 }
@@ -358,26 +405,8 @@ fn charge_energy(l: &mut Ledger, j: f64, now: u64) {
     l.last_charged_ms = now;
 }
 
-/// The containers the kubelet allocated this GPU (or one of its MIG devices) to, each with
-/// the device it holds.
-fn allocated_holders<'a>(
-    d: &DeviceSample,
-    containers: &'a [ContainerUsage],
-    owners: &[Option<Owner>],
-) -> Vec<(usize, &'a str)> {
-    let ours = |u: &str| u == d.uuid || d.mig_devices.iter().any(|m| m.uuid == u);
-    let mut out: Vec<(usize, &str)> = vec![];
-    for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
-        if owner.is_none() {
-            continue;
-        }
-        for u in c.allocated_gpus.iter().filter(|u| ours(u)) {
-            if !out.iter().any(|(j, x)| *j == i && x == u) {
-                out.push((i, u));
-            }
-        }
-    }
-    out
+fn text(n: &Option<Name>) -> Option<String> {
+    n.as_deref().map(str::to_string)
 }
 
 /// Charges each exited process's accounting stats to its owner. A process no sample ever
@@ -387,37 +416,36 @@ fn charge_accounting(
     containers: &[ContainerUsage],
     owners: &[Option<Owner>],
     counters: &mut Counters,
-    inputs: &Inputs,
+    pass: &Pass,
     now: u64,
 ) -> Vec<UsageRecord> {
     let mut records = vec![];
-    for a in inputs.accounted {
+    for a in pass.inputs.accounted {
         let s = &a.sample;
         let gpu_s = s.gpu_util.unwrap_or(0) as f64 / 100.0 * s.time_ms as f64 / 1000.0;
         let max_mem = s.max_memory_bytes.unwrap_or(0);
-        let l = ledger(counters, &a.owner, &a.uuid);
+        let l = ledger(counters, &a.owner, &pass.names.name(&a.uuid));
         l.accounted_processes += 1;
         l.accounted_gpu_seconds += gpu_s;
-        l.peak.push(now, max_mem, inputs.peak_window_ms);
+        l.peak.push(now, max_mem, pass.inputs.peak_window_ms);
         l.last_charged_ms = now;
         if let Some(session) = &mut l.session {
             session.peak = session.peak.max(max_mem);
             continue;
         }
-        let using = containers
-            .iter()
-            .zip(owners)
-            .any(|(c, o)| o.as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| g.uuid == a.uuid));
+        let using = containers.iter().zip(owners).any(|(c, o)| {
+            o.as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| *g.uuid == *a.uuid)
+        });
         if using {
             continue;
         }
         let start_ms = s.start_time_us / 1000;
         records.push(UsageRecord {
-            container_id: a.names.container_id.clone(),
-            pod_uid: a.names.pod_uid.clone(),
-            pod_name: a.names.pod_name.clone(),
-            namespace: a.names.namespace.clone(),
-            container_name: a.names.container_name.clone(),
+            container_id: text(&a.names.container_id),
+            pod_uid: text(&a.names.pod_uid),
+            pod_name: text(&a.names.pod_name),
+            namespace: text(&a.names.namespace),
+            container_name: text(&a.names.container_name),
             uuid: a.uuid.clone(),
             gpu_uuid: a.uuid.clone(),
             start_ms,
@@ -438,27 +466,24 @@ fn charge_accounting(
 fn advance(
     c: &ContainerUsage,
     owner: &Owner,
-    charges: Vec<(&str, f64)>,
+    charges: &[Charge],
     counters: &mut Counters,
-    prev: &Counters,
     window_ms: u64,
     now: u64,
 ) {
-    let devices = counters.ledgers.of(owner);
+    let Counters { map, ledgers, .. } = counters;
+    let devices = ledgers.of(owner);
     for g in &c.gpus {
         let l = device(devices, &g.uuid);
         if l.session.is_none() {
-            let before = prev
-                .map
-                .get(&(owner.clone(), g.uuid.clone()))
-                .cloned()
-                .unwrap_or_default();
+            let key = (owner.clone(), g.uuid.clone());
+            let before = map.get(&key).map(|a| a.before).unwrap_or_default();
             l.session = Some(Session {
                 gpu_uuid: g.gpu_uuid.clone(),
                 start_ms: now,
                 end_ms: now,
-                gpu_seconds: before.gpu_seconds,
-                byte_seconds: before.byte_seconds,
+                gpu_seconds: before.0,
+                byte_seconds: before.1,
                 energy_j: l.energy_j,
                 accounted_processes: l.accounted_processes,
                 accounted_gpu_seconds: l.accounted_gpu_seconds,
@@ -477,18 +502,18 @@ fn advance(
             }
         }
     }
-    for (uuid, j) in charges {
-        charge_energy(device(devices, uuid), j, now);
+    for (_, uuid, j) in charges {
+        charge_energy(device(devices, uuid), *j, now);
     }
 }
 
 /// Sessions whose container had no process on the device this cycle: one record each.
 fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
-    let ended: Vec<(Owner, String)> = counters
+    let ended: Vec<(Owner, Name)> = counters
         .ledgers
         .iter()
         .filter(|(_, _, l)| l.session.is_some() && l.last_used_ms != now)
-        .map(|(o, u, _)| (o.clone(), u.to_string()))
+        .map(|(o, u, _)| (o.clone(), u.clone()))
         .collect();
     let mut records = vec![];
     for key in ended {
@@ -500,7 +525,7 @@ fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
 }
 
 /// Ends the session of `key` and returns its record.
-pub fn close(counters: &mut Counters, key: &(Owner, String), reason: &str) -> Option<UsageRecord> {
+pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Option<UsageRecord> {
     let acc = counters.map.get(key).cloned().unwrap_or_default();
     let l = counters
         .ledgers
@@ -511,14 +536,14 @@ pub fn close(counters: &mut Counters, key: &(Owner, String), reason: &str) -> Op
     let l = &mut l.1;
     let s = l.session.take()?;
     Some(UsageRecord {
-        container_id: s.names.container_id,
-        pod_uid: s.names.pod_uid,
-        pod_name: s.names.pod_name,
-        namespace: s.names.namespace,
-        container_name: s.names.container_name,
+        container_id: text(&s.names.container_id),
+        pod_uid: text(&s.names.pod_uid),
+        pod_name: text(&s.names.pod_name),
+        namespace: text(&s.names.namespace),
+        container_name: text(&s.names.container_name),
         node: None,
-        uuid: key.1.clone(),
-        gpu_uuid: s.gpu_uuid,
+        uuid: key.1.to_string(),
+        gpu_uuid: s.gpu_uuid.to_string(),
         start_ms: s.start_ms,
         end_ms: s.end_ms,
         gpu_seconds: (acc.gpu_seconds - s.gpu_seconds).max(0.0),
@@ -536,28 +561,32 @@ fn fill_accounts(
     c: &mut ContainerUsage,
     owner: &Owner,
     counters: &Counters,
-    accounted: &HashMap<&Owner, Vec<&str>>,
-    sample: &GpuSample,
-    metadata: &Metadata,
-    inputs: &Inputs,
+    accounted: &ChargedDevices,
+    pass: &Pass,
 ) {
-    let mut uuids: Vec<(&str, &str)> = c
+    let mut uuids: Vec<(Name, Name)> = c
         .gpus
         .iter()
-        .map(|g| (g.uuid.as_str(), g.gpu_uuid.as_str()))
+        .map(|g| (g.uuid.clone(), g.gpu_uuid.clone()))
         .collect();
-    let charged = accounted.get(owner).into_iter().flatten().copied();
-    for u in c.allocated_gpus.iter().map(String::as_str).chain(charged) {
-        if !uuids.iter().any(|(x, _)| *x == u) {
-            uuids.push((u, parent_of(sample, u).unwrap_or(u)));
+    let allocated = c.allocated_gpus.iter().map(|u| pass.names.name(u));
+    let charged = accounted
+        .get(owner)
+        .into_iter()
+        .flatten()
+        .map(|u| (*u).clone());
+    for u in allocated.chain(charged) {
+        if !uuids.iter().any(|(x, _)| same(x, &u)) {
+            let parent = pass.names.parent(&u);
+            uuids.push((u, parent));
         }
     }
     let mut accounts = Vec::with_capacity(uuids.len());
     for (uuid, gpu_uuid) in uuids {
-        let l = counters.ledgers.get(owner, uuid);
+        let l = counters.ledgers.get(owner, &uuid);
         let mut a = GpuAccount {
-            uuid: uuid.to_string(),
-            gpu_uuid: gpu_uuid.to_string(),
+            uuid,
+            gpu_uuid,
             ..Default::default()
         };
         if let Some(l) = l {
@@ -567,7 +596,7 @@ fn fill_accounts(
             a.accounted_processes = l.accounted_processes;
             a.accounted_gpu_seconds = l.accounted_gpu_seconds;
         }
-        limits(&mut a, c, sample, metadata, inputs);
+        limits(&mut a, c, pass);
         if l.is_some() || a.memory_limit_bytes.is_some() {
             accounts.push(a);
         }
@@ -575,31 +604,16 @@ fn fill_accounts(
     c.accounts = accounts;
 }
 
-/// The GPU a MIG device belongs to.
-fn parent_of<'a>(sample: &'a GpuSample, uuid: &str) -> Option<&'a str> {
-    sample
-        .devices
-        .iter()
-        .find(|d| d.mig_devices.iter().any(|m| m.uuid == uuid))
-        .map(|d| d.uuid.as_str())
-}
-
 /// HAMi's limit (enforced in the container) first, then the MIG device's size, then the
 /// container's share of a time-sliced GPU.
-fn limits(
-    a: &mut GpuAccount,
-    c: &ContainerUsage,
-    sample: &GpuSample,
-    metadata: &Metadata,
-    inputs: &Inputs,
-) {
+fn limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
     let only_device = c.gpus.len() == 1;
     let pids = c
         .gpus
         .iter()
-        .filter(|g| g.uuid == a.uuid)
+        .filter(|g| same(&g.uuid, &a.uuid))
         .flat_map(|g| &g.pids);
-    for l in pids.filter_map(|p| inputs.hami.get(p)) {
+    for l in pids.filter_map(|p| pass.inputs.hami.get(p)) {
         a.sm_limit_percent = a.sm_limit_percent.or(l.sm_percent);
         if a.memory_limit_bytes.is_none() {
             a.memory_limit_bytes = l
@@ -611,27 +625,36 @@ fn limits(
     if a.memory_limit_bytes.is_some() {
         return;
     }
-    let gpu = sample.devices.iter().find(|d| d.uuid == a.gpu_uuid);
-    if a.uuid != a.gpu_uuid {
-        let mig = gpu.and_then(|d| d.mig_devices.iter().find(|m| m.uuid == a.uuid));
+    let gpu = pass
+        .names
+        .gpu_index(&a.gpu_uuid)
+        .map(|i| (i, &pass.sample.devices[i]));
+    if !same(&a.uuid, &a.gpu_uuid) {
+        let mig = gpu.and_then(|(i, d)| Some(&d.mig_devices[pass.names.mig_index(i, &a.uuid)?]));
         a.memory_limit_bytes = mig.and_then(|m| m.memory_total_bytes);
         a.memory_limit_source = a.memory_limit_bytes.map(|_| LimitSource::Mig);
         return;
     }
     // Only a time-sliced GPU has shares (and only then are the allocations scanned).
-    let replicas = metadata.replicas.get(&a.gpu_uuid).copied().unwrap_or(0);
+    let replicas = pass
+        .metadata
+        .replicas
+        .get(&*a.gpu_uuid)
+        .copied()
+        .unwrap_or(0);
     if replicas < 2 {
         return;
     }
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
         return;
     };
-    let held: u32 = metadata
+    let held: u32 = pass
+        .metadata
         .allocations_of(ns, pod, name)
         .iter()
         .map(|al| al.replicas_of(&a.gpu_uuid))
         .sum();
-    let total = gpu.and_then(|d| d.memory_total_bytes);
+    let total = gpu.and_then(|(_, d)| d.memory_total_bytes);
     if let (true, Some(total)) = (held >= 1, total) {
         a.memory_limit_bytes = Some(total / replicas as u64 * held.min(replicas) as u64);
         a.memory_limit_source = Some(LimitSource::Timeslice);

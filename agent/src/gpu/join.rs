@@ -3,14 +3,14 @@
 //! cumulative counters go in and come out as values. `Joiner` owns what carries over from
 //! one cycle to the next: those counters, and the GPU PIDs nobody could place.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
-use gpu_model::{SourceStatus, UsageRecord};
+use gpu_model::{Name, SourceStatus, UsageRecord};
 
 use super::{
     account::{self, Inputs, Ledgers},
@@ -22,12 +22,41 @@ use crate::{
     process::{Lookup, Placement, Resolver},
 };
 
-/// Who a GPU process is charged to.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Who a GPU process is charged to. The ids are the cgroup registry's own: a clone is a
+/// reference count, and two of the same cgroup compare by pointer.
+#[derive(Debug, Clone, Eq, PartialOrd, Ord)]
 pub enum Owner {
-    Container(String),
-    Pod(String),
+    Container(Name),
+    Pod(Name),
     Host,
+}
+
+impl PartialEq for Owner {
+    fn eq(&self, other: &Owner) -> bool {
+        match (self, other) {
+            (Owner::Container(a), Owner::Container(b)) | (Owner::Pod(a), Owner::Pod(b)) => {
+                same(a, b)
+            }
+            (Owner::Host, Owner::Host) => true,
+            _ => false,
+        }
+    }
+}
+
+/// By content, as `eq` compares when the pointers differ.
+impl std::hash::Hash for Owner {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        std::mem::discriminant(self).hash(h);
+        if let Owner::Container(s) | Owner::Pod(s) = self {
+            s.hash(h);
+        }
+    }
+}
+
+/// Equal names: by pointer first (the same shared name), by content otherwise. `Arc<str>`
+/// compares the bytes even for one pointer (std's pointer shortcut needs a sized type).
+pub fn same(a: &Name, b: &Name) -> bool {
+    std::sync::Arc::ptr_eq(a, b) || a == b
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -38,14 +67,17 @@ pub struct Accumulated {
     pub last_seen_ms: u64,
     /// First sample that saw it: when its counters started.
     pub since_ms: u64,
+    /// The totals before the last credit (seconds, byte-seconds): where a session that
+    /// opened in that cycle starts.
+    pub before: (f64, f64),
 }
 
-/// Cumulative counters per (owner, device uuid).
+/// Cumulative counters per (owner, device uuid), updated in place each cycle.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counters {
     /// Fx, not SipHash: the keys are 64-character container ids, hashed thousands of times
     /// a cycle on a large node.
-    pub map: FxHashMap<(Owner, String), Accumulated>,
+    pub map: FxHashMap<(Owner, Name), Accumulated>,
     pub last_sample_ms: u64,
     /// Energy, peaks, accounting and open sessions per (owner, device): see `account`.
     pub ledgers: Ledgers,
@@ -53,6 +85,8 @@ pub struct Counters {
     pub energy_mj: HashMap<String, u64>,
     /// Per GPU uuid: energy charged to nobody (idle, not allocated), J.
     pub idle_energy: HashMap<String, f64>,
+    /// The last sample's device uuids, shared by every entry, key and ledger on them.
+    pub uuids: FxHashSet<Name>,
 }
 
 /// Counters of an (owner, device) not seen for this long are forgotten.
@@ -61,11 +95,11 @@ const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
 /// What the cgroup says about an owner, copied into its snapshot entry.
 #[derive(Debug, Clone, Default)]
 pub(super) struct OwnerMeta {
-    pub container_id: Option<String>,
-    pub pod_uid: Option<String>,
+    pub container_id: Option<Name>,
+    pub pod_uid: Option<Name>,
     qos: Option<&'static str>,
     runtime: Option<&'static str>,
-    cgroup_path: Option<String>,
+    cgroup_path: Option<Name>,
 }
 
 /// The MPS server's command as the kernel keeps it (15 characters of
@@ -77,10 +111,100 @@ pub fn is_mps_server(comm: &str) -> bool {
     comm.starts_with(MPS_SERVER_COMM)
 }
 
-#[derive(Default)]
+/// One sample's devices by position: each GPU's uuid and its MIG devices' uuids, as
+/// shared names carried from the last cycle (`Counters::uuids`), so that every entry and
+/// key made from them this cycle costs no copy, and compares by pointer.
+pub struct DeviceNames(Vec<(Name, Vec<Name>)>);
+
+impl DeviceNames {
+    fn new(sample: &GpuSample, last: &FxHashSet<Name>) -> DeviceNames {
+        let name = |u: &str| last.get(u).cloned().unwrap_or_else(|| u.into());
+        DeviceNames(
+            sample
+                .devices
+                .iter()
+                .map(|d| {
+                    (
+                        name(&d.uuid),
+                        d.mig_devices.iter().map(|m| name(&m.uuid)).collect(),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// Every uuid of the sample: what the next cycle starts from.
+    fn set(&self) -> FxHashSet<Name> {
+        let all = self.0.iter().flat_map(|(g, m)| std::iter::once(g).chain(m));
+        all.cloned().collect()
+    }
+
+    /// GPU `i`'s uuid.
+    pub fn gpu(&self, i: usize) -> &Name {
+        &self.0[i].0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The position of GPU `gpu` (by pointer for the sample's own names).
+    pub fn gpu_index(&self, gpu: &Name) -> Option<usize> {
+        self.0.iter().position(|(g, _)| same(g, gpu))
+    }
+
+    /// The position of MIG device `uuid` among GPU `i`'s.
+    pub fn mig_index(&self, i: usize, uuid: &Name) -> Option<usize> {
+        self.0[i].1.iter().position(|m| same(m, uuid))
+    }
+
+    /// The device a process of GPU `i` is charged to: its MIG device, else the GPU.
+    fn of(&self, i: usize, p: &ProcessSample) -> Name {
+        let (gpu, migs) = &self.0[i];
+        match p.mig_uuid.as_deref() {
+            None => gpu.clone(),
+            Some(u) => migs
+                .iter()
+                .find(|m| &***m == u)
+                .cloned()
+                .unwrap_or_else(|| u.into()),
+        }
+    }
+
+    /// The position of the GPU that `uuid` is, or is a MIG device of.
+    pub fn position(&self, uuid: &str) -> Option<usize> {
+        self.0
+            .iter()
+            .position(|(g, m)| &**g == uuid || m.iter().any(|m| &**m == uuid))
+    }
+
+    /// `uuid` as a shared name: the sample's own where it is one of its devices.
+    pub fn name(&self, uuid: &str) -> Name {
+        let all = self.0.iter().flat_map(|(g, m)| std::iter::once(g).chain(m));
+        all.into_iter()
+            .find(|n| &***n == uuid)
+            .cloned()
+            .unwrap_or_else(|| uuid.into())
+    }
+
+    /// The GPU a MIG device belongs to; the uuid itself for a GPU or an unknown device.
+    pub fn parent(&self, uuid: &Name) -> Name {
+        self.0
+            .iter()
+            .find(|(_, m)| m.iter().any(|m| same(m, uuid)))
+            .map_or_else(|| uuid.clone(), |(g, _)| g.clone())
+    }
+}
+
 struct Group {
+    owner: Owner,
     meta: Option<OwnerMeta>,
-    gpus: BTreeMap<String, ContainerGpu>,
+    /// A few devices per owner: a scan, not a map.
+    gpus: Vec<ContainerGpu>,
 }
 
 /// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
@@ -137,45 +261,48 @@ pub(super) fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMet
 }
 
 fn owner(placed: Option<Placement<'_>>) -> Owner {
-    match placed.and_then(|pl| pl.container) {
-        Some(c) if c.container_id.is_some() => Owner::Container(c.container_id.clone().unwrap()),
-        Some(c) if c.pod_uid.is_some() => Owner::Pod(c.pod_uid.clone().unwrap()),
+    let c = placed.and_then(|pl| pl.container);
+    match c.map(|c| (&c.container_id, &c.pod_uid)) {
+        Some((Some(id), _)) => Owner::Container(id.clone()),
+        Some((None, Some(uid))) => Owner::Pod(uid.clone()),
         _ => Owner::Host,
     }
 }
 
-/// What a placed process's cgroup says about its owner (strings: made once per owner).
+/// What a placed process's cgroup says about its owner (shared names, no copies).
 fn meta_of(pl: Placement<'_>) -> Option<OwnerMeta> {
     pl.container.map(|c| OwnerMeta {
         container_id: c.container_id.clone(),
         pod_uid: c.pod_uid.clone(),
         qos: c.qos.map(|q| q.as_str()),
         runtime: c.runtime.map(|r| r.as_str()),
-        cgroup_path: pl.cgroup_path.map(str::to_string),
+        cgroup_path: pl.cgroup_path.cloned(),
     })
 }
 
 impl Group {
     /// Adds one process's use of device `uuid` (of GPU `gpu_uuid`).
-    fn add(&mut self, uuid: &str, gpu_uuid: &str, p: &ProcessSample) {
-        // A key String only for a device new to this owner, not per process.
-        if !self.gpus.contains_key(uuid) {
-            let cg = ContainerGpu {
-                uuid: uuid.to_string(),
-                gpu_uuid: gpu_uuid.to_string(),
-                memory_used_bytes: 0,
-                sm_util: None,
-                mem_util: None,
-                enc_util: None,
-                dec_util: None,
-                pids: vec![],
-                gpu_time_seconds: 0.0,
-                memory_byte_seconds: 0.0,
-                counters_since_ms: 0,
-            };
-            self.gpus.insert(uuid.to_string(), cg);
-        }
-        let cg = self.gpus.get_mut(uuid).expect("inserted above");
+    fn add(&mut self, uuid: Name, gpu_uuid: &Name, p: &ProcessSample) {
+        let i = match self.gpus.iter().position(|g| same(&g.uuid, &uuid)) {
+            Some(i) => i,
+            None => {
+                self.gpus.push(ContainerGpu {
+                    uuid,
+                    gpu_uuid: gpu_uuid.clone(),
+                    memory_used_bytes: 0,
+                    sm_util: None,
+                    mem_util: None,
+                    enc_util: None,
+                    dec_util: None,
+                    pids: vec![],
+                    gpu_time_seconds: 0.0,
+                    memory_byte_seconds: 0.0,
+                    counters_since_ms: 0,
+                });
+                self.gpus.len() - 1
+            }
+        };
+        let cg = &mut self.gpus[i];
         cg.memory_used_bytes += p.used_memory_bytes;
         cg.sm_util = add_util(cg.sm_util, p.sm_util);
         cg.mem_util = add_util(cg.mem_util, p.mem_util);
@@ -185,76 +312,87 @@ impl Group {
     }
 }
 
-/// GPU processes by owner, the per-process rows, and the MPS servers (device uuid, pid).
-type Grouped = (
-    BTreeMap<Owner, Group>,
-    Vec<ProcessUsage>,
-    Vec<(String, u32)>,
-);
+/// GPU processes by owner (in owner order), the per-process rows, and the MPS servers
+/// (device uuid, pid).
+type Grouped = (Vec<Group>, Vec<ProcessUsage>, Vec<(String, u32)>);
+
+/// One per-process row of the detail.
+fn process_row(p: &ProcessSample, uuid: &Name, placed: Option<Placement<'_>>) -> ProcessUsage {
+    let meta = placed.and_then(meta_of);
+    let m = meta.as_ref();
+    ProcessUsage {
+        pid: p.pid,
+        comm: placed.map(|pl| pl.comm.to_string()),
+        container_id: m.and_then(|m| m.container_id.as_deref().map(str::to_string)),
+        pod_uid: m.and_then(|m| m.pod_uid.as_deref().map(str::to_string)),
+        uuid: uuid.to_string(),
+        used_memory_bytes: p.used_memory_bytes,
+        sm_util: p.sm_util,
+        mem_util: p.mem_util,
+        enc_util: p.enc_util,
+        dec_util: p.dec_util,
+        exited: placed.is_some_and(|pl| !pl.live),
+    }
+}
 
 /// Every GPU process grouped by owner, the per-process rows when asked for, and the MPS
 /// servers (device uuid, pid), which are charged to nobody.
-fn group_processes(procs: &impl Resolver, sample: &GpuSample, process_detail: bool) -> Grouped {
-    let mut groups: BTreeMap<Owner, Group> = BTreeMap::new();
+fn group_processes(
+    procs: &impl Resolver,
+    sample: &GpuSample,
+    names: &DeviceNames,
+    process_detail: bool,
+) -> Grouped {
+    let mut index: FxHashMap<Owner, usize> = FxHashMap::default();
+    let mut groups: Vec<Group> = vec![];
     let mut processes = vec![];
     let mut mps_servers = vec![];
-    for dev in &sample.devices {
+    for (i, dev) in sample.devices.iter().enumerate() {
         for p in &dev.processes {
             let placed = procs.place(p.pid);
-            let server = placed.is_some_and(|pl| is_mps_server(pl.comm));
-            let uuid = p.device_uuid(dev);
+            let uuid = names.of(i, p);
             if process_detail {
-                let meta = placed.and_then(meta_of);
-                let m = meta.as_ref();
-                processes.push(ProcessUsage {
-                    pid: p.pid,
-                    comm: placed.map(|pl| pl.comm.to_string()),
-                    container_id: m.and_then(|m| m.container_id.clone()),
-                    pod_uid: m.and_then(|m| m.pod_uid.clone()),
-                    uuid: uuid.to_string(),
-                    used_memory_bytes: p.used_memory_bytes,
-                    sm_util: p.sm_util,
-                    mem_util: p.mem_util,
-                    enc_util: p.enc_util,
-                    dec_util: p.dec_util,
-                    exited: placed.is_some_and(|pl| !pl.live),
-                });
+                processes.push(process_row(p, &uuid, placed));
             }
-            if server {
+            if placed.is_some_and(|pl| is_mps_server(pl.comm)) {
                 mps_servers.push((dev.uuid.clone(), p.pid));
                 continue;
             }
-            let g = groups.entry(owner(placed)).or_default();
+            let g = *index.entry(owner(placed)).or_insert_with_key(|o| {
+                groups.push(Group {
+                    owner: o.clone(),
+                    meta: None,
+                    gpus: vec![],
+                });
+                groups.len() - 1
+            });
+            let g = &mut groups[g];
             if g.meta.is_none() {
                 g.meta = placed.and_then(meta_of);
             }
-            g.add(uuid, &dev.uuid, p);
+            g.add(uuid, names.gpu(i), p);
         }
     }
+    groups.sort_unstable_by(|a, b| a.owner.cmp(&b.owner));
     (groups, processes, mps_servers)
 }
 
-/// One entry per owner, its cumulative counters advanced by `dt` seconds.
+/// One entry per owner, its cumulative counters advanced by `dt` seconds in place; the
+/// counters of owners idle this cycle are kept (they must not reset) until forgotten.
 fn accumulate(
-    groups: BTreeMap<Owner, Group>,
-    prev: &Counters,
+    groups: Vec<Group>,
+    counters: &mut Counters,
     dt: f64,
     taken_at_ms: u64,
-) -> (Vec<ContainerUsage>, Counters) {
-    let mut counters = Counters {
-        map: FxHashMap::with_capacity_and_hasher(prev.map.len(), Default::default()),
-        last_sample_ms: taken_at_ms,
-        // Moved in by `join_with`, which owns the previous counters.
-        ledgers: Ledgers::default(),
-        energy_mj: HashMap::new(),
-        idle_energy: HashMap::new(),
-    };
+) -> Vec<ContainerUsage> {
     let mut containers = Vec::with_capacity(groups.len());
-    for (owner, g) in groups {
-        let mut gpus = Vec::with_capacity(g.gpus.len());
-        for (uuid, mut cg) in g.gpus {
-            let key = (owner.clone(), uuid);
-            let mut acc = prev.map.get(&key).cloned().unwrap_or_default();
+    for g in groups {
+        let mut gpus = g.gpus;
+        gpus.sort_unstable_by(|a, b| a.uuid.cmp(&b.uuid));
+        for cg in &mut gpus {
+            let key = (g.owner.clone(), cg.uuid.clone());
+            let acc = counters.map.entry(key).or_default();
+            acc.before = (acc.gpu_seconds, acc.byte_seconds);
             acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
             acc.last_seen_ms = taken_at_ms;
@@ -265,10 +403,8 @@ fn accumulate(
             cg.gpu_time_seconds = acc.gpu_seconds;
             cg.memory_byte_seconds = acc.byte_seconds;
             cg.pids.sort_unstable();
-            counters.map.insert(key, acc);
-            gpus.push(cg);
         }
-        let m = match owner {
+        let m = match g.owner {
             Owner::Host => OwnerMeta::default(),
             _ => g.meta.unwrap_or_default(),
         };
@@ -282,27 +418,34 @@ fn accumulate(
             ..Default::default()
         });
     }
-    // Owners idle this cycle keep their totals (counters must not reset) until forgotten.
-    for (k, acc) in &prev.map {
-        if !counters.map.contains_key(k)
-            && taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS
-        {
-            counters.map.insert(k.clone(), acc.clone());
-        }
-    }
-    (containers, counters)
+    counters
+        .map
+        .retain(|_, acc| taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS);
+    counters.last_sample_ms = taken_at_ms;
+    containers
 }
 
 /// Containers the kubelet gave a GPU that run no GPU process at all: allocated, idle.
 fn allocated_but_idle(metadata: &Metadata, containers: &[ContainerUsage]) -> Vec<ContainerUsage> {
+    // One set of the names present, not a scan of the containers per allocation.
+    let mut named: HashSet<(&str, &str, &str)> = containers
+        .iter()
+        .filter_map(|c| {
+            Some((
+                c.namespace.as_deref()?,
+                c.pod_name.as_deref()?,
+                c.container_name.as_deref()?,
+            ))
+        })
+        .collect();
     let mut out = vec![];
     for a in &metadata.allocations {
-        let named = |c: &ContainerUsage| {
-            c.namespace.as_deref() == Some(a.namespace.as_str())
-                && c.pod_name.as_deref() == Some(a.pod_name.as_str())
-                && c.container_name.as_deref() == Some(a.container_name.as_str())
-        };
-        if containers.iter().chain(&out).any(named) {
+        let key = (
+            a.namespace.as_str(),
+            a.pod_name.as_str(),
+            a.container_name.as_str(),
+        );
+        if !named.insert(key) {
             continue;
         }
         let key = (
@@ -316,11 +459,11 @@ fn allocated_but_idle(metadata: &Metadata, containers: &[ContainerUsage]) -> Vec
             .and_then(|id| metadata.names_of(id))
             .and_then(|n| n.pod_uid.clone());
         out.push(ContainerUsage {
-            container_id: id,
+            container_id: id.map(Into::into),
             pod_uid,
-            pod_name: Some(a.pod_name.clone()),
-            namespace: Some(a.namespace.clone()),
-            container_name: Some(a.container_name.clone()),
+            pod_name: Some(a.pod_name.as_str().into()),
+            namespace: Some(a.namespace.as_str().into()),
+            container_name: Some(a.container_name.as_str().into()),
             ..Default::default()
         });
     }
@@ -362,29 +505,30 @@ pub fn join(
 }
 
 /// The join, with what the account pass needs (HAMi limits, accounting stats), and the
-/// usage records of the stretches of use that ended. Takes the previous counters by value:
-/// what carries over is moved, not copied.
+/// usage records of the stretches of use that ended. Takes the previous counters by value
+/// and updates them in place.
 pub fn join_with(
     procs: &impl Resolver,
     metadata: &Metadata,
     sample: &GpuSample,
     nvml_status: &SourceStatus,
-    mut prev: Counters,
+    mut counters: Counters,
     opts: JoinOptions,
     inputs: &Inputs,
 ) -> (Snapshot, Counters, Vec<UsageRecord>) {
-    let dt = if prev.last_sample_ms == 0 || sample.taken_at_ms <= prev.last_sample_ms {
+    let last = counters.last_sample_ms;
+    let dt = if last == 0 || sample.taken_at_ms <= last {
         0.0
     } else {
-        ((sample.taken_at_ms - prev.last_sample_ms) as f64 / 1000.0).min(opts.max_gap.as_secs_f64())
+        ((sample.taken_at_ms - last) as f64 / 1000.0).min(opts.max_gap.as_secs_f64())
     };
-    let (groups, processes, mps_servers) = group_processes(procs, sample, opts.process_detail);
-    let (mut containers, mut counters) = accumulate(groups, &prev, dt, sample.taken_at_ms);
-    counters.energy_mj = std::mem::take(&mut prev.energy_mj);
-    counters.idle_energy = std::mem::take(&mut prev.idle_energy);
+    let names = DeviceNames::new(sample, &counters.uuids);
+    let (groups, processes, mps_servers) =
+        group_processes(procs, sample, &names, opts.process_detail);
+    let mut containers = accumulate(groups, &mut counters, dt, sample.taken_at_ms);
+    counters.uuids = names.set();
     // Ledgers go with their counters, unless charged lately (an allocated, idle GPU's
     // energy) or in the middle of a session.
-    counters.ledgers = std::mem::take(&mut prev.ledgers);
     let now = sample.taken_at_ms;
     counters.ledgers.retain(|l| {
         l.session.is_some()
@@ -398,14 +542,13 @@ pub fn join_with(
         name_and_allocate(c, metadata, &sample.devices);
     }
     containers.extend(idle);
-    let records = account::account(
-        &mut containers,
-        &mut counters,
-        &prev,
+    let pass = account::Pass {
         sample,
+        names: &names,
         metadata,
         inputs,
-    );
+    };
+    let records = account::account(&mut containers, &mut counters, &pass);
     let devices = sample
         .devices
         .iter()
@@ -529,12 +672,12 @@ impl Drop for Joiner {
     /// Stretches still open when the agent stops: a record each (`agent_stopped`), so that
     /// a restart loses no usage; the rest comes in a later record.
     fn drop(&mut self) {
-        let open: Vec<(Owner, String)> = self
+        let open: Vec<(Owner, Name)> = self
             .counters
             .ledgers
             .iter()
             .filter(|(_, _, l)| l.session.is_some())
-            .map(|(o, u, _)| (o.clone(), u.to_string()))
+            .map(|(o, u, _)| (o.clone(), u.clone()))
             .collect();
         let records = open
             .iter()
@@ -761,7 +904,7 @@ mod tests {
         let uuids: Vec<_> = a
             .gpus
             .iter()
-            .map(|g| (g.uuid.as_str(), g.gpu_uuid.as_str(), g.memory_used_bytes))
+            .map(|g| (&*g.uuid, &*g.gpu_uuid, g.memory_used_bytes))
             .collect();
         assert_eq!(uuids, vec![("GPU-1", "GPU-1", 20), ("MIG-1", "GPU-1", 10)]);
         assert_eq!(a.gpus[1].sm_util, None);
@@ -1084,7 +1227,7 @@ mod sharing_tests {
         assert_eq!(r.reason, "exited");
         assert_eq!(snap.containers.len(), 1);
         // B is still running: its record comes when it stops (or the agent does).
-        let key = (Owner::Container(B.into()), "GPU-1".to_string());
+        let key = (Owner::Container(B.into()), "GPU-1".into());
         let open = account::close(&mut counters, &key, "agent_stopped").unwrap();
         assert_eq!((open.start_ms, open.end_ms), (1000, 4000));
     }
@@ -1176,7 +1319,7 @@ mod sharing_tests {
             c.unwrap().accounts[0].clone()
         };
         let a = account(A);
-        assert_eq!((a.uuid.as_str(), a.gpu_uuid.as_str()), ("MIG-1", "GPU-1"));
+        assert_eq!((&*a.uuid, &*a.gpu_uuid), ("MIG-1", "GPU-1"));
         assert_eq!(a.memory_limit_bytes, Some(400));
         assert_eq!(a.memory_limit_source, Some(LimitSource::Mig));
         // A whole GPU, neither time-sliced nor under HAMi: no limit is known.

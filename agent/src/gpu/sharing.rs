@@ -3,7 +3,7 @@
 //! accounting stats are read on the NVML thread and charged on a later cycle to the owner
 //! they had when they exited), and the usage records sent to the usage sink.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::PathBuf,
     sync::{atomic::Ordering::Relaxed, Arc},
     time::{Duration, Instant},
@@ -43,7 +43,7 @@ pub struct Sharing {
     pub proc_root: PathBuf,
     /// The window of the peak-memory gauge.
     pub peak_window_ms: u64,
-    limits: HashMap<u32, Option<HamiLimits>>,
+    limits: rustc_hash::FxHashMap<u32, Option<HamiLimits>>,
     /// (GPU uuid, pid) NVML listed on a GPU in accounting mode, until the kernel says it
     /// exited: since when.
     watched: HashMap<(String, u32), Instant>,
@@ -60,7 +60,7 @@ impl Default for Sharing {
             hami: true,
             proc_root: PathBuf::from("/proc"),
             peak_window_ms: 60_000,
-            limits: HashMap::new(),
+            limits: Default::default(),
             watched: HashMap::new(),
             awaiting: HashMap::new(),
         }
@@ -92,7 +92,7 @@ impl Sharing {
         let mut hami = HashMap::new();
         if self.hami {
             // A set: with thousands of GPU processes, `retain` must not scan a list per entry.
-            let pids: HashSet<u32> = sample
+            let pids: rustc_hash::FxHashSet<u32> = sample
                 .devices
                 .iter()
                 .flat_map(|d| &d.processes)

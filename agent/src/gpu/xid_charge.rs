@@ -37,8 +37,8 @@ impl XidCharges {
                 };
                 let uuid = x.mig_uuid.clone().unwrap_or_else(|| d.uuid.clone());
                 let key = (
-                    c.container_id.clone(),
-                    c.pod_uid.clone(),
+                    c.container_id.as_deref().map(str::to_string),
+                    c.pod_uid.as_deref().map(str::to_string),
                     uuid,
                     d.uuid.clone(),
                     x.xid,
@@ -55,10 +55,11 @@ impl XidCharges {
                     container_id: container_id.clone(),
                     pod_uid: pod_uid
                         .clone()
-                        .or_else(|| names.and_then(|n| n.pod_uid.clone())),
-                    pod_name: names.and_then(|n| n.pod_name.clone()),
-                    namespace: names.and_then(|n| n.namespace.clone()),
-                    container_name: names.and_then(|n| n.container_name.clone()),
+                        .or_else(|| names.and_then(|n| n.pod_uid.as_deref().map(str::to_string))),
+                    pod_name: names.and_then(|n| n.pod_name.as_deref().map(str::to_string)),
+                    namespace: names.and_then(|n| n.namespace.as_deref().map(str::to_string)),
+                    container_name: names
+                        .and_then(|n| n.container_name.as_deref().map(str::to_string)),
                     uuid: uuid.clone(),
                     gpu_uuid: gpu_uuid.clone(),
                     xid: *xid,

@@ -9,7 +9,12 @@ use node_api::cri::{
 use super::ContainerNames;
 
 fn names_from_labels(labels: &HashMap<String, String>) -> ContainerNames {
-    let get = |k: &str| labels.get(k).filter(|v| !v.is_empty()).cloned();
+    let get = |k: &str| {
+        labels
+            .get(k)
+            .filter(|v| !v.is_empty())
+            .map(|v| v.as_str().into())
+    };
     ContainerNames {
         pod_name: get("io.kubernetes.pod.name"),
         namespace: get("io.kubernetes.pod.namespace"),
@@ -75,7 +80,11 @@ pub async fn list(socket: &Path) -> Result<Vec<(String, ContainerNames)>, String
         .map(|c| {
             let mut n = names_from_labels(&c.labels);
             if n.container_name.is_none() {
-                n.container_name = c.metadata.map(|m| m.name).filter(|s| !s.is_empty());
+                n.container_name = c
+                    .metadata
+                    .map(|m| m.name)
+                    .filter(|s| !s.is_empty())
+                    .map(Into::into);
             }
             (c.id, n)
         })

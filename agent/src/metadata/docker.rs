@@ -4,6 +4,8 @@ use std::path::Path;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use gpu_model::Name;
+
 use super::ContainerNames;
 
 pub async fn inspect(socket: &Path, id: &str) -> Result<Option<ContainerNames>, String> {
@@ -47,20 +49,12 @@ pub async fn inspect(socket: &Path, id: &str) -> Result<Option<ContainerNames>, 
     };
     let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
     let labels = &v["Config"]["Labels"];
-    let label = |k: &str| {
-        labels[k]
-            .as_str()
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-    };
+    let label = |k: &str| labels[k].as_str().filter(|s| !s.is_empty()).map(Name::from);
     Ok(Some(ContainerNames {
         pod_name: label("io.kubernetes.pod.name"),
         namespace: label("io.kubernetes.pod.namespace"),
-        container_name: label("io.kubernetes.container.name").or_else(|| {
-            v["Name"]
-                .as_str()
-                .map(|n| n.trim_start_matches('/').to_string())
-        }),
+        container_name: label("io.kubernetes.container.name")
+            .or_else(|| v["Name"].as_str().map(|n| n.trim_start_matches('/').into())),
         pod_uid: label("io.kubernetes.pod.uid"),
         runtime: Some("docker"),
     }))

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpu_model::SourceStatus;
+use gpu_model::{Name, SourceStatus};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -23,10 +23,10 @@ use crate::{config::MetadataConfig, stats::Stats};
 /// What the runtime says about one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ContainerNames {
-    pub pod_name: Option<String>,
-    pub namespace: Option<String>,
-    pub container_name: Option<String>,
-    pub pod_uid: Option<String>,
+    pub pod_name: Option<Name>,
+    pub namespace: Option<Name>,
+    pub container_name: Option<Name>,
+    pub pod_uid: Option<Name>,
     /// The runtime that named it: CRI's `Version` answer, or `docker`.
     pub runtime: Option<&'static str>,
 }
@@ -81,7 +81,7 @@ impl Metadata {
             (&names.namespace, &names.pod_name, &names.container_name)
         {
             self.ids_by_name
-                .insert((ns.clone(), pod.clone(), c.clone()), id.clone());
+                .insert((ns.to_string(), pod.to_string(), c.to_string()), id.clone());
         }
         self.names.insert(id, names);
     }
@@ -490,8 +490,9 @@ impl NameRequests {
             .containers
             .iter()
             .filter(|c| c.pod_name.is_none() && c.container_name.is_none())
-            .filter_map(|c| c.container_id.clone())
-            .filter(|id| !self.asked.contains_key(id))
+            .filter_map(|c| c.container_id.as_deref())
+            .filter(|id| !self.asked.contains_key(*id))
+            .map(str::to_string)
             .collect();
         if unknown.is_empty() {
             return;

@@ -2,6 +2,7 @@
 //! the hierarchies, plus the attribution of a process to a container.
 use std::sync::Arc;
 
+use gpu_model::Name;
 use serde::Serialize;
 
 use super::{
@@ -17,7 +18,7 @@ pub struct Placement<'a> {
     pub live: bool,
     /// The container or pod its cgroup names; None for a host process.
     pub container: Option<&'a ContainerRef>,
-    pub cgroup_path: Option<&'a str>,
+    pub cgroup_path: Option<&'a Name>,
 }
 
 /// pid -> process and container. `State` is the real one; a test of the join can use any
@@ -34,7 +35,7 @@ impl Resolver for State {
             comm: &e.comm,
             live: e.is_live(),
             container: a.node.and_then(|n| n.container.as_deref()),
-            cgroup_path: a.node.map(|n| n.path.as_str()),
+            cgroup_path: a.node.map(|n| &n.path),
         })
     }
 }
@@ -96,10 +97,10 @@ impl State {
             ppid: e.ppid,
             comm: e.comm.clone(),
             cgroup_id: a.cgroup_id,
-            cgroup_path: a.node.map(|n| n.path.clone()),
+            cgroup_path: a.node.map(|n| n.path.to_string()),
             cgroup_version: a.cgroup_version,
-            container_id: c.and_then(|c| c.container_id.clone()),
-            pod_uid: c.and_then(|c| c.pod_uid.clone()),
+            container_id: c.and_then(|c| c.container_id.as_deref().map(str::to_string)),
+            pod_uid: c.and_then(|c| c.pod_uid.as_deref().map(str::to_string)),
             qos: c.and_then(|c| c.qos).map(|q| q.as_str()),
             runtime: c.and_then(|c| c.runtime).map(|r| r.as_str()),
             exited: !e.is_live(),

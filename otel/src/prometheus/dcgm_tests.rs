@@ -176,7 +176,7 @@ fn a_shared_device_names_one_pod_and_sums_count_it_once() {
     // A second pod holds a time-slicing replica of GPU-a and runs nothing.
     snap.containers[0].allocated_device_ids = vec!["GPU-a::1".into(), "GPU-d".into()];
     snap.containers.push(ContainerUsage {
-        container_id: Some("c".repeat(64)),
+        container_id: Some("c".repeat(64).into()),
         pod_uid: Some("uid-3".into()),
         pod_name: Some("idle".into()),
         namespace: Some("analytics".into()),
@@ -206,7 +206,7 @@ fn virtual_gpus_copy_the_device_series_per_pod_and_give_pods_their_own_use() {
     let mut snap = full_snapshot();
     snap.containers[0].allocated_device_ids = vec!["GPU-a::1".into(), "GPU-d::1".into()];
     snap.containers.push(ContainerUsage {
-        container_id: Some("c".repeat(64)),
+        container_id: Some("c".repeat(64).into()),
         pod_uid: Some("uid-3".into()),
         pod_name: Some("idle".into()),
         namespace: Some("analytics".into()),

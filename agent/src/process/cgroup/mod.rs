@@ -13,6 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gpu_model::Name;
+
 pub use parse::{parse_cgroup_path, ContainerRef, Qos, Runtime};
 
 /// One mounted cgroup hierarchy the agent follows.
@@ -189,7 +191,7 @@ fn unescape(s: &str) -> String {
 
 #[derive(Debug, Clone)]
 pub struct CgroupNode {
-    pub path: String,
+    pub path: Name,
     pub container: Option<Arc<ContainerRef>>,
     removed_at: Option<Instant>,
 }
@@ -206,7 +208,7 @@ pub struct CgroupRegistry {
 impl CgroupRegistry {
     pub fn insert(&mut self, hierarchy: u32, id: u64, path: &str) {
         if let Some(n) = self.nodes.get_mut(&(hierarchy, id)) {
-            if n.path == path {
+            if &*n.path == path {
                 n.removed_at = None;
                 return;
             }
@@ -215,7 +217,7 @@ impl CgroupRegistry {
         self.nodes.insert(
             (hierarchy, id),
             CgroupNode {
-                path: path.to_string(),
+                path: path.into(),
                 container,
                 removed_at: None,
             },
@@ -261,8 +263,8 @@ impl CgroupRegistry {
         self.nodes.retain(|_, n| {
             let keep = n.removed_at.is_none_or(|t| now.duration_since(t) < keep);
             if !keep {
-                if let Some(id) = n.container.as_ref().and_then(|c| c.container_id.clone()) {
-                    gone.push(id);
+                if let Some(id) = n.container.as_ref().and_then(|c| c.container_id.as_deref()) {
+                    gone.push(id.to_string());
                 }
             }
             keep
@@ -272,10 +274,9 @@ impl CgroupRegistry {
         gone.sort_unstable();
         gone.dedup();
         gone.retain(|id| {
-            !self
-                .nodes
-                .values()
-                .any(|n| n.container.as_ref().and_then(|c| c.container_id.as_deref()) == Some(id))
+            !self.nodes.values().any(|n| {
+                n.container.as_ref().and_then(|c| c.container_id.as_deref()) == Some(id.as_str())
+            })
         });
         gone
     }
@@ -476,7 +477,7 @@ mod tests {
         assert_eq!(m, vec![(1, r), (2, r), (4242, c), (4243, c)]);
         let node = reg.get(0, c).unwrap();
         assert_eq!(
-            node.path,
+            &*node.path,
             "/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope"
         );
         // The plain walk registers the same cgroups and reads no members.

@@ -17,15 +17,16 @@
 //! - A pod matched deeper than a container drops that container (kind node ->
 //!   pod); a container matched below a pod keeps the pod (it runs inside it).
 
+use gpu_model::Name;
 use serde::Serialize;
 
 /// What a cgroup path attributes its processes to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct ContainerRef {
     /// Full 64 lowercase hex id, or None (pod-level cgroup, conmon, ...).
-    pub container_id: Option<String>,
+    pub container_id: Option<Name>,
     /// Dashed 8-4-4-4-12 lowercase form, or None.
-    pub pod_uid: Option<String>,
+    pub pod_uid: Option<Name>,
     pub qos: Option<Qos>,
     pub runtime: Option<Runtime>,
 }
@@ -130,9 +131,9 @@ pub fn parse_cgroup_path(path: &str) -> Option<ContainerRef> {
         return None;
     }
     Some(ContainerRef {
-        container_id: ctr.map(|(id, _)| id.to_owned()),
+        container_id: ctr.map(|(id, _)| id.into()),
         // Validated: separators are all '-' or all '_'.
-        pod_uid: pod.map(|(uid, _)| uid.replace('_', "-")),
+        pod_uid: pod.map(|(uid, _)| uid.replace('_', "-").into()),
         qos: pod.and_then(|(_, q)| q),
         runtime: ctr.and_then(|(_, r)| r),
     })
@@ -242,8 +243,8 @@ mod tests {
         rt: Option<Runtime>,
     ) -> Option<ContainerRef> {
         Some(ContainerRef {
-            container_id: id.map(str::to_owned),
-            pod_uid: uid.map(str::to_owned),
+            container_id: id.map(Into::into),
+            pod_uid: uid.map(Into::into),
             qos,
             runtime: rt,
         })

@@ -170,12 +170,13 @@ pub fn container_rows(snap: &Snapshot) -> Vec<ContainerRow> {
         let is_host = c.container_id.is_none() && c.pod_uid.is_none();
         let pod = c
             .pod_name
-            .clone()
-            .or_else(|| c.pod_uid.clone())
-            .unwrap_or_else(|| "-".into());
-        let namespace = c.namespace.clone().unwrap_or_else(|| "-".into());
+            .as_deref()
+            .or(c.pod_uid.as_deref())
+            .unwrap_or("-")
+            .to_string();
+        let namespace = c.namespace.as_deref().unwrap_or("-").to_string();
         let container = match (&c.container_name, &c.container_id) {
-            (Some(name), _) => name.clone(),
+            (Some(name), _) => name.to_string(),
             (None, Some(id)) => short_id(id).to_string(),
             (None, None) if is_host => "host".into(),
             // A process in the pod's own cgroup, in no container of it.
@@ -184,8 +185,8 @@ pub fn container_rows(snap: &Snapshot) -> Vec<ContainerRow> {
         let idle = c.idle_allocations();
         let row = |uuid: &str| ContainerRow {
             key: RowKey {
-                container_id: c.container_id.clone(),
-                pod_uid: c.pod_uid.clone(),
+                container_id: c.container_id.as_deref().map(str::to_string),
+                pod_uid: c.pod_uid.as_deref().map(str::to_string),
                 uuid: uuid.to_string(),
             },
             pod: pod.clone(),
@@ -212,7 +213,7 @@ pub fn container_rows(snap: &Snapshot) -> Vec<ContainerRow> {
         }
         // Held and unused: what a platform team most wants to see, so it gets a row.
         for &u in &idle {
-            if !c.gpus.iter().any(|g| g.uuid == u) {
+            if !c.gpus.iter().any(|g| &*g.uuid == u) {
                 rows.push(row(u));
             }
         }
