@@ -1,5 +1,6 @@
-//! `cargo bench -p otel --bench export [CONTAINERS]`: CPU to build and encode one OTLP
-//! export, and to render /metrics, for CONTAINERS (default 200) containers x 8 GPUs.
+//! `cargo bench -p otel --bench export [CONTAINERS [GPUS]]`: CPU to build and encode one
+//! OTLP export, and to render /metrics, for CONTAINERS (default 200) containers x GPUS
+//! (default 8) GPUs.
 //! Prints one `BENCH ...` line; `cargo xtask bench export` reads it.
 
 /// A synthetic snapshot: `n` containers, each using all `gpus` GPUs.
@@ -75,11 +76,14 @@ fn thread_cpu_ns() -> u64 {
 }
 
 fn main() {
-    let n: u32 = std::env::args()
+    // CONTAINERS [GPUS]: each container uses every GPU (8 by default).
+    let nums: Vec<u32> = std::env::args()
         .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(200);
-    let snap = synthetic_snapshot(n, 8);
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let n = nums.first().copied().unwrap_or(200);
+    let gpus = nums.get(1).copied().unwrap_or(8);
+    let snap = synthetic_snapshot(n, gpus);
     let stats = gpu_model::AgentStats {
         started_ms: 1,
         ..Default::default()
@@ -115,5 +119,5 @@ fn main() {
             .sum();
     }
     let prom_us = (thread_cpu_ns() - cpu0) as f64 / iters as f64 / 1000.0;
-    println!("BENCH containers={n} gpus=8 build_us={build_us:.0} bytes={bytes} prom_us={prom_us:.0} prom_bytes={prom_bytes}");
+    println!("BENCH containers={n} gpus={gpus} build_us={build_us:.0} bytes={bytes} prom_us={prom_us:.0} prom_bytes={prom_bytes}");
 }
