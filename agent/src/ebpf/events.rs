@@ -13,13 +13,13 @@ pub enum KernelEvent {
     Fork {
         tgid: u32,
         info: ProcInfo,
-        comm: String,
+        comm: Comm,
     },
     /// A process replaced its image; `info` is its kernel entry after the exec.
     Exec {
         tgid: u32,
         info: ProcInfo,
-        comm: String,
+        comm: Comm,
     },
     /// A thread group ended.
     Exit {
@@ -105,9 +105,72 @@ fn cgroup_path(ev: &CgroupEvent) -> Option<String> {
     (!truncated && end > 0).then(|| String::from_utf8_lossy(&ev.path[..end]).into_owned())
 }
 
-pub fn comm_str(comm: &[u8; 16]) -> String {
+pub fn comm_str(comm: &[u8; 16]) -> Comm {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
+    match std::str::from_utf8(&comm[..end]) {
+        Ok(s) => Comm::new(s),
+        Err(_) => Comm::new(&String::from_utf8_lossy(&comm[..end])),
+    }
+}
+
+/// A process's command as the kernel keeps it (`TASK_COMM_LEN`: 15 bytes), inline: a
+/// process in the cache, and each notification, costs no allocation for it.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Comm {
+    len: u8,
+    bytes: [u8; 15],
+}
+
+impl Comm {
+    /// `s` cut to 15 bytes at a character boundary, as the kernel cuts a longer name.
+    pub fn new(s: &str) -> Comm {
+        let mut end = s.len().min(15);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut bytes = [0; 15];
+        bytes[..end].copy_from_slice(&s.as_bytes()[..end]);
+        Comm {
+            len: end as u8,
+            bytes,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Made from a &str cut at a character boundary.
+        std::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for Comm {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<&str> for Comm {
+    fn from(s: &str) -> Comm {
+        Comm::new(s)
+    }
+}
+
+impl From<String> for Comm {
+    fn from(s: String) -> Comm {
+        Comm::new(&s)
+    }
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +180,22 @@ mod tests {
     fn bytes<T>(v: &T) -> Vec<u8> {
         // SAFETY: reading the bytes of a plain #[repr(C)] value.
         unsafe { std::slice::from_raw_parts(v as *const T as *const u8, size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn a_comm_is_cut_like_the_kernel_cuts_it() {
+        assert_eq!(&*comm_str(b"python\0\0\0\0\0\0\0\0\0\0"), "python");
+        assert_eq!(&*comm_str(b"0123456789abcdef"), "0123456789abcde");
+        assert_eq!(
+            &*Comm::new("kworker/u8:1-events_unbound"),
+            "kworker/u8:1-ev"
+        );
+        // Never in the middle of a character: 'é' is two bytes, at 14 and 15.
+        assert_eq!(&*Comm::new("abcdefghijklmné"), "abcdefghijklmn");
+        assert_eq!(
+            &*comm_str(b"ab\xffc\0\0\0\0\0\0\0\0\0\0\0\0"),
+            "ab\u{fffd}c"
+        );
     }
 
     #[test]

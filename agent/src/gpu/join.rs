@@ -720,7 +720,7 @@ mod tests {
                 pid,
                 start_ns: 1,
                 ppid: 1,
-                comm: format!("p{pid}"),
+                comm: format!("p{pid}").into(),
                 cgroup_v2: Some(cg),
                 cgroup_v1: None,
                 exited_at: None,

@@ -1,13 +1,16 @@
 //! The PID -> process cache userspace keeps from the kernel's notifications. Identity is
 //! (tgid, start time): a PID seen again with another start time is another process.
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashSet, VecDeque},
     time::{Duration, Instant},
 };
+
+use rustc_hash::FxHashMap;
 
 use agent_common::ProcInfo;
 
 use crate::ebpf::events::comm_str;
+pub use crate::ebpf::events::Comm;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessEntry {
@@ -15,7 +18,7 @@ pub struct ProcessEntry {
     /// Nanoseconds since boot; 0 while unknown.
     pub start_ns: u64,
     pub ppid: u32,
-    pub comm: String,
+    pub comm: Comm,
     pub cgroup_v2: Option<u64>,
     pub cgroup_v1: Option<u64>,
     /// Set when the process exited: a tombstone, joinable until it expires.
@@ -23,7 +26,7 @@ pub struct ProcessEntry {
 }
 
 impl ProcessEntry {
-    fn from_kernel(pid: u32, info: &ProcInfo, comm: String) -> ProcessEntry {
+    fn from_kernel(pid: u32, info: &ProcInfo, comm: Comm) -> ProcessEntry {
         ProcessEntry {
             pid,
             start_ns: if info.start_known() { info.start_ns } else { 0 },
@@ -42,7 +45,8 @@ impl ProcessEntry {
 
 #[derive(Debug)]
 pub struct ProcessCache {
-    procs: HashMap<u32, ProcessEntry>,
+    /// Fx: PIDs are the kernel's, looked up per event and per GPU process each cycle.
+    procs: FxHashMap<u32, ProcessEntry>,
     tombstone: Duration,
     /// Exits in order, for the cap: (pid, exited_at); an entry whose PID was reused or
     /// collected since is skipped.
@@ -57,7 +61,7 @@ impl ProcessCache {
     /// exit storm evicts the oldest first).
     pub fn new(tombstone: Duration, max_tombstones: usize) -> ProcessCache {
         ProcessCache {
-            procs: HashMap::new(),
+            procs: FxHashMap::default(),
             tombstone,
             exits: VecDeque::new(),
             tombstones: 0,
@@ -117,12 +121,12 @@ impl ProcessCache {
     }
 
     /// A new thread group. It replaces whatever the PID meant before (reuse).
-    pub fn on_fork(&mut self, tgid: u32, info: &ProcInfo, comm: String) {
+    pub fn on_fork(&mut self, tgid: u32, info: &ProcInfo, comm: Comm) {
         self.put(ProcessEntry::from_kernel(tgid, info, comm));
     }
 
     /// exec keeps the process (same tgid, same start) but refreshes its image and cgroup.
-    pub fn on_exec(&mut self, tgid: u32, info: &ProcInfo, comm: String) {
+    pub fn on_exec(&mut self, tgid: u32, info: &ProcInfo, comm: Comm) {
         match self.procs.get_mut(&tgid) {
             Some(e) if e.is_live() => {
                 e.comm = comm;
@@ -242,6 +246,16 @@ impl ProcessCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A large node keeps 50,000 of these: the command is inline, not a heap string.
+    #[test]
+    fn an_entry_is_small() {
+        assert!(
+            size_of::<ProcessEntry>() <= 80,
+            "{}",
+            size_of::<ProcessEntry>()
+        );
+    }
 
     fn info(cg: u64, start: u64) -> ProcInfo {
         ProcInfo::new(Some(cg), None, Some(start), 1)

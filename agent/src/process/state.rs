@@ -95,7 +95,7 @@ impl State {
             pid: e.pid,
             start_time_ns: e.start_ns,
             ppid: e.ppid,
-            comm: e.comm.clone(),
+            comm: e.comm.to_string(),
             cgroup_id: a.cgroup_id,
             cgroup_path: a.node.map(|n| n.path.to_string()),
             cgroup_version: a.cgroup_version,

@@ -255,7 +255,7 @@ impl Tracker {
                     pid,
                     start_ns,
                     ppid,
-                    comm,
+                    comm: comm.into(),
                     cgroup_v2,
                     cgroup_v1,
                     exited_at: None,
@@ -536,7 +536,7 @@ impl Tracker {
         let mut st = self.state.write().unwrap();
         for (pid, comm) in comms {
             if let Some(e) = st.cache.get_mut(pid).filter(|e| e.is_live()) {
-                e.comm = comm;
+                e.comm = comm.into();
             }
         }
     }
@@ -760,7 +760,7 @@ fn entry_from_record(
         pid: rec.pid,
         start_ns: rec.start_ns,
         ppid: rec.ppid,
-        comm: rec.comm.clone(),
+        comm: rec.comm.as_str().into(),
         cgroup_v2: id_in(registry, hier.v2.as_ref()),
         cgroup_v1: id_in(registry, hier.v1.as_ref()),
         exited_at: None,

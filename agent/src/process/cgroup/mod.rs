@@ -3,7 +3,6 @@
 pub mod parse;
 
 use std::{
-    collections::HashMap,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::fs::MetadataExt,
@@ -14,6 +13,7 @@ use std::{
 };
 
 use gpu_model::Name;
+use rustc_hash::FxHashMap;
 
 pub use parse::{parse_cgroup_path, ContainerRef, Qos, Runtime};
 
@@ -200,7 +200,8 @@ pub struct CgroupNode {
 /// may collide, hence the hierarchy in the key.
 #[derive(Debug, Default)]
 pub struct CgroupRegistry {
-    nodes: HashMap<(u32, u64), CgroupNode>,
+    /// Fx: the kernel's ids, looked up per GPU process each cycle.
+    nodes: FxHashMap<(u32, u64), CgroupNode>,
     /// The earliest removal not yet forgotten: gc walks the nodes only once one is due.
     oldest_removal: Option<Instant>,
 }
