@@ -111,10 +111,8 @@ impl Ledgers {
 
     /// The owner's devices, made on first use.
     pub fn of(&mut self, owner: &Owner) -> &mut Vec<(Name, Ledger)> {
-        if !self.0.contains_key(owner) {
-            self.0.insert(owner.clone(), vec![]);
-        }
-        self.0.get_mut(owner).unwrap()
+        // One lookup; the key's clone is a reference count.
+        self.0.entry(owner.clone()).or_default()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Name, &Ledger)> {
@@ -313,6 +311,9 @@ fn accounted_owners(
     accounted: &ChargedDevices,
     metadata: &Metadata,
 ) -> Vec<ContainerUsage> {
+    if accounted.is_empty() {
+        return vec![];
+    }
     let present: HashSet<&Owner> = present.iter().flatten().collect();
     let mut added = vec![];
     let mut owners: Vec<&Owner> = accounted
