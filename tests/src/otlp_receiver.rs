@@ -34,6 +34,14 @@ impl Received {
         self.0.lock().unwrap().len()
     }
 
+    /// Drops all but the last arrival: a receiver left running for long (a held
+    /// benchmark node: 3 MB a second) must not keep every request.
+    pub fn keep_last(&self) {
+        let mut all = self.0.lock().unwrap();
+        let n = all.len().saturating_sub(1);
+        all.drain(..n);
+    }
+
     pub fn all(&self) -> Vec<Arrival> {
         self.0.lock().unwrap().clone()
     }

@@ -302,7 +302,13 @@ fn hold(r: &crate::overhead::Running) {
         "  holding the node for {secs} s: agent pid {}",
         r.agent.pid()
     );
-    std::thread::sleep(Duration::from_secs(secs));
+    // The receiver would keep every 3 MB request of the hold (it was OOM-killed at 19 GB
+    // after 15 minutes): only the last is kept.
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_secs(10).min(until - Instant::now()));
+        r.rx.received.keep_last();
+    }
 }
 
 /// The 50k node with the agent: ready time, then NVML calls per cycle with 320 GPU

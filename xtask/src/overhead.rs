@@ -214,7 +214,7 @@ pub(crate) struct Running {
     pub agent: Agent,
     pub ready_s: f64,
     pub calls_file: PathBuf,
-    rx: Receiver,
+    pub rx: Receiver,
 }
 
 pub(crate) fn start_agent(bin: &Path, lib: &Path) -> Result<Running> {
