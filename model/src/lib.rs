@@ -254,6 +254,39 @@ pub struct UsageRecord {
     pub reason: String,
 }
 
+impl DeviceSample {
+    /// The device's readings without its process list: what a snapshot keeps of it (the
+    /// processes are in the containers). Every field is named, so a new one cannot be
+    /// forgotten; cloning the whole device would copy thousands of processes a cycle.
+    pub fn readings(&self) -> DeviceSample {
+        DeviceSample {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            name: self.name.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            status: self.status.clone(),
+            memory_total_bytes: self.memory_total_bytes,
+            memory_used_bytes: self.memory_used_bytes,
+            utilization_gpu: self.utilization_gpu,
+            utilization_memory: self.utilization_memory,
+            power_mw: self.power_mw,
+            energy_mj: self.energy_mj,
+            temperature_c: self.temperature_c,
+            sm_clock_mhz: self.sm_clock_mhz,
+            mem_clock_mhz: self.mem_clock_mhz,
+            ecc_corrected: self.ecc_corrected,
+            ecc_uncorrected: self.ecc_uncorrected,
+            throttle_reasons: self.throttle_reasons,
+            unsupported: self.unsupported.clone(),
+            mig_enabled: self.mig_enabled,
+            mig_devices: self.mig_devices.clone(),
+            fields: self.fields.clone(),
+            processes: vec![],
+            sharing: self.sharing.clone(),
+        }
+    }
+}
+
 impl ContainerUsage {
     /// Allocated devices the container used neither memory nor SM time on this sample.
     pub fn idle_allocations(&self) -> Vec<&str> {
@@ -504,6 +537,37 @@ serialize_as_display!(SourceStatus, DeviceStatus, TrackingMode, ExportTarget);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readings_are_the_device_less_its_processes() {
+        let d = DeviceSample {
+            index: 3,
+            uuid: "GPU-3".into(),
+            name: "H100".into(),
+            pci_bus_id: Some("0000:3b:00.0".into()),
+            memory_total_bytes: Some(80),
+            energy_mj: Some(7),
+            unsupported: vec!["ecc"],
+            mig_enabled: true,
+            mig_devices: vec![MigSample {
+                uuid: "MIG-1".into(),
+                ..Default::default()
+            }],
+            processes: vec![ProcessSample {
+                pid: 9,
+                ..Default::default()
+            }],
+            sharing: DeviceSharing {
+                minor_number: Some(3),
+                accounting_pids: vec![9],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut want = d.clone();
+        want.processes.clear();
+        assert_eq!(d.readings(), want);
+    }
 
     fn json<T: Serialize>(v: &T) -> String {
         serde_json::to_string(v).unwrap()

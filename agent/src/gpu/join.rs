@@ -553,10 +553,7 @@ pub fn join_with(
         .devices
         .iter()
         .map(|d| {
-            let mut d = DeviceSample {
-                processes: vec![],
-                ..d.clone()
-            };
+            let mut d = d.readings();
             d.sharing.accounting.clear();
             d.sharing.accounting_pids.clear();
             d.sharing.mps_server_pids = mps_servers
