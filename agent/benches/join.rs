@@ -98,7 +98,12 @@ fn sample(containers: u32, t: u64) -> GpuSample {
                 .filter(|c| c % GPUS == g)
                 .map(|c| ProcessSample {
                     pid: 10_000 + c,
-                    used_memory_bytes: 1 << 30,
+                    used_memory_bytes: 1 << 28,
+                    // As the fake library reports them on the large node.
+                    sm_util: Some(c * 34 % 90),
+                    mem_util: Some(3),
+                    enc_util: Some(0),
+                    dec_util: Some(0),
                     gpu_instance_id: Some(c / GPUS % MIG),
                     compute_instance_id: Some(0),
                     mig_uuid: Some(uuid(g, Some(c / GPUS % MIG))),
