@@ -10,7 +10,7 @@ use gpu_agent::{
     metadata::Metadata,
     process::{
         cache::{ProcessCache, ProcessEntry},
-        cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
+        cgroup::CgroupRegistry,
         State,
     },
     stats::thread_cpu_ns,
@@ -58,19 +58,7 @@ fn state(containers: u32) -> State {
             exited_at: None,
         });
     }
-    State {
-        cache,
-        registry,
-        hierarchies: Hierarchies {
-            v2: Some(Hierarchy {
-                id: 0,
-                name: "cgroup2".into(),
-                mount_point: "/sys/fs/cgroup".into(),
-                mount_root: "/".into(),
-            }),
-            v1: None,
-        },
-    }
+    State::on_cgroup2(cache, registry)
 }
 
 fn sample(containers: u32, t: u64) -> GpuSample {

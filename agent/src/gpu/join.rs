@@ -694,8 +694,8 @@ mod tests {
         gpu::ProcessSample,
         process::{
             cache::{ProcessCache, ProcessEntry},
+            cgroup::CgroupRegistry,
             cgroup::ContainerRef,
-            cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
             State,
         },
     };
@@ -723,19 +723,7 @@ mod tests {
                 exited_at: None,
             });
         }
-        State {
-            cache,
-            registry,
-            hierarchies: Hierarchies {
-                v2: Some(Hierarchy {
-                    id: 0,
-                    name: "cgroup2".into(),
-                    mount_point: "/sys/fs/cgroup".into(),
-                    mount_root: "/".into(),
-                }),
-                v1: None,
-            },
-        }
+        State::on_cgroup2(cache, registry)
     }
 
     fn proc(pid: u32, mem: u64, sm: u32) -> ProcessSample {

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     cache::{ProcessCache, ProcessEntry},
-    cgroup::{CgroupNode, CgroupRegistry, ContainerRef, Hierarchies},
+    cgroup::{CgroupNode, CgroupRegistry, ContainerRef, Hierarchies, Hierarchy},
 };
 
 /// Where a host PID belongs: what the GPU join charges its use to.
@@ -62,6 +62,24 @@ impl Attribution<'_> {
 }
 
 impl State {
+    /// A state that follows one cgroup2 hierarchy mounted at `/sys/fs/cgroup` and no v1
+    /// one: the unified layout, for tests and benches of what reads the state.
+    pub fn on_cgroup2(cache: ProcessCache, registry: CgroupRegistry) -> State {
+        State {
+            cache,
+            registry,
+            hierarchies: Hierarchies {
+                v2: Some(Hierarchy {
+                    id: 0,
+                    name: "cgroup2".into(),
+                    mount_point: "/sys/fs/cgroup".into(),
+                    mount_root: "/".into(),
+                }),
+                v1: None,
+            },
+        }
+    }
+
     /// The cgroup2 cgroup when it names a container or pod; else the followed v1 cgroup
     /// when that does (hybrid hosts); else the cgroup2 cgroup (a host process).
     pub fn attribute(&self, e: &ProcessEntry) -> Attribution<'_> {
