@@ -281,8 +281,8 @@ impl<'a> DeviceUsers<'a> {
             }
             // `allocated_gpus` holds each uuid once.
             for u in &c.allocated_gpus {
-                if let Some(j) = names.position(u) {
-                    holders[j].push((i, names.name(u)));
+                if let Some((j, name)) = names.lookup(u) {
+                    holders[j].push((i, name.clone()));
                 }
             }
         }

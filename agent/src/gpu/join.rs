@@ -175,20 +175,18 @@ impl DeviceNames {
         }
     }
 
-    /// The position of the GPU that `uuid` is, or is a MIG device of.
-    pub fn position(&self, uuid: &str) -> Option<usize> {
-        self.0
-            .iter()
-            .position(|(g, m)| &**g == uuid || m.iter().any(|m| &**m == uuid))
+    /// The position of the GPU that `uuid` is, or is a MIG device of, and its shared name.
+    pub fn lookup(&self, uuid: &str) -> Option<(usize, &Name)> {
+        self.0.iter().enumerate().find_map(|(i, (g, m))| {
+            let mut all = std::iter::once(g).chain(m);
+            all.find(|n| &***n == uuid).map(|n| (i, n))
+        })
     }
 
     /// `uuid` as a shared name: the sample's own where it is one of its devices.
     pub fn name(&self, uuid: &str) -> Name {
-        let all = self.0.iter().flat_map(|(g, m)| std::iter::once(g).chain(m));
-        all.into_iter()
-            .find(|n| &***n == uuid)
-            .cloned()
-            .unwrap_or_else(|| uuid.into())
+        self.lookup(uuid)
+            .map_or_else(|| uuid.into(), |(_, n)| n.clone())
     }
 
     /// The GPU a MIG device belongs to; the uuid itself for a GPU or an unknown device.
