@@ -107,10 +107,8 @@ fn cgroup_path(ev: &CgroupEvent) -> Option<String> {
 
 pub fn comm_str(comm: &[u8; 16]) -> Comm {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    match std::str::from_utf8(&comm[..end]) {
-        Ok(s) => Comm::new(s),
-        Err(_) => Comm::new(&String::from_utf8_lossy(&comm[..end])),
-    }
+    // Borrowed, not copied, when the bytes are UTF-8 (nearly always).
+    Comm::new(&String::from_utf8_lossy(&comm[..end]))
 }
 
 /// A process's command as the kernel keeps it (`TASK_COMM_LEN`: 15 bytes), inline: a
