@@ -52,6 +52,19 @@ impl RecordNames {
             && self.container_id == c.container_id
     }
 
+    /// A record that names them, and nothing else yet.
+    fn record(&self) -> UsageRecord {
+        let text = |n: &Option<Name>| n.as_deref().map(str::to_string);
+        UsageRecord {
+            container_id: text(&self.container_id),
+            pod_uid: text(&self.pod_uid),
+            pod_name: text(&self.pod_name),
+            namespace: text(&self.namespace),
+            container_name: text(&self.container_name),
+            ..Default::default()
+        }
+    }
+
     pub fn of(c: &ContainerUsage) -> RecordNames {
         RecordNames {
             container_id: c.container_id.clone(),
@@ -406,10 +419,6 @@ fn charge_energy(l: &mut Ledger, j: f64, now: u64) {
     l.last_charged_ms = now;
 }
 
-fn text(n: &Option<Name>) -> Option<String> {
-    n.as_deref().map(str::to_string)
-}
-
 /// Charges each exited process's accounting stats to its owner. A process no sample ever
 /// caught (it lived between two) gets a record of its own when its owner has no session
 /// open on the GPU.
@@ -442,11 +451,6 @@ fn charge_accounting(
         }
         let start_ms = s.start_time_us / 1000;
         records.push(UsageRecord {
-            container_id: text(&a.names.container_id),
-            pod_uid: text(&a.names.pod_uid),
-            pod_name: text(&a.names.pod_name),
-            namespace: text(&a.names.namespace),
-            container_name: text(&a.names.container_name),
             uuid: a.uuid.clone(),
             gpu_uuid: a.uuid.clone(),
             start_ms,
@@ -455,7 +459,7 @@ fn charge_accounting(
             accounted_processes: 1,
             accounted_gpu_seconds: gpu_s,
             reason: "accounting".into(),
-            ..Default::default()
+            ..a.names.record()
         });
     }
     records
@@ -533,16 +537,10 @@ pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Opti
         .0
         .get_mut(&key.0)?
         .iter_mut()
-        .find(|(u, _)| *u == key.1)?;
+        .find(|(u, _)| same(u, &key.1))?;
     let l = &mut l.1;
     let s = l.session.take()?;
     Some(UsageRecord {
-        container_id: text(&s.names.container_id),
-        pod_uid: text(&s.names.pod_uid),
-        pod_name: text(&s.names.pod_name),
-        namespace: text(&s.names.namespace),
-        container_name: text(&s.names.container_name),
-        node: None,
         uuid: key.1.to_string(),
         gpu_uuid: s.gpu_uuid.to_string(),
         start_ms: s.start_ms,
@@ -554,6 +552,7 @@ pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Opti
         accounted_processes: l.accounted_processes - s.accounted_processes,
         accounted_gpu_seconds: (l.accounted_gpu_seconds - s.accounted_gpu_seconds).max(0.0),
         reason: reason.into(),
+        ..s.names.record()
     })
 }
 
