@@ -347,17 +347,7 @@ fn accounted_owners(
             },
             Owner::Host => ContainerUsage::default(),
         };
-        if let Some(n) = c
-            .container_id
-            .as_deref()
-            .and_then(|id| metadata.names_of(id))
-        {
-            c.pod_name = n.pod_name.clone();
-            c.namespace = n.namespace.clone();
-            c.container_name = n.container_name.clone();
-            c.pod_uid = n.pod_uid.clone();
-            c.runtime = n.runtime;
-        }
+        super::join::name(&mut c, metadata);
         added.push(c);
     }
     added

@@ -205,8 +205,9 @@ struct Group {
     gpus: Vec<ContainerGpu>,
 }
 
-/// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
-fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[DeviceSample]) {
+/// The names the runtime gave the entry's container, where the entry has none of its own
+/// (the cgroup's pod uid comes first).
+pub(super) fn name(c: &mut ContainerUsage, metadata: &Metadata) {
     if let Some(n) = c
         .container_id
         .as_deref()
@@ -219,6 +220,11 @@ fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[Dev
         // The cgroupfs driver's paths do not name the runtime: the one that named it does.
         c.runtime = c.runtime.or(n.runtime);
     }
+}
+
+/// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
+fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[DeviceSample]) {
+    name(c, metadata);
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
         return;
     };

@@ -9,12 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpu_model::UsageRecord;
+use gpu_model::{ContainerUsage, UsageRecord};
 use otel::usage::UsageCounters;
 
 use super::{
     account::{Accounted, RecordNames},
-    join::{is_mps_server, owner_of, Owner},
+    join::{is_mps_server, name, owner_of, Owner},
     sampler::AccountingRequests,
     GpuSample,
 };
@@ -159,21 +159,13 @@ impl Sharing {
                 None => now.duration_since(*since) < UNPLACED_FOR,
             });
         for (uuid, pid, (owner, meta)) in exited {
-            let mut names = RecordNames {
+            let mut c = ContainerUsage {
                 container_id: meta.as_ref().and_then(|m| m.container_id.clone()),
                 pod_uid: meta.as_ref().and_then(|m| m.pod_uid.clone()),
                 ..Default::default()
             };
-            if let Some(n) = names
-                .container_id
-                .as_deref()
-                .and_then(|id| metadata.names_of(id))
-            {
-                names.pod_name = n.pod_name.clone();
-                names.namespace = n.namespace.clone();
-                names.container_name = n.container_name.clone();
-                names.pod_uid = names.pod_uid.or_else(|| n.pod_uid.clone());
-            }
+            name(&mut c, metadata);
+            let names = RecordNames::of(&c);
             requests.push(uuid.clone(), pid);
             self.awaiting.insert((uuid, pid), (owner, names, now));
         }
