@@ -175,11 +175,19 @@ pub(crate) struct Calls {
     pub top: Vec<(String, f64)>,
 }
 
+/// The fake library rewrites the file in place each cycle: a record read while it was
+/// being written does not parse, or its `seq` and `end` differ; it is read again.
 fn read_calls(path: &Path) -> Value {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or(Value::Null)
+    for _ in 0..100 {
+        let v: Option<Value> = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok());
+        if let Some(v) = v.filter(|v| v["seq"].is_u64() && v["seq"] == v["end"]) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Value::Null
 }
 
 fn calls_between(a: &Value, b: &Value) -> Option<Calls> {
@@ -367,6 +375,7 @@ fn measure(bin: &Path, lib: &Path, n: usize, secs: u64) -> Result<Row> {
     settle(&r.agent);
     std::thread::sleep(Duration::from_secs(3));
     let w = window(&r, secs)?;
+    bignode::hold(&r);
     let mut row = finish(r, &w, lib, &gpu_pids, per_pod * pods_n)?;
     row.pods = pods_n;
     drop(pods);
@@ -553,19 +562,24 @@ pub fn run(quick: bool, no_write: bool) -> Result<()> {
         .map_err(|e| eprintln!("no export figures: {e:#}"))
         .ok();
     let pid_max = PidMax::raise(PID_MAX_RUN)?;
-    // GPU_AGENT_BENCH_ONLY=big: the big node alone, for profiling; prints its row and stops.
-    let big_only = std::env::var("GPU_AGENT_BENCH_ONLY").is_ok_and(|v| v == "big");
-    let sizes: &[usize] = if big_only {
-        &[]
-    } else if quick {
-        &[5000]
-    } else {
-        &[1000, 5000, 20000, 50000]
+    // GPU_AGENT_BENCH_ONLY=big, or a process count: that node alone, for profiling
+    // (with GPU_AGENT_BENCH_HOLD); prints its figures and stops.
+    let only = std::env::var("GPU_AGENT_BENCH_ONLY").ok();
+    let big_only = only.as_deref() == Some("big");
+    let only_n: Option<usize> = only.as_deref().and_then(|v| v.parse().ok());
+    let sizes: &[usize] = match (big_only, &only_n, quick) {
+        (true, _, _) => &[],
+        (_, Some(n), _) => std::slice::from_ref(n),
+        (_, None, true) => &[5000],
+        (_, None, false) => &[1000, 5000, 20000, 50000],
     };
     let secs = if quick { 15 } else { 40 };
     let mut rows = vec![];
     for &n in sizes {
         rows.push(measure(&bin, &lib, n, secs)?);
+    }
+    if only_n.is_some() {
+        return Ok(());
     }
     let big = bignode::measure(&bin, &lib, secs)?;
     drop(pid_max);
