@@ -288,9 +288,9 @@ impl Drop for BigNode {
     }
 }
 
-/// GPU_AGENT_BENCH_HOLD=SECS keeps the big node and its agent that long after the window,
-/// to profile it (`perf record -p PID`).
-fn hold(r: &crate::overhead::Running) {
+/// GPU_AGENT_BENCH_HOLD=SECS keeps the node and its agent that long after the window, to
+/// profile it (`perf record -p PID`).
+pub(crate) fn hold(r: &crate::overhead::Running) {
     let secs: u64 = match std::env::var("GPU_AGENT_BENCH_HOLD")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -308,6 +308,11 @@ fn hold(r: &crate::overhead::Running) {
     while Instant::now() < until {
         std::thread::sleep(Duration::from_secs(10).min(until - Instant::now()));
         r.rx.received.keep_last();
+        // GPU_AGENT_BENCH_DUMP=FILE: the last request, to study what its bytes are.
+        if let (Ok(path), Some(req)) = (std::env::var("GPU_AGENT_BENCH_DUMP"), r.rx.received.last())
+        {
+            let _ = std::fs::write(path, prost::Message::encode_to_vec(&req));
+        }
     }
 }
 
