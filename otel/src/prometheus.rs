@@ -1154,13 +1154,17 @@ mod tests {
         assert_eq!(hw("GPU-d"), 2, "{t}");
     }
 
+    /// The labels of the test snapshot's container's series on device `hw` of GPU `gpu`.
+    fn main_on(hw: &str, gpu: &str) -> String {
+        format!(
+            r#"container_id="{CID}",pod_uid="uid-1",namespace="ml",pod="trainer",container="main",qos="burstable",runtime="containerd",hw_id="{hw}",gpu_uuid="{gpu}",node="node-a",owner="container""#
+        )
+    }
+
     #[test]
     fn container_series() {
         let t = render(&snapshot(), &stats(), &opts());
-        let c = format!(
-            r#"container_id="{CID}",pod_uid="uid-1",namespace="ml",pod="trainer",container="main",qos="burstable",runtime="containerd""#
-        );
-        let on_a = format!(r#"{c},hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="container""#);
+        let on_a = main_on("GPU-a", "GPU-a");
         has(
             &t,
             &format!("container_gpu_memory_usage_bytes{{{on_a}}} 1610612736"),
@@ -1191,8 +1195,7 @@ mod tests {
         );
         has(&t, &format!("container_gpu_processes{{{on_a}}} 2"));
         // On the MIG device: charged to it, the physical GPU beside it; no utilization.
-        let on_mig =
-            format!(r#"{c},hw_id="MIG-c",gpu_uuid="GPU-b",node="node-a",owner="container""#);
+        let on_mig = main_on("MIG-c", "GPU-b");
         has(
             &t,
             &format!("container_gpu_memory_usage_bytes{{{on_mig}}} 5368709120"),
@@ -1246,10 +1249,7 @@ mod tests {
     #[test]
     fn energy_limits_peaks_and_accounting_series() {
         let t = render(&snapshot(), &stats(), &opts());
-        let c = format!(
-            r#"container_id="{CID}",pod_uid="uid-1",namespace="ml",pod="trainer",container="main",qos="burstable",runtime="containerd""#
-        );
-        let on_a = format!(r#"{c},hw_id="GPU-a",gpu_uuid="GPU-a",node="node-a",owner="container""#);
+        let on_a = main_on("GPU-a", "GPU-a");
         has(
             &t,
             &format!("container_gpu_energy_joules_total{{{on_a}}} 1000.25"),
@@ -1264,8 +1264,7 @@ mod tests {
                 r#"container_gpu_memory_limit_bytes{{{on_a},limit_source="hami"}} 4294967296"#
             ),
         );
-        let on_mig =
-            format!(r#"{c},hw_id="MIG-c",gpu_uuid="GPU-b",node="node-a",owner="container""#);
+        let on_mig = main_on("MIG-c", "GPU-b");
         has(
             &t,
             &format!(
