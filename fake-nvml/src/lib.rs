@@ -216,6 +216,19 @@ fn with_loaded(f: impl FnOnce(&Loaded, Instant) -> Result<(), Ret>) -> Ret {
 }
 
 /// Writes one value through a caller's out-pointer.
+/// A physical GPU's reading behind `feature`, written to `out`.
+fn gpu_reading<T>(
+    device: Device,
+    feature: Feature,
+    out: *mut T,
+    read: impl FnOnce(&DeviceSpec) -> T,
+) -> Ret {
+    with_loaded(|l, _| {
+        let t = resolve_gpu(l, device, Some(feature))?;
+        put(out, read(t.dev))
+    })
+}
+
 fn put<T>(out: *mut T, v: T) -> Result<(), Ret> {
     if out.is_null() {
         return Err(INVALID_ARGUMENT);
@@ -793,10 +806,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: Device, power: *mut c_uint) -> Ret {
     counted!();
-    with_loaded(|l, _| {
-        let t = resolve_gpu(l, device, Some(Feature::PowerUsage))?;
-        put(power, t.dev.power_mw)
-    })
+    gpu_reading(device, Feature::PowerUsage, power, |d| d.power_mw)
 }
 
 /// Grows by `power_mw` x time since load (see `energy_grows`).
@@ -893,10 +903,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
 }
 
 fn throttle_reasons(device: Device, reasons: *mut c_ulonglong) -> Ret {
-    with_loaded(|l, _| {
-        let t = resolve_gpu(l, device, Some(Feature::Throttle))?;
-        put(reasons, t.dev.throttle_reasons)
-    })
+    gpu_reading(device, Feature::Throttle, reasons, |d| d.throttle_reasons)
 }
 
 // ---- MIG ----
@@ -923,10 +930,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(device: Device, count: *mut c_uint) -> Ret {
     counted!();
-    with_loaded(|l, _| {
-        let t = resolve_gpu(l, device, Some(Feature::Mig))?;
-        put(count, t.dev.max_migs())
-    })
+    gpu_reading(device, Feature::Mig, count, DeviceSpec::max_migs)
 }
 
 #[no_mangle]
