@@ -331,10 +331,15 @@ pub(crate) fn finish(
         big: None,
     };
     eprintln!(
-        "  agent {:.0} us/cycle ({:.3}% of a core), {:.1} NVML calls/cycle, pid-read {:.0} us, \
+        "  agent {:.0} us/cycle ({:.3}% of a core; NVML {:.0} / join {:.0} / export {:.0} us), \
+         RSS {:.1} MiB, {:.1} NVML calls/cycle, pid-read {:.0} us, \
          proc-scan {:.0} us over {scanned} processes, classic {:.0} us CPU / {:.0} us wall",
         row.agent_ns_per_cycle / 1000.0,
         row.agent_cpu_pct,
+        row.nvml_ns / 1000.0,
+        row.join_ns / 1000.0,
+        row.export_ns / 1000.0,
+        row.rss_mb,
         row.calls.as_ref().map_or(f64::NAN, |c| c.per_cycle),
         pid_read_ns / 1000.0,
         proc_scan_ns / 1000.0,
