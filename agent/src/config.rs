@@ -82,6 +82,9 @@ pub struct NvmlConfig {
     pub interval_ms: u64,
     /// Per-process rows in the snapshot (and later as metrics): cardinality, so opt-in.
     pub process_detail: bool,
+    /// How often the readings that cost milliseconds per call on a real driver and change
+    /// slowly are taken (energy, GPM profiling, PCIe replays, MIG mode); held in between.
+    pub slow_interval_ms: u64,
 }
 
 impl Default for NvmlConfig {
@@ -91,6 +94,7 @@ impl Default for NvmlConfig {
             lib_path: None,
             interval_ms: 1000,
             process_detail: false,
+            slow_interval_ms: 10_000,
         }
     }
 }
@@ -380,7 +384,14 @@ impl EbpfConfig {
 
 impl NvmlConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        in_range("nvml.interval_ms", self.interval_ms, 100, 60_000, " ms")
+        in_range("nvml.interval_ms", self.interval_ms, 100, 60_000, " ms")?;
+        in_range(
+            "nvml.slow_interval_ms",
+            self.slow_interval_ms,
+            100,
+            600_000,
+            " ms",
+        )
     }
 }
 

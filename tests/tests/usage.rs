@@ -33,7 +33,8 @@ fn start(
 ) -> Agent {
     let lib = fake_nvml_lib();
     let cfg = format!(
-        "[nvml]\ninterval_ms = 200\n[cache]\ntombstone_secs = 60\n{}{extra}",
+        // Energy read every cycle (not every 10 s): these tests follow the split by cycle.
+        "[nvml]\ninterval_ms = 200\nslow_interval_ms = 200\n[cache]\ntombstone_secs = 60\n{}{extra}",
         metadata_config(dir, node)
     );
     let mut all = vec![("FAKE_NVML_SCENARIO", sc.path())];
@@ -207,6 +208,101 @@ fn energy_per_container_sums_to_the_device_energy() {
                 && l.contains(&format!("hw_id=\"{G1}\""))
                 && l.contains("owner=\"idle\"")),
         "{text}"
+    );
+}
+
+/// The fake library's call counts (FAKE_NVML_CALLS), read again while half-written.
+fn nvml_calls(path: &Path) -> Value {
+    for _ in 0..100 {
+        let v: Option<Value> = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok());
+        if let Some(v) = v.filter(|v| v["seq"].is_u64() && v["seq"] == v["end"]) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("no complete call record in {}", path.display());
+}
+
+/// Energy costs milliseconds per call on a real driver (docs/validation): it is read every
+/// `slow_interval_ms`, not every cycle, and per-process utilization is not asked of a GPU
+/// with no process. Each read's delta is still charged whole: containers plus the idle
+/// entry add up to the GPU's energy.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn energy_is_read_once_per_slow_interval_and_still_sums_to_the_device() {
+    let dir = Dir::new("usage-slow");
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let a = Proc(cg.spawn(&mut sleeper()));
+    // GPU 0: the container at 40% SM; GPU 1: nobody.
+    let sc = Scenario::new(&json!({"devices": [
+        gpu(0, G0, 300_000, vec![p(a.pid(), GIB, 40)]),
+        gpu(1, G1, 100_000, vec![])
+    ]}));
+    let calls = dir.0.join("calls.json");
+    let lib = fake_nvml_lib();
+    let agent = Agent::start_env(
+        "[nvml]\ninterval_ms = 200\nslow_interval_ms = 1000\n",
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_SCENARIO", sc.path()),
+            ("FAKE_NVML_CALLS", calls.to_str().unwrap()),
+        ],
+    );
+    let energy = |s: &Value| -> f64 {
+        container(s, &id)
+            .and_then(|c| c["accounts"].as_array())
+            .and_then(|a| a.iter().find(|x| x["uuid"] == G0))
+            .and_then(|x| x["energy_joules"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let device = |s: &Value, i: usize| s["devices"][i]["energy_mj"].as_f64().unwrap() / 1000.0;
+    let idle = |s: &Value, i: usize| {
+        s["devices"][i]["idle_energy_joules"]
+            .as_f64()
+            .unwrap_or(0.0)
+    };
+    let s1 = wait_snapshot(&agent, "energy charged", |s| energy(s) > 0.0);
+    let c1 = nvml_calls(&calls);
+    std::thread::sleep(Duration::from_millis(3500));
+    let s2 = wait_snapshot(&agent, "a later sample", |s| {
+        s["taken_at_ms"].as_u64() > s1["taken_at_ms"].as_u64()
+    });
+    let c2 = nvml_calls(&calls);
+    let n = |c: &Value, f: &str| c["calls"][f].as_u64().unwrap_or(0) as f64;
+    let d = |f: &str| n(&c2, f) - n(&c1, f);
+    let cycles = d("nvmlDeviceGetCount_v2") + d("nvmlDeviceGetCount");
+    let reads = d("nvmlDeviceGetTotalEnergyConsumption") / 2.0;
+    assert!(cycles >= 12.0, "about 17 cycles in 3.5 s: {cycles}");
+    assert!(
+        (2.0..=5.0).contains(&reads),
+        "energy read about once a second, not each of the {cycles} cycles: {reads}"
+    );
+    assert_eq!(
+        d("nvmlDeviceGetProcessUtilization"),
+        2.0 * cycles,
+        "asked of GPU 0 each cycle (twice: the count, then the samples), never of GPU 1"
+    );
+    let (d0, d1) = (
+        device(&s2, 0) - device(&s1, 0),
+        device(&s2, 1) - device(&s1, 1),
+    );
+    assert!(d0 > 300.0 && d1 > 100.0, "reads in between: {d0} {d1}");
+    let (e0, i0, i1) = (
+        energy(&s2) - energy(&s1),
+        idle(&s2, 0) - idle(&s1, 0),
+        idle(&s2, 1) - idle(&s1, 1),
+    );
+    assert!(
+        ((e0 + i0) - d0).abs() <= 1e-6 * d0,
+        "{e0} + idle {i0} vs {d0}"
+    );
+    assert!((e0 / d0 - 0.40).abs() < 0.01, "{}", e0 / d0);
+    assert!(
+        (i1 - d1).abs() <= 1e-6 * d1,
+        "GPU 1's energy is idle: {i1} vs {d1}"
     );
 }
 

@@ -15,7 +15,7 @@ use nvml_wrapper::{
     Device, Nvml,
 };
 
-use gpu_model::{AccountingSample, DeviceStatus, NvmlFeatures, SourceStatus};
+use gpu_model::{AccountingSample, DeviceStatus, GpmMetrics, NvmlFeatures, SourceStatus};
 
 use super::{
     fields::{self, NvlinkRates},
@@ -45,6 +45,105 @@ pub struct NvmlSampler {
     extras: Extras,
     /// Per-process accounting: what the join asked for, and the lists already seen.
     accounting: Accounting,
+    /// The costly, slowly changing readings: when they are due, and what they last were.
+    slow: Slow,
+}
+
+/// Readings that cost milliseconds of CPU per call on a real driver and are counters or
+/// change slowly (H100, driver 580, docs/validation: energy 3-6 ms, GPM 1.6 ms, PCIe replays
+/// 0.2-0.4 ms, MIG mode 0.3 ms, against 10 ms for a whole cycle of one GPU). They are read
+/// every `interval`, and held in between: a counter's rate and GPM's averages then span the
+/// interval, and the energy split charges each read's delta by that cycle's shares.
+struct Slow {
+    interval: Duration,
+    last: Option<Instant>,
+    /// Reads since NVML was initialised: the first two cycles read everything, so that
+    /// rates (GPM, the energy split) are known from the second cycle on.
+    reads: u32,
+    /// Per device index: what its last read gave.
+    held: HashMap<u32, Held>,
+}
+
+/// Names of the slow readings, as `DeviceSample::unsupported` lists them.
+const SLOW_READINGS: [&str; 3] = ["energy", "mig", "pcie_replay"];
+
+/// One device's slow readings, as last read.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Held {
+    uuid: String,
+    energy_mj: Option<u64>,
+    mig_enabled: bool,
+    pcie_replay: Option<u64>,
+    gpm: Option<GpmMetrics>,
+    /// Per GPU instance id.
+    mig_gpm: Vec<(u32, Option<GpmMetrics>)>,
+    unsupported: Vec<&'static str>,
+}
+
+impl Slow {
+    /// Whether this cycle reads the slow readings (and records that it does).
+    fn due(&mut self, now: Instant) -> bool {
+        let due = self.reads < 2 || self.last.is_none_or(|t| now >= t + self.interval);
+        if due {
+            self.last = Some(now);
+            self.reads += 1;
+        }
+        due
+    }
+
+    /// What to hold for device `index` this cycle: None reads it afresh.
+    fn held(&self, due: bool, index: u32) -> Option<&Held> {
+        (!due).then(|| self.held.get(&index)).flatten()
+    }
+
+    fn forget(&mut self) {
+        self.last = None;
+        self.reads = 0;
+        self.held.clear();
+    }
+}
+
+impl Held {
+    fn of(d: &DeviceSample) -> Held {
+        Held {
+            uuid: d.uuid.clone(),
+            energy_mj: d.energy_mj,
+            mig_enabled: d.mig_enabled,
+            pcie_replay: d.fields.pcie_replay,
+            gpm: d.fields.gpm,
+            mig_gpm: d
+                .mig_devices
+                .iter()
+                .map(|m| (m.gpu_instance_id, m.gpm))
+                .collect(),
+            unsupported: d
+                .unsupported
+                .iter()
+                .filter(|n| SLOW_READINGS.contains(n))
+                .copied()
+                .collect(),
+        }
+    }
+
+    /// The device's own slow readings (read before its MIG devices are listed).
+    fn restore_device(&self, d: &mut DeviceSample) {
+        d.energy_mj = self.energy_mj;
+        d.mig_enabled = self.mig_enabled;
+        d.unsupported.extend(&self.unsupported);
+    }
+
+    /// The fields' and profiling's slow readings.
+    fn restore_extras(&self, d: &mut DeviceSample) {
+        d.fields.pcie_replay = self.pcie_replay;
+        d.fields.gpm = self.gpm;
+        for m in &mut d.mig_devices {
+            m.gpm = self
+                .mig_gpm
+                .iter()
+                .find(|(gi, _)| *gi == m.gpu_instance_id)
+                .and_then(|(_, g)| *g);
+        }
+    }
 }
 
 /// What dcgm-exporter's further fields keep between cycles: profiling samples, the XID
@@ -102,7 +201,19 @@ impl NvmlSampler {
                 nvlink: NvlinkRates::default(),
             },
             accounting: Accounting::default(),
+            slow: Slow {
+                interval: Duration::from_secs(10),
+                last: None,
+                reads: 0,
+                held: HashMap::new(),
+            },
         }
+    }
+
+    /// Reads energy, GPM, PCIe replays and MIG mode every `interval` (`nvml.slow_interval_ms`).
+    pub fn with_slow_interval(mut self, interval: Duration) -> NvmlSampler {
+        self.slow.interval = interval;
+        self
     }
 
     /// Turns the accounting reads on (`usage.accounting`).
@@ -152,6 +263,7 @@ impl NvmlSampler {
             self.extras.xids.release(&nvml);
             self.extras.nvlink.clear();
         }
+        self.slow.forget();
     }
 
     fn try_init(&mut self) -> bool {
@@ -204,15 +316,22 @@ impl NvmlSampler {
             }
         };
         let driver_version = nvml.sys_driver_version().ok();
+        let due = self.slow.due(Instant::now());
         let mut devices = Vec::with_capacity(count as usize);
         for index in 0..count {
             let d = match nvml.device_by_index(index) {
                 Ok(dev) => {
-                    let mut d = sample_device(nvml, &dev, index, &mut self.last_seen);
+                    let held = self.slow.held(due, index);
+                    let (mut d, held) = sample_device(nvml, &dev, index, &mut self.last_seen, held);
                     if self.accounting.enabled && d.status.is_ok() && !d.mig_enabled {
                         read_accounting(&dev, &mut d, &mut self.accounting);
                     }
-                    self.extras.device(nvml, &dev, d)
+                    let fresh = held.is_none();
+                    let d = self.extras.device(nvml, &dev, d, held);
+                    if fresh && d.status.is_ok() {
+                        self.slow.held.insert(index, Held::of(&d));
+                    }
+                    d
                 }
                 Err(e) => DeviceSample {
                     index,
@@ -251,7 +370,14 @@ impl NvmlSampler {
 impl Extras {
     /// dcgm-exporter's further fields of a device that answers: health, profiling, and its
     /// registration for XID events.
-    fn device(&mut self, nvml: &Nvml, dev: &Device, mut d: DeviceSample) -> DeviceSample {
+    /// With `held`, the slow readings (PCIe replays, GPM) are those and are not read.
+    fn device(
+        &mut self,
+        nvml: &Nvml,
+        dev: &Device,
+        mut d: DeviceSample,
+        held: Option<&Held>,
+    ) -> DeviceSample {
         if !d.status.is_ok() {
             return d;
         }
@@ -259,7 +385,7 @@ impl Extras {
             unsupported: std::mem::take(&mut d.unsupported),
             lost: false,
         };
-        fields::read(&mut r, nvml, dev, &mut d, &mut self.nvlink);
+        fields::read(&mut r, nvml, dev, &mut d, &mut self.nvlink, held.is_none());
         d.unsupported = r.unsupported;
         d.unsupported.dedup();
         if r.lost {
@@ -267,7 +393,10 @@ impl Extras {
             d.processes.clear();
             return d;
         }
-        self.gpm.sample(nvml, dev, &mut d);
+        match held {
+            Some(h) => h.restore_extras(&mut d),
+            None => self.gpm.sample(nvml, dev, &mut d),
+        }
         self.xids.register(nvml, dev, &d.uuid);
         d
     }
@@ -322,12 +451,15 @@ impl Reader {
     }
 }
 
-fn sample_device(
+/// One device's sample. With `held` (and the same uuid), the slow readings are those and
+/// are not read; the `held` returned is what was used.
+fn sample_device<'h>(
     nvml: &Nvml,
     dev: &Device,
     index: u32,
     last_seen: &mut HashMap<String, u64>,
-) -> DeviceSample {
+    held: Option<&'h Held>,
+) -> (DeviceSample, Option<&'h Held>) {
     let mut d = DeviceSample {
         index,
         status: DeviceStatus::Ok,
@@ -338,6 +470,12 @@ fn sample_device(
         lost: false,
     };
     read_device_metrics(&mut r, dev, &mut d);
+    // A device that was replaced at this index since (another uuid) is read afresh.
+    let held = held.filter(|h| h.uuid == d.uuid);
+    match held {
+        Some(h) => h.restore_device(&mut d),
+        None => read_slow_device_metrics(&mut r, dev, &mut d),
+    }
     if d.mig_enabled && !r.lost {
         read_mig_devices(&mut r, nvml, dev, &mut d);
     }
@@ -351,8 +489,9 @@ fn sample_device(
         merge_process(&mut procs, &p, &d.mig_devices);
     }
     read_mps_processes(&mut r, dev, &d.mig_devices, &mut procs);
-    // MIG devices cannot say per-process utilization.
-    if !r.lost && !d.mig_enabled {
+    // MIG devices cannot say per-process utilization. A device with no process has none to
+    // say: the call costs 2-3 ms on a real driver all the same (it answers NotFound).
+    if !r.lost && !d.mig_enabled && !procs.is_empty() {
         read_process_utilization(&mut r, dev, &d.uuid, last_seen, &mut procs);
     }
     procs.sort_by_key(|p| p.pid);
@@ -363,7 +502,7 @@ fn sample_device(
         d.status = DeviceStatus::Lost;
         d.processes.clear();
     }
-    d
+    (d, held)
 }
 
 fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
@@ -380,7 +519,6 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
         d.utilization_memory = Some(u.memory);
     }
     d.power_mw = r.read("power", || dev.power_usage());
-    d.energy_mj = r.read("energy", || dev.total_energy_consumption());
     d.temperature_c = r.read("temperature", || dev.temperature(TemperatureSensor::Gpu));
     d.sm_clock_mhz = r.read("clocks", || dev.clock_info(Clock::SM));
     d.mem_clock_mhz = r.read("clocks", || dev.clock_info(Clock::Memory));
@@ -393,10 +531,15 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
     d.throttle_reasons = r
         .read("throttle", || dev.current_throttle_reasons())
         .map(|t| t.bits());
+    d.sharing.minor_number = r.read("minor_number", || dev.minor_number());
+}
+
+/// The device's readings of `SLOW_READINGS` (the fields' and GPM's are read with them).
+fn read_slow_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
+    d.energy_mj = r.read("energy", || dev.total_energy_consumption());
     d.mig_enabled = r
         .read("mig", || dev.mig_mode())
         .is_some_and(|m| m.current == 1);
-    d.sharing.minor_number = r.read("minor_number", || dev.minor_number());
 }
 
 fn read_mig_devices(r: &mut Reader, nvml: &Nvml, dev: &Device, d: &mut DeviceSample) {
@@ -609,4 +752,80 @@ fn read_accounting(dev: &Device, d: &mut DeviceSample, acc: &mut Accounting) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slow(interval_ms: u64) -> Slow {
+        Slow {
+            interval: Duration::from_millis(interval_ms),
+            last: None,
+            reads: 0,
+            held: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn slow_readings_are_due_at_the_first_two_cycles_then_once_per_interval() {
+        let mut s = slow(1000);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let due: Vec<bool> = [0, 200, 400, 1000, 1199, 1200, 1400, 2200]
+            .into_iter()
+            .map(|ms| s.due(at(ms)))
+            .collect();
+        assert_eq!(
+            due,
+            [true, true, false, false, false, true, false, true],
+            "reads at 0 and 200 ms, then 1 s after the last read"
+        );
+        s.held.insert(0, Held::default());
+        assert!(s.held(false, 0).is_some() && s.held(true, 0).is_none());
+        s.forget();
+        assert!(s.due(at(2300)), "NVML restarted: read at once");
+        assert!(s.held(false, 0).is_none());
+    }
+
+    #[test]
+    fn held_readings_restore_what_was_read_and_only_that() {
+        let gpm = |v: f64| GpmMetrics {
+            sm_active: Some(v),
+            ..Default::default()
+        };
+        let mig = |gi: u32, g: Option<GpmMetrics>| MigSample {
+            gpu_instance_id: gi,
+            gpm: g,
+            ..Default::default()
+        };
+        let mut read = DeviceSample {
+            uuid: "GPU-a".into(),
+            energy_mj: Some(7_000),
+            mig_enabled: true,
+            unsupported: vec!["ecc", "pcie_replay"],
+            mig_devices: vec![mig(1, Some(gpm(0.5))), mig(2, None)],
+            ..Default::default()
+        };
+        read.fields.pcie_replay = None;
+        read.fields.gpm = Some(gpm(0.75));
+        let held = Held::of(&read);
+        assert_eq!(held.unsupported, ["pcie_replay"], "only the slow readings'");
+
+        // A later cycle: the fast readings are new, the slow ones are not read.
+        let mut later = DeviceSample {
+            uuid: "GPU-a".into(),
+            unsupported: vec!["ecc"],
+            mig_devices: vec![mig(2, None), mig(1, None)],
+            ..Default::default()
+        };
+        held.restore_device(&mut later);
+        held.restore_extras(&mut later);
+        assert_eq!(later.energy_mj, Some(7_000));
+        assert!(later.mig_enabled);
+        assert_eq!(later.unsupported, ["ecc", "pcie_replay"]);
+        assert_eq!(later.fields.gpm, Some(gpm(0.75)));
+        assert_eq!(later.mig_devices[0].gpm, None);
+        assert_eq!(later.mig_devices[1].gpm, Some(gpm(0.5)), "by GPU instance");
+    }
 }

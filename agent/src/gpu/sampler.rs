@@ -56,7 +56,9 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("nvml".into())
         .spawn(move || {
-            let mut sampler = NvmlSampler::new(cfg.lib_path).with_kmsg(xid.kmsg_path());
+            let mut sampler = NvmlSampler::new(cfg.lib_path)
+                .with_kmsg(xid.kmsg_path())
+                .with_slow_interval(Duration::from_millis(cfg.slow_interval_ms));
             sampler.enable_accounting(accounting.is_some());
             let mut next = Instant::now();
             while !stop.is_cancelled() {
