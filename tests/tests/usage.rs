@@ -14,7 +14,7 @@ use tests::{
     container,
     fake_node::{metadata_config, FakeContainer, FakeNode, World},
     fake_nvml_lib,
-    nvml::Scenario,
+    nvml::{read_calls, Scenario},
     otlp_receiver::{attr_str, Kind, Receiver},
     random_hex, random_uid, Agent, TempDir as Dir,
 };
@@ -150,19 +150,8 @@ fn energy_per_container_sums_to_the_device_energy() {
     ]);
     let node = FakeNode::start(&dir.0, world);
     let agent = start(&sc, &dir.0, Some(&node), "", &[]);
-    let energy = |s: &Value, i: usize, uuid: &str| -> f64 {
-        container(s, &ids[i].1)
-            .and_then(|c| c["accounts"].as_array())
-            .and_then(|a| a.iter().find(|x| x["uuid"] == uuid))
-            .and_then(|x| x["energy_joules"].as_f64())
-            .unwrap_or(0.0)
-    };
-    let device = |s: &Value, i: usize| s["devices"][i]["energy_mj"].as_f64().unwrap() / 1000.0;
-    let idle = |s: &Value, i: usize| {
-        s["devices"][i]["idle_energy_joules"]
-            .as_f64()
-            .unwrap_or(0.0)
-    };
+    let energy = |s: &Value, i: usize, uuid: &str| charged_energy(s, &ids[i].1, uuid);
+    let (device, idle) = (device_energy, idle_energy);
     let allocated = |s: &Value| {
         ids.iter()
             .all(|(_, i)| container(s, i).is_some_and(|c| c["allocated_gpus"] == json!([G0])))
@@ -211,18 +200,30 @@ fn energy_per_container_sums_to_the_device_energy() {
     );
 }
 
-/// The fake library's call counts (FAKE_NVML_CALLS), read again while half-written.
+/// Joules charged to container `id` on device `uuid` so far.
+fn charged_energy(s: &Value, id: &str, uuid: &str) -> f64 {
+    container(s, id)
+        .and_then(|c| c["accounts"].as_array())
+        .and_then(|a| a.iter().find(|x| x["uuid"] == uuid))
+        .and_then(|x| x["energy_joules"].as_f64())
+        .unwrap_or(0.0)
+}
+
+/// Device `i`'s energy counter, joules.
+fn device_energy(s: &Value, i: usize) -> f64 {
+    s["devices"][i]["energy_mj"].as_f64().unwrap() / 1000.0
+}
+
+/// Device `i`'s energy that no container was charged, joules.
+fn idle_energy(s: &Value, i: usize) -> f64 {
+    s["devices"][i]["idle_energy_joules"]
+        .as_f64()
+        .unwrap_or(0.0)
+}
+
+/// The fake library's call counts (FAKE_NVML_CALLS).
 fn nvml_calls(path: &Path) -> Value {
-    for _ in 0..100 {
-        let v: Option<Value> = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| serde_json::from_str(&s).ok());
-        if let Some(v) = v.filter(|v| v["seq"].is_u64() && v["seq"] == v["end"]) {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    panic!("no complete call record in {}", path.display());
+    read_calls(path).unwrap_or_else(|| panic!("no complete call record in {}", path.display()))
 }
 
 /// Energy costs milliseconds per call on a real driver (docs/validation): it is read every
@@ -251,19 +252,8 @@ fn energy_is_read_once_per_slow_interval_and_still_sums_to_the_device() {
             ("FAKE_NVML_CALLS", calls.to_str().unwrap()),
         ],
     );
-    let energy = |s: &Value| -> f64 {
-        container(s, &id)
-            .and_then(|c| c["accounts"].as_array())
-            .and_then(|a| a.iter().find(|x| x["uuid"] == G0))
-            .and_then(|x| x["energy_joules"].as_f64())
-            .unwrap_or(0.0)
-    };
-    let device = |s: &Value, i: usize| s["devices"][i]["energy_mj"].as_f64().unwrap() / 1000.0;
-    let idle = |s: &Value, i: usize| {
-        s["devices"][i]["idle_energy_joules"]
-            .as_f64()
-            .unwrap_or(0.0)
-    };
+    let energy = |s: &Value| charged_energy(s, &id, G0);
+    let (device, idle) = (device_energy, idle_energy);
     let s1 = wait_snapshot(&agent, "energy charged", |s| energy(s) > 0.0);
     let c1 = nvml_calls(&calls);
     std::thread::sleep(Duration::from_millis(3500));

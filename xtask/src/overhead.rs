@@ -175,19 +175,9 @@ pub(crate) struct Calls {
     pub top: Vec<(String, f64)>,
 }
 
-/// The fake library rewrites the file in place each cycle: a record read while it was
-/// being written does not parse, or its `seq` and `end` differ; it is read again.
+/// The fake library's counts, Null when no whole record could be read.
 fn read_calls(path: &Path) -> Value {
-    for _ in 0..100 {
-        let v: Option<Value> = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| serde_json::from_str(&s).ok());
-        if let Some(v) = v.filter(|v| v["seq"].is_u64() && v["seq"] == v["end"]) {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Value::Null
+    tests::nvml::read_calls(path).unwrap_or(Value::Null)
 }
 
 fn calls_between(a: &Value, b: &Value) -> Option<Calls> {
