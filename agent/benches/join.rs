@@ -72,7 +72,8 @@ fn sample(containers: u32, t: u64) -> GpuSample {
             uuid: uuid(g, None),
             status: DeviceStatus::Ok,
             memory_total_bytes: Some(85_520_809_984),
-            energy_mj: Some(t * 400),
+            // 400 W, read every 10 s (nvml.slow_interval_ms) and held in between.
+            energy_mj: Some(t / 10_000 * 10_000 * 400),
             mig_devices: (0..MIG)
                 .map(|m| MigSample {
                     uuid: uuid(g, Some(m)),

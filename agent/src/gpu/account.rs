@@ -220,7 +220,7 @@ fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &Name) -> &'a mut
 }
 
 /// Energy charged to a container this cycle: (its index, the device, joules).
-type Charge<'a> = (usize, &'a Name, f64);
+type Charge = (usize, Name, f64);
 
 /// The whole pass, in order: the energy split computed, then per container one pass over
 /// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
@@ -236,7 +236,7 @@ pub fn account(
     let users = DeviceUsers::of(containers, &owners, pass.names);
     let mut charges: Vec<Charge> = vec![];
     for (i, d) in pass.sample.devices.iter().enumerate() {
-        split_energy(d, &users, i, counters, &mut charges);
+        split_energy(d, &users, &owners, i, counters, &mut charges, now);
     }
     // By container, in device order within each (a stable sort).
     charges.sort_by_key(|c| c.0);
@@ -353,16 +353,37 @@ fn accounted_owners(
     added
 }
 
-/// Splits GPU `i`'s energy since the last sample over the containers on it by their
-/// SM-utilization share (memory share where no utilization is known); the rest (idle)
-/// goes to the containers the GPU is allocated to, in equal parts, else to the GPU's
-/// idle entry. Every joule of the delta lands somewhere.
-fn split_energy<'a>(
+/// The shares of the cycles since a GPU's energy counter last moved: energy is read every
+/// `nvml.slow_interval_ms` and held in between, and each increase is split by the mean of
+/// the shares of the cycles it spans, so that a container that ran between two reads is
+/// charged its part. Fractions of one cycle each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnergyShares {
+    /// (owner, the device charged: the GPU or one of its MIG devices) -> summed shares.
+    owners: rustc_hash::FxHashMap<(Owner, Name), f64>,
+    idle: f64,
+    cycles: u32,
+}
+
+const MAX_PENDING_CYCLES: u32 = 3600;
+
+/// One cycle's shares of a GPU's energy: (container index, device charged, fraction), and
+/// the fraction charged to nobody.
+type CycleShares = (Vec<(usize, Name, f64)>, f64);
+
+/// Splits GPU `i`'s energy over the containers on it by their SM-utilization share
+/// (memory share where no utilization is known); the rest (idle) goes to the containers the
+/// GPU is allocated to, in equal parts, else to the GPU's idle entry. Every joule of each
+/// increase lands somewhere: by this cycle's shares when the counter was read last cycle
+/// too, else by the mean of the cycles since (`EnergyShares`).
+fn split_energy(
     d: &DeviceSample,
-    users: &'a DeviceUsers<'a>,
+    users: &DeviceUsers,
+    owners: &[Option<Owner>],
     i: usize,
     counters: &mut Counters,
-    charges: &mut Vec<Charge<'a>>,
+    charges: &mut Vec<Charge>,
+    now: u64,
 ) {
     let Some(e) = d.energy_mj.filter(|_| d.status.is_ok()) else {
         return;
@@ -371,9 +392,54 @@ fn split_energy<'a>(
     let before = counters.energy_mj.insert(d.uuid.clone(), e);
     counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0);
     let Some(before) = before.filter(|b| *b <= e) else {
-        return; // first sample, or the counter restarted (driver reload)
+        // First sample, or the counter restarted (driver reload): nothing to split.
+        counters.energy_shares.remove(&d.uuid);
+        return;
     };
+    let (shares, idle) = cycle_shares(d, users, i);
     let delta = (e - before) as f64 / 1000.0;
+    if e > before && !counters.energy_shares.contains_key(&d.uuid) {
+        for (c, name, f) in shares {
+            charges.push((c, name, delta * f));
+        }
+        *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += delta * idle;
+        return;
+    }
+    let pending = counters.energy_shares.entry(d.uuid.clone()).or_default();
+    pending.cycles += 1;
+    pending.idle += idle;
+    for (c, name, f) in shares {
+        if let Some(owner) = &owners[c] {
+            *pending.owners.entry((owner.clone(), name)).or_insert(0.0) += f;
+        }
+    }
+    if e == before {
+        // Held, or no increase yet. A counter that never moves has nothing to split: its
+        // shares are not kept beyond an hour of 1 s cycles.
+        if pending.cycles > MAX_PENDING_CYCLES {
+            counters.energy_shares.remove(&d.uuid);
+        }
+        return;
+    }
+    let pending = counters.energy_shares.remove(&d.uuid).unwrap_or_default();
+    let per_cycle = delta / pending.cycles.max(1) as f64;
+    *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += per_cycle * pending.idle;
+    let index: rustc_hash::FxHashMap<&Owner, usize> = owners
+        .iter()
+        .enumerate()
+        .filter_map(|(c, o)| o.as_ref().map(|o| (o, c)))
+        .collect();
+    for ((owner, name), f) in pending.owners {
+        match index.get(&owner) {
+            Some(c) => charges.push((*c, name, per_cycle * f)),
+            // Gone since: its ledger is charged all the same.
+            None => charge_energy(ledger(counters, &owner, &name), per_cycle * f, now),
+        }
+    }
+}
+
+/// GPU `i`'s shares this cycle (see `split_energy`).
+fn cycle_shares(d: &DeviceSample, users: &DeviceUsers, i: usize) -> CycleShares {
     let on = &users.users[i];
     let by_sm = on.iter().any(|u| u.2.is_some());
     let total = d.memory_total_bytes.unwrap_or(0).max(1) as f64;
@@ -383,22 +449,18 @@ fn split_energy<'a>(
     };
     let sum: f64 = on.iter().map(weight).sum();
     let scale = if sum > 1.0 { 1.0 / sum } else { 1.0 };
-    let mut charged = 0.0;
-    for u in on {
-        let j = delta * weight(u) * scale;
-        charges.push((u.0, u.1, j));
-        charged += j;
-    }
-    let idle = (delta - charged).max(0.0);
+    let mut shares: Vec<(usize, Name, f64)> = on
+        .iter()
+        .map(|u| (u.0, u.1.clone(), weight(u) * scale))
+        .collect();
+    let idle = (1.0 - shares.iter().map(|s| s.2).sum::<f64>()).max(0.0);
     let holders = &users.holders[i];
     if holders.is_empty() {
-        *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += idle;
-    } else {
-        let part = idle / holders.len() as f64;
-        for (c, uuid) in holders {
-            charges.push((*c, uuid, part));
-        }
+        return (shares, idle);
     }
+    let part = idle / holders.len() as f64;
+    shares.extend(holders.iter().map(|(c, uuid)| (*c, uuid.clone(), part)));
+    (shares, 0.0)
 }
 
 fn charge_energy(l: &mut Ledger, j: f64, now: u64) {

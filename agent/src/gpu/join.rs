@@ -85,6 +85,8 @@ pub struct Counters {
     pub energy_mj: HashMap<String, u64>,
     /// Per GPU uuid: energy charged to nobody (idle, not allocated), J.
     pub idle_energy: HashMap<String, f64>,
+    /// Per GPU uuid: the shares of the cycles since its energy counter last moved.
+    pub energy_shares: HashMap<String, super::account::EnergyShares>,
     /// The last sample's device uuids, shared by every entry, key and ledger on them.
     pub uuids: FxHashSet<Name>,
 }
@@ -1157,6 +1159,31 @@ mod sharing_tests {
         assert!((energy(&snap, B) - 20.0).abs() < 1e-9);
         let idle = snap.devices[0].sharing.idle_energy_joules.unwrap();
         assert!((idle - 50.0).abs() < 1e-9, "{idle}");
+    }
+
+    #[test]
+    fn an_energy_read_after_held_cycles_is_split_by_their_mean_shares() {
+        // Energy read at 1 s and 4 s, held at 2 s and 3 s (nvml.slow_interval_ms): A alone
+        // at 90% in the cycles at 2 and 3 s, then B alone at 60% at 4 s, when A has gone.
+        let samples = [
+            sample(1000, 1_000_000, vec![p(100, 10, Some(90))]),
+            sample(2000, 1_000_000, vec![p(100, 10, Some(90))]),
+            sample(3000, 1_000_000, vec![p(100, 10, Some(90))]),
+            sample(4000, 1_300_000, vec![p(200, 10, Some(60))]),
+        ];
+        let (snap, counters, _) = run(&Metadata::default(), &samples, &Inputs::default());
+        // 300 J over three cycles: 100 J each, A 90 + 90, B 60, the idle rest 10 + 10 + 40.
+        let a = counters
+            .ledgers
+            .iter()
+            .find(|(o, _, _)| **o == Owner::Container(A.into()))
+            .map(|(_, _, l)| l.energy_j)
+            .unwrap();
+        assert!((a - 180.0).abs() < 1e-9, "{a}");
+        assert!((energy(&snap, B) - 60.0).abs() < 1e-9);
+        let idle = snap.devices[0].sharing.idle_energy_joules.unwrap();
+        assert!((idle - 60.0).abs() < 1e-9, "{idle}");
+        assert!(counters.energy_shares.is_empty(), "split, then forgotten");
     }
 
     /// Container A named ns/p/a and allocated `device` of `resource` (through `claim`).

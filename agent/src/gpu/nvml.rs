@@ -53,7 +53,8 @@ pub struct NvmlSampler {
 /// change slowly (H100, driver 580, docs/validation: energy 3-6 ms, GPM 1.6 ms, PCIe replays
 /// 0.2-0.4 ms, MIG mode 0.3 ms, against 10 ms for a whole cycle of one GPU). They are read
 /// every `interval`, and held in between: a counter's rate and GPM's averages then span the
-/// interval, and the energy split charges each read's delta by that cycle's shares.
+/// interval, and the energy split charges each read's increase by the mean of the shares of
+/// the cycles since the last read (`account::EnergyShares`).
 struct Slow {
     interval: Duration,
     last: Option<Instant>,
