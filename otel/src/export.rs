@@ -11,12 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
-use prost::{
-    bytes::{BufMut, Bytes},
-    Message,
-};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use prost::bytes::Bytes;
 
 pub use crate::settings::{parse_pairs, OtlpConfig, OtlpSettings, Protocol};
 
@@ -39,7 +34,7 @@ pub enum SendError {
 }
 
 enum Transport {
-    Grpc(tonic::client::Grpc<tonic::transport::Channel>),
+    Grpc(tonic::transport::Channel),
     Http(reqwest::Client),
 }
 
@@ -113,12 +108,12 @@ impl OtlpExporter {
         let transport = match settings.protocol {
             Protocol::Grpc => {
                 let shown = format!("OTLP endpoint {}", settings.redacted_url());
-                let channel = grpc_channel(&settings.url, &shown, &settings, ca.as_deref())?;
-                let mut client = tonic::client::Grpc::new(channel);
-                if settings.gzip {
-                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
-                }
-                Transport::Grpc(client)
+                Transport::Grpc(grpc_channel(
+                    &settings.url,
+                    &shown,
+                    &settings,
+                    ca.as_deref(),
+                )?)
             }
             Protocol::HttpProtobuf => Transport::Http(http_client(&settings, ca.as_deref())?),
         };
@@ -221,63 +216,18 @@ impl OtlpExporter {
     /// Sends one batch; `Bytes` so that the queued copy is not duplicated.
     async fn send(&mut self, body: Bytes) -> Result<(), SendError> {
         match &mut self.transport {
-            Transport::Grpc(client) => {
-                client
-                    .ready()
-                    .await
-                    .map_err(|e| SendError::Retryable(format!("not ready: {e}"), None))?;
-                let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-                    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-                );
-                let r = grpc_request(body, &self.settings);
-                let reply = client.unary(r, path, EncodedCodec).await;
-                reply.map(|_| ()).map_err(grpc_error)
-            }
+            Transport::Grpc(channel) => crate::grpc::unary(
+                channel,
+                "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+                body,
+                &self.settings,
+            )
+            .await
+            .map_err(grpc_error),
             Transport::Http(client) => {
                 post_http(client, &self.settings.url, &self.settings, body).await
             }
         }
-    }
-}
-
-/// The gRPC codec of an already encoded request: tonic's generated client would want the
-/// message struct, which the agent never builds (otlp::encode_request).
-#[derive(Clone, Copy)]
-struct EncodedCodec;
-
-impl Codec for EncodedCodec {
-    type Encode = Bytes;
-    type Decode = ExportMetricsServiceResponse;
-    type Encoder = EncodedCodec;
-    type Decoder = EncodedCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        *self
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        *self
-    }
-}
-
-impl Encoder for EncodedCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for EncodedCodec {
-    type Item = ExportMetricsServiceResponse;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, tonic::Status> {
-        ExportMetricsServiceResponse::decode(src)
-            .map(Some)
-            .map_err(|e| tonic::Status::internal(format!("decoding the reply: {e}")))
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod catalogue;
 pub mod dcgm;
 pub mod export;
+mod grpc;
 pub mod otlp;
 mod pb;
 pub mod prometheus;
