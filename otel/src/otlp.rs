@@ -830,17 +830,41 @@ fn xids_of_gone_containers(
     }
 }
 
-/// The size of the previous request: the next one's buffer is made that big at once.
+/// The size of the previous request (batch): the next one's buffer is made that big at once.
 static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
 
-/// Encodes the request for one export. `now_ms` stamps it when the snapshot has no time
-/// yet.
+/// How big a request of an export grows before the next one starts: well under the 4 MiB
+/// that the OpenTelemetry Collector's gRPC receiver takes by default (a node of 2,000
+/// containers makes 4 MB a second), and the agent holds one of them at a time, not the
+/// whole export.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// Encodes the request for one export, all of it in one (`requests` splits it). `now_ms`
+/// stamps it when the snapshot has no time yet.
 pub fn encode_request(
     snap: &Snapshot,
     stats: &AgentStats,
     ctx: &ExportContext,
     now_ms: u64,
 ) -> Vec<u8> {
+    let mut all = requests(snap, stats, ctx, now_ms, usize::MAX);
+    let out = all.next().unwrap_or_default();
+    debug_assert!(all.next().is_none());
+    out
+}
+
+/// The requests of one export, in order: the node's resource first, then one resource per
+/// container, a request closed once it holds `max_bytes` (whole resources, so the last one
+/// in it may go past). Together they are exactly `encode_request`'s bytes: a request is
+/// its resources' fields one after the other. An export with nothing to say is one empty
+/// request.
+pub fn requests<'a>(
+    snap: &'a Snapshot,
+    stats: &AgentStats,
+    ctx: &'a ExportContext,
+    now_ms: u64,
+    max_bytes: usize,
+) -> Requests<'a> {
     let t = if snap.taken_at_ms > 0 {
         snap.taken_at_ms
     } else {
@@ -859,31 +883,102 @@ pub fn encode_request(
     if ctx.groups.container {
         idle_energy(&mut node, snap);
     }
-    let is_host = |c: &&ContainerUsage| c.container_id.is_none() && c.pod_uid.is_none();
     // The host entry's GPU use goes on the node resource, without container.id.
-    for c in snap.containers.iter().filter(is_host) {
+    for c in snap.containers.iter().filter(|c| is_host(c)) {
         container_group(&mut node, c, ctx, &by);
     }
     let node_attrs = node_resource_bytes(ctx, drop);
-    let mut out = Vec::with_capacity(LAST_LEN.load(Relaxed) + 4096);
+    let mut out = Vec::with_capacity(LAST_LEN.load(Relaxed).min(max_bytes) + 4096);
     if !node.is_empty() {
         write_resource(&mut out, &node_attrs, &node);
     }
-    // One `Metrics` and one attribute buffer for all the containers.
-    let (mut m, mut attrs) = (node, vec![]);
-    for c in snap.containers.iter().filter(|c| !is_host(c)) {
-        m.clear();
-        container_group(&mut m, c, ctx, &by);
-        if !m.is_empty() {
-            container_resource_bytes(&mut attrs, &node_attrs, c, drop);
-            write_resource(&mut out, &attrs, &m);
+    Requests {
+        snap,
+        ctx,
+        by,
+        node_attrs,
+        // One `Metrics` and one attribute buffer for all the containers.
+        m: node,
+        attrs: vec![],
+        next: 0,
+        out,
+        max_bytes,
+        state: Batching::Filling,
+    }
+}
+
+fn is_host(c: &ContainerUsage) -> bool {
+    c.container_id.is_none() && c.pod_uid.is_none()
+}
+
+/// An export's requests, encoded one at a time (see `requests`).
+pub struct Requests<'a> {
+    snap: &'a Snapshot,
+    ctx: &'a ExportContext,
+    by: ByOwner<'a>,
+    node_attrs: Vec<u8>,
+    m: Metrics,
+    attrs: Vec<u8>,
+    /// The next container to encode.
+    next: usize,
+    /// The request being filled.
+    out: Vec<u8>,
+    max_bytes: usize,
+    state: Batching,
+}
+
+#[derive(PartialEq)]
+enum Batching {
+    Filling,
+    /// At least one request was handed out.
+    Sent,
+    Done,
+}
+
+impl Iterator for Requests<'_> {
+    type Item = Vec<u8>;
+
+    fn next(&mut self) -> Option<Vec<u8>> {
+        if self.state == Batching::Done {
+            return None;
         }
+        let snap = self.snap;
+        while let Some(c) = snap.containers.get(self.next) {
+            self.next += 1;
+            if is_host(c) {
+                continue;
+            }
+            self.m.clear();
+            container_group(&mut self.m, c, self.ctx, &self.by);
+            if self.m.is_empty() {
+                continue;
+            }
+            container_resource_bytes(&mut self.attrs, &self.node_attrs, c, self.m.drop);
+            write_resource(&mut self.out, &self.attrs, &self.m);
+            if self.out.len() >= self.max_bytes {
+                LAST_LEN.store(self.out.len(), Relaxed);
+                let capacity = self.out.len() + 4096;
+                self.state = Batching::Sent;
+                return Some(std::mem::replace(
+                    &mut self.out,
+                    Vec::with_capacity(capacity),
+                ));
+            }
+        }
+        if self.ctx.groups.container {
+            let (by, node) = (&self.by, &self.node_attrs);
+            xids_of_gone_containers(snap, by, node, &mut self.m, &mut self.out);
+        }
+        let first = self.state == Batching::Filling;
+        self.state = Batching::Done;
+        if self.out.is_empty() && !first {
+            return None;
+        }
+        if first {
+            LAST_LEN.store(self.out.len(), Relaxed);
+        }
+        Some(std::mem::take(&mut self.out))
     }
-    if ctx.groups.container {
-        xids_of_gone_containers(snap, &by, &node_attrs, &mut m, &mut out);
-    }
-    LAST_LEN.store(out.len(), Relaxed);
-    out
 }
 
 /// The request for one export, decoded: for tests and tools that inspect it.
@@ -905,6 +1000,59 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn an_export_splits_into_requests_of_whole_resources_that_add_up_to_the_one() {
+        let mut sn = snap();
+        let c = sn.containers.iter().find(|c| !is_host(c)).unwrap().clone();
+        sn.containers = (0..60)
+            .map(|i| ContainerUsage {
+                container_id: Some(format!("{i:064x}").into()),
+                ..c.clone()
+            })
+            .collect();
+        let stats = AgentStats::default();
+        let whole = encode_request(&sn, &stats, &ctx(), 1);
+        let max = whole.len() / 5;
+        let parts: Vec<Vec<u8>> = requests(&sn, &stats, &ctx(), 1, max).collect();
+        assert!(parts.len() >= 5, "{} requests", parts.len());
+        assert_eq!(
+            parts.concat(),
+            whole,
+            "the same resources, in the same order"
+        );
+        let resources = |b: &[u8]| {
+            ExportMetricsServiceRequest::decode(b)
+                .unwrap()
+                .resource_metrics
+                .len()
+        };
+        assert_eq!(
+            parts.iter().map(|p| resources(p)).sum::<usize>(),
+            resources(&whole)
+        );
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.len() >= max));
+        assert!(
+            parts.iter().all(|p| p.len() < max + 4096),
+            "closed at max_bytes"
+        );
+        // Nothing to say: one empty request, as before.
+        let quiet = ExportContext {
+            groups: crate::Groups {
+                device: false,
+                container: false,
+                process: false,
+                self_metrics: false,
+                drop_attributes: vec![],
+            },
+            ..ctx()
+        };
+        let empty: Vec<Vec<u8>> = requests(&Snapshot::default(), &stats, &quiet, 1, max).collect();
+        assert_eq!(
+            empty,
+            [encode_request(&Snapshot::default(), &stats, &quiet, 1)]
+        );
+    }
 
     /// The hand-written encoding is byte for byte what prost writes for the same message.
     #[test]

@@ -21,17 +21,20 @@ pub async fn run(
     let timeout = ex.settings().timeout;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let request = |now: u64| {
-        let snap = snapshot.borrow().clone();
-        otel::otlp::encode_request(&snap, &stats.report(&snap.nvml), &ctx, now)
-    };
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                ex.export(request(now_ms())).await;
+                // Request by request: each is encoded once the one before it is sent.
+                let (snap, report) = latest(&snapshot, &stats);
+                for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), MAX) {
+                    ex.export(request).await;
+                }
             }
             _ = stop.cancelled() => {
-                ex.enqueue(request(now_ms()));
+                let (snap, report) = latest(&snapshot, &stats);
+                for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), MAX) {
+                    ex.enqueue(request);
+                }
                 match tokio::time::timeout(timeout, ex.flush(true)).await {
                     Ok(true) => tracing::info!("final OTLP export sent"),
                     _ => tracing::warn!(queued = ex.queued(), "final OTLP export failed; exiting anyway"),
@@ -40,4 +43,16 @@ pub async fn run(
             }
         }
     }
+}
+
+const MAX: usize = otel::otlp::MAX_REQUEST_BYTES;
+
+/// The snapshot to export and the agent's own figures with it.
+fn latest(
+    snapshot: &Published,
+    stats: &Stats,
+) -> (Arc<gpu_model::Snapshot>, gpu_model::AgentStats) {
+    let snap = snapshot.borrow().clone();
+    let report = stats.report(&snap.nvml);
+    (snap, report)
 }
