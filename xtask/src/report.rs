@@ -255,12 +255,13 @@ fn targets(md: &mut String, r: &Report) {
             format!("{:.3}x, {} lost", st.slowdown, st.lost),
             verdict(st.slowdown <= 1.03 && st.lost == 0),
         ],
-        // A per-process call would add at least 1,680 calls between the two.
+        // A per-process call would add at least 1,680 calls between the two. The slow
+        // readings (every 10 s) move each window's mean by a few calls.
         [
             "NVML calls per cycle".into(),
             "counted, none per process".into(),
             format!("{c320:.1} at 320, {c2000:.1} at 2,000 GPU processes"),
-            verdict(c2000 - c320 < 1.0),
+            verdict(c2000 - c320 < 100.0),
         ],
         at_most(&per_200x8("/metrics render"), prom_ms, 5.0, "ms", 2),
         at_most(&per_200x8("OTLP build + encode"), build_ms, 2.0, "ms", 2),
