@@ -398,6 +398,8 @@ fn split_energy(
     };
     let (shares, idle) = cycle_shares(d, users, i);
     let delta = (e - before) as f64 / 1000.0;
+    // Read last cycle too: this cycle's shares are the mean, and the containers are this
+    // cycle's, so no map is kept or built (a read every cycle costs what it did before).
     if e > before && !counters.energy_shares.contains_key(&d.uuid) {
         for (c, name, f) in shares {
             charges.push((c, name, delta * f));

@@ -69,7 +69,7 @@ struct Slow {
 const SLOW_READINGS: [&str; 3] = ["energy", "mig", "pcie_replay"];
 
 /// One device's slow readings, as last read.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Default, PartialEq)]
 struct Held {
     uuid: String,
     energy_mj: Option<u64>,
