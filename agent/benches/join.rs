@@ -48,15 +48,14 @@ fn state(containers: u32) -> State {
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/cri-containerd-{id}.scope"
         );
         registry.insert(0, 1000 + c as u64, &path);
-        cache.upsert(ProcessEntry {
-            pid: 10_000 + c,
-            start_ns: 1,
-            ppid: 1,
-            comm: "python3".into(),
-            cgroup_v2: Some(1000 + c as u64),
-            cgroup_v1: None,
-            exited_at: None,
-        });
+        cache.upsert(ProcessEntry::new(
+            10_000 + c,
+            1,
+            1,
+            "python3".into(),
+            Some(1000 + c as u64),
+            None,
+        ));
     }
     State::on_cgroup2(cache, registry)
 }

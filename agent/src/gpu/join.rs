@@ -292,6 +292,8 @@ impl Group {
         let i = match self.gpus.iter().position(|g| same(&g.uuid, &uuid)) {
             Some(i) => i,
             None => {
+                // Most containers use one device: room for one, not four.
+                self.gpus.reserve_exact(1);
                 self.gpus.push(ContainerGpu {
                     uuid,
                     gpu_uuid: gpu_uuid.clone(),
@@ -719,15 +721,14 @@ mod tests {
         registry.insert(0, 1, "/");
         let mut cache = ProcessCache::new(Duration::from_secs(5), 1000);
         for (pid, cg) in [(100, 10), (101, 10), (200, 11), (300, 1)] {
-            cache.upsert(ProcessEntry {
+            cache.upsert(ProcessEntry::new(
                 pid,
-                start_ns: 1,
-                ppid: 1,
-                comm: format!("p{pid}").into(),
-                cgroup_v2: Some(cg),
-                cgroup_v1: None,
-                exited_at: None,
-            });
+                1,
+                1,
+                format!("p{pid}").as_str().into(),
+                Some(cg),
+                None,
+            ));
         }
         State::on_cgroup2(cache, registry)
     }

@@ -84,16 +84,16 @@ impl State {
     /// when that does (hybrid hosts); else the cgroup2 cgroup (a host process).
     pub fn attribute(&self, e: &ProcessEntry) -> Attribution<'_> {
         let v2 = self.hierarchies.v2.as_ref().map(|h| h.id).unwrap_or(0);
-        let v2_node = e.cgroup_v2.and_then(|id| self.registry.get(v2, id));
+        let v2_node = e.cgroup_v2().and_then(|id| self.registry.get(v2, id));
         let v2_attr = Attribution {
-            cgroup_id: e.cgroup_v2,
+            cgroup_id: e.cgroup_v2(),
             cgroup_version: 2,
             node: v2_node,
         };
         if v2_attr.container().is_some() {
             return v2_attr;
         }
-        if let (Some(h), Some(id)) = (&self.hierarchies.v1, e.cgroup_v1) {
+        if let (Some(h), Some(id)) = (&self.hierarchies.v1, e.cgroup_v1()) {
             let node = self.registry.get(h.id, id);
             if node.is_some_and(|n| n.container.is_some()) {
                 return Attribution {

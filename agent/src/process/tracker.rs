@@ -251,15 +251,9 @@ impl Tracker {
         let mut seed = Vec::with_capacity(if self.source.is_some() { rows.len() } else { 0 });
         for (pid, stat) in rows {
             let entry = match (members.of(pid), stat) {
-                (Some((cgroup_v2, cgroup_v1)), Some((comm, ppid, start_ns))) => ProcessEntry {
-                    pid,
-                    start_ns,
-                    ppid,
-                    comm: comm.into(),
-                    cgroup_v2,
-                    cgroup_v1,
-                    exited_at: None,
-                },
+                (Some((cgroup_v2, cgroup_v1)), Some((comm, ppid, start_ns))) => {
+                    ProcessEntry::new(pid, start_ns, ppid, comm.into(), cgroup_v2, cgroup_v1)
+                }
                 (Some(_), None) => continue, // exited meanwhile
                 // Not in a cgroup.procs read (it moved, started after, or none was read):
                 // all from /proc.
@@ -515,7 +509,7 @@ impl Tracker {
             let mut no_comm = vec![];
             let v1 = st.hierarchies.v1.as_ref().map(|h| h.id);
             for e in st.cache.iter().filter(|e| e.is_live()) {
-                for (h, id) in [(Some(0), e.cgroup_v2), (v1, e.cgroup_v1)] {
+                for (h, id) in [(Some(0), e.cgroup_v2()), (v1, e.cgroup_v1())] {
                     if let (Some(h), Some(id)) = (h, id) {
                         if !st.registry.contains(h, id) {
                             unknown.insert((h, id));
@@ -535,9 +529,7 @@ impl Tracker {
             .collect();
         let mut st = self.state.write().unwrap();
         for (pid, comm) in comms {
-            if let Some(e) = st.cache.get_mut(pid).filter(|e| e.is_live()) {
-                e.comm = comm.into();
-            }
+            st.cache.set_comm(pid, comm.into());
         }
     }
 
@@ -756,19 +748,21 @@ fn entry_from_record(
         let path = rec.cgroup_path(h.id)?;
         registry.id_of(h, path)
     };
-    ProcessEntry {
-        pid: rec.pid,
-        start_ns: rec.start_ns,
-        ppid: rec.ppid,
-        comm: rec.comm.as_str().into(),
-        cgroup_v2: id_in(registry, hier.v2.as_ref()),
-        cgroup_v1: id_in(registry, hier.v1.as_ref()),
-        exited_at: None,
-    }
+    let cgroup_v2 = id_in(registry, hier.v2.as_ref());
+    let cgroup_v1 = id_in(registry, hier.v1.as_ref());
+    ProcessEntry::new(
+        rec.pid,
+        rec.start_ns,
+        rec.ppid,
+        rec.comm.as_str().into(),
+        cgroup_v2,
+        cgroup_v1,
+    )
 }
 
 fn kernel_info(e: &ProcessEntry) -> ProcInfo {
-    ProcInfo::new(e.cgroup_v2, e.cgroup_v1, Some(e.start_ns), e.ppid).with_comm(e.comm.as_bytes())
+    ProcInfo::new(e.cgroup_v2(), e.cgroup_v1(), Some(e.start_ns), e.ppid)
+        .with_comm(e.comm.as_bytes())
 }
 
 /// One notification applied to the state. Attaches, and cgroups the registry cannot name
