@@ -204,6 +204,10 @@ pub struct CgroupRegistry {
     nodes: FxHashMap<(u32, u64), CgroupNode>,
     /// The earliest removal not yet forgotten: gc walks the nodes only once one is due.
     oldest_removal: Option<Instant>,
+    /// The last pod uid parsed. A pod's cgroups come one after another (the walk, the
+    /// kubelet's mkdirs), so its containers share one string: 9,000 fewer on a node of
+    /// 1,000 pods.
+    last_pod_uid: Option<Name>,
 }
 
 impl CgroupRegistry {
@@ -214,7 +218,15 @@ impl CgroupRegistry {
                 return;
             }
         }
-        let container = parse_cgroup_path(path).map(Arc::new);
+        let container = parse_cgroup_path(path).map(|mut c| {
+            if let Some(uid) = &mut c.pod_uid {
+                match &self.last_pod_uid {
+                    Some(last) if **last == **uid => *uid = last.clone(),
+                    _ => self.last_pod_uid = Some(uid.clone()),
+                }
+            }
+            Arc::new(c)
+        });
         self.nodes.insert(
             (hierarchy, id),
             CgroupNode {
@@ -425,6 +437,40 @@ mod tests {
         assert!(r.contains(0, 7));
         r.gc(Duration::ZERO);
         assert!(!r.contains(0, 7));
+    }
+
+    #[test]
+    fn a_pods_cgroups_share_its_uid() {
+        let mut r = CgroupRegistry::default();
+        let pod = |u: &str| format!("/kubepods.slice/kubepods-pod{u}.slice");
+        let (a, b) = (
+            "1b4e28ba_2fa1_11d2_883f_0016d3cca427",
+            "2c5f39cb_3fb2_22e3_994f_1127e4ddb538",
+        );
+        let ctr = |u: &str, n: u8| {
+            format!(
+                "{}/cri-containerd-{}.scope",
+                pod(u),
+                format!("{n:x}").repeat(64)
+            )
+        };
+        r.insert(0, 1, &pod(a));
+        r.insert(0, 2, &ctr(a, 1));
+        r.insert(0, 3, &ctr(a, 2));
+        r.insert(0, 4, &ctr(b, 3));
+        let uid = |id| {
+            r.get(0, id)
+                .unwrap()
+                .container
+                .clone()
+                .unwrap()
+                .pod_uid
+                .clone()
+                .unwrap()
+        };
+        assert_eq!(&*uid(2), "1b4e28ba-2fa1-11d2-883f-0016d3cca427");
+        assert!(Arc::ptr_eq(&uid(1), &uid(2)) && Arc::ptr_eq(&uid(2), &uid(3)));
+        assert_eq!(&*uid(4), "2c5f39cb-3fb2-22e3-994f-1127e4ddb538");
     }
 
     #[test]
