@@ -170,14 +170,9 @@ impl ProcessCache {
         let (pid, seq, _) = self.exits.pop_front()?;
         let same = self
             .procs
-            .find_entry(hash(pid), |e| e.pid == pid && e.exit == Some(seq));
-        let same = match same {
-            Ok(o) => {
-                o.remove();
-                true
-            }
-            Err(_) => false,
-        };
+            .find_entry(hash(pid), |e| e.pid == pid && e.exit == Some(seq))
+            .map(|o| o.remove())
+            .is_ok();
         if same {
             self.tombstones -= 1;
         }
