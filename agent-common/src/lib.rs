@@ -233,7 +233,8 @@ pub struct Config {
     /// The tracked cgroup v1 hierarchy id, ABSENT on pure cgroup2 hosts.
     pub v1_hierarchy: u32,
     /// 1 when `task_newtask` has the layout of `NewTaskRecord` (every kernel seen so far):
-    /// fork then reads its fields with one probe read instead of one per field.
+    /// fork then loads its fields from the record directly (constant offsets), instead of
+    /// a probe read per field at these offsets.
     pub newtask_packed: u32,
     /// Wake the consumer once this many bytes are waiting; below it events wait for the
     /// consumer's next timed poll. 0: wake on every event.
@@ -319,10 +320,37 @@ pub struct NewTaskRecord {
     pub clone_flags: u64,
 }
 
+/// Where `sched_process_exit` has `group_dead` on the kernels that have it (6.x); exit
+/// loads it directly there, and through the probe-read helper at any other offset.
+pub const EXIT_GROUP_DEAD_USUAL: u32 = 32;
+
 /// (pid, comm, clone_flags) offsets in the record that `NewTaskRecord` mirrors.
 pub const NEWTASK_OFFSETS: (u32, u32, u32) = (8, 12, 32);
 
 const _: () = assert!(core::mem::size_of::<NewTaskRecord>() == 32);
+
+impl NewTaskRecord {
+    /// The fields loaded from a `task_newtask` record at `NEWTASK_OFFSETS`, with plain
+    /// loads: a tracepoint program may read its record directly at constant offsets (the
+    /// verifier checks bounds and alignment), which costs fork about 90 ns less a run than
+    /// the probe-read helper, whose code is cold after the kernel's fork path (`cargo xtask
+    /// bench floor`).
+    ///
+    /// # Safety
+    /// `rec` points to a `task_newtask` record with this layout (`Config::newtask_packed`).
+    #[inline(always)]
+    pub unsafe fn load(rec: *const u8) -> NewTaskRecord {
+        let (pid_at, comm_at, flags_at) = NEWTASK_OFFSETS;
+        // The comm at 12 is 4-aligned only: four 32-bit loads.
+        let word = |i: usize| *(rec.add(comm_at as usize + 4 * i) as *const u32);
+        NewTaskRecord {
+            pid: *(rec.add(pid_at as usize) as *const i32),
+            comm: core::mem::transmute::<[u32; 4], [u8; 16]>([word(0), word(1), word(2), word(3)]),
+            _pad: 0,
+            clone_flags: *(rec.add(flags_at as usize) as *const u64),
+        }
+    }
+}
 
 #[cfg(feature = "user")]
 mod pod {
@@ -360,5 +388,20 @@ mod tests {
         assert!(p.knows_cgroup(false, 3) && p.is_complete(true, true));
         let partial = ProcInfo::new(Some(7), None, None, 0);
         assert!(!partial.is_complete(false, false), "no start time");
+    }
+
+    /// A `task_newtask` record as the kernel writes it (format file offsets), read back.
+    #[test]
+    fn a_newtask_record_loads_from_its_format_offsets() {
+        #[repr(C, align(8))]
+        struct Record([u8; 48]);
+        let mut rec = Record([0xee; 48]);
+        rec.0[8..12].copy_from_slice(&4242i32.to_ne_bytes());
+        rec.0[12..28].copy_from_slice(b"python3\0\0\0\0\0\0\0\0\0");
+        rec.0[32..40].copy_from_slice(&0x0001_0000_0011u64.to_ne_bytes());
+        let r = unsafe { NewTaskRecord::load(rec.0.as_ptr()) };
+        assert_eq!(r.pid, 4242);
+        assert_eq!(&r.comm, b"python3\0\0\0\0\0\0\0\0\0");
+        assert_eq!(r.clone_flags, 0x0001_0000_0011);
     }
 }

@@ -1,0 +1,135 @@
+//! Calibration programs for `cargo xtask bench floor`; never loaded by the agent.
+//!
+//! `proc_fork`'s work, cut into cumulative prefixes: `fork_N` does steps 1..=N of it, with
+//! the same types, helpers and map kinds, on maps of its own. Each prefix runs alone on
+//! `task_newtask` during a storm, so the differences between neighbours are what each step
+//! costs where it really runs: after the kernel's fork path has evicted the caches. Running
+//! them side by side on one event would let the first pay for the others' cold misses.
+#![no_std]
+#![no_main]
+
+use agent_common::{NewTaskRecord, ProcEvent, ProcInfo, EVENT_FORK};
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns},
+    macros::{map, tracepoint},
+    maps::{HashMap, RingBuf},
+    programs::TracePointContext,
+    EbpfContext,
+};
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+/// The agent's default `ebpf.wakeup_bytes`.
+const WAKEUP_BYTES: u64 = 256 << 10;
+
+// Sized by the bench: PROCS as the agent sizes its own, EVENTS to hold a whole storm.
+#[map]
+static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(65536, 0);
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// Steps 1..=N of `proc_fork` (agent-ebpf/src/main.rs), in its order.
+#[inline(always)]
+fn fork_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
+    // 1: the record's pid, comm and clone_flags (plain loads); threads stop here.
+    let r = unsafe { NewTaskRecord::load(ctx.as_ptr() as *const u8) };
+    if r.clone_flags & CLONE_THREAD != 0 || N < 2 {
+        return 0;
+    }
+    // 2: the parent, its cgroup and the time.
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let mut info = ProcInfo::new(
+        Some(unsafe { bpf_get_current_cgroup_id() }),
+        None,
+        Some(unsafe { bpf_ktime_get_boot_ns() }),
+        parent,
+    );
+    info.comm = r.comm;
+    if N < 3 {
+        // Keeps the step's work from being optimised away.
+        return (info.start_ns == 1) as u32;
+    }
+    // 3: the parent's entry (its cgroup v1 id, where a v1 hierarchy is tracked).
+    if let Some(p) = PROCS.get_ptr(parent) {
+        let p = unsafe { *p };
+        if p.v1_known() {
+            info.set_v1(p.cgroup_v1_id);
+        }
+    }
+    if N < 4 {
+        return (info.cgroup_v1_id == 1) as u32;
+    }
+    // 4: the child's entry.
+    let _ = PROCS.insert(r.pid as u32, info, BPF_ANY as u64);
+    if N < 5 {
+        return 0;
+    }
+    // 5: the notification, with the agent's wake-up rule.
+    if let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) {
+        let ev = entry.as_mut_ptr();
+        unsafe {
+            (*ev).kind = EVENT_FORK;
+            (*ev).tgid = r.pid as u32;
+            (*ev).info = info;
+        }
+        let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        };
+        entry.submit(flags as u64);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn fork_0(_ctx: TracePointContext) -> u32 {
+    0
+}
+
+#[tracepoint]
+pub fn fork_1(ctx: TracePointContext) -> u32 {
+    fork_steps::<1>(&ctx)
+}
+
+#[tracepoint]
+pub fn fork_2(ctx: TracePointContext) -> u32 {
+    fork_steps::<2>(&ctx)
+}
+
+#[tracepoint]
+pub fn fork_3(ctx: TracePointContext) -> u32 {
+    fork_steps::<3>(&ctx)
+}
+
+#[tracepoint]
+pub fn fork_4(ctx: TracePointContext) -> u32 {
+    fork_steps::<4>(&ctx)
+}
+
+#[tracepoint]
+pub fn fork_5(ctx: TracePointContext) -> u32 {
+    fork_steps::<5>(&ctx)
+}
+
+/// On `sched_process_exit`, beside the prefixes that insert: the map stays at the storm's
+/// few live processes, and freed elements are reused, as in the agent.
+#[tracepoint]
+pub fn exit_remove(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if pid_tgid as u32 == tgid {
+        let _ = PROCS.remove(tgid);
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
