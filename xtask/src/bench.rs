@@ -32,6 +32,19 @@ pub enum Which {
         #[arg(long)]
         no_write: bool,
     },
+    /// The floor under the eBPF figures: `proc_fork`'s work as cumulative prefixes (a
+    /// calibration object the agent never loads), each alone on `task_newtask` for a storm,
+    /// so that each step's cost, cold caches and all, is the difference of two medians.
+    Floor {
+        /// fork+exec per prefix and round.
+        #[arg(long, default_value_t = 10_000)]
+        processes: u32,
+        /// Rounds over the prefixes, the order alternated; medians are reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        #[arg(long)]
+        no_write: bool,
+    },
     /// OTLP export: cost of building and encoding one export for 200 containers x 8 GPUs,
     /// and the agent's RSS while the collector is down for a long time.
     Export {
@@ -67,6 +80,11 @@ pub fn run(which: Which) -> Result<()> {
             rounds,
             no_write,
         } => storm(processes, rounds.max(1), no_write).map(|_| ()),
+        Which::Floor {
+            processes,
+            rounds,
+            no_write,
+        } => crate::floor::floor(processes.max(1), rounds.max(1), no_write),
         Which::Gpu {
             processes,
             pods,

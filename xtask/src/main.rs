@@ -4,6 +4,7 @@ mod bignode;
 mod classic;
 mod e2e;
 mod ebpf;
+mod floor;
 mod image;
 mod kernels;
 mod metrics_doc;
