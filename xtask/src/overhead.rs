@@ -216,7 +216,14 @@ pub(crate) struct Running {
 }
 
 pub(crate) fn start_agent(bin: &Path, lib: &Path) -> Result<Running> {
-    let rx = Receiver::start(Kind::Grpc, 0);
+    // GPU_AGENT_BENCH_PROTOCOL=http/protobuf: the agent's default protocol instead of gRPC.
+    let protocol = std::env::var("GPU_AGENT_BENCH_PROTOCOL").unwrap_or_else(|_| "grpc".into());
+    let kind = if protocol == "http/protobuf" {
+        Kind::Http
+    } else {
+        Kind::Grpc
+    };
+    let rx = Receiver::start(kind, 0);
     let url = rx.url();
     let calls_file = std::env::temp_dir().join(format!("bench-calls-{}.json", random_hex(8)));
     let scenario = classic::scenario_path();
@@ -229,7 +236,7 @@ pub(crate) fn start_agent(bin: &Path, lib: &Path) -> Result<Running> {
             ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
             ("FAKE_NVML_CALLS", calls_file.to_str().unwrap()),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", &protocol),
             ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
         ],
     );
