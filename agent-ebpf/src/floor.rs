@@ -1,17 +1,23 @@
 //! Calibration programs for `cargo xtask bench floor`; never loaded by the agent.
 //!
-//! `proc_fork`'s work, cut into cumulative prefixes: `fork_N` does steps 1..=N of it, with
-//! the same types, helpers and map kinds, on maps of its own. Each prefix runs alone on
-//! `task_newtask` during a storm, so the differences between neighbours are what each step
-//! costs where it really runs: after the kernel's fork path has evicted the caches. Running
-//! them side by side on one event would let the first pay for the others' cold misses.
+//! The work of `proc_fork`, `proc_exec` and `proc_exit`, cut into cumulative prefixes:
+//! `fork_N` does steps 1..=N of fork, with the same types, helpers and map kinds, on maps of
+//! its own. Each prefix runs alone on its tracepoint during a storm, so the differences
+//! between neighbours are what each step costs where it really runs: after the kernel's
+//! fork, exec or exit path has evicted the caches. Running them side by side on one event
+//! would let the first pay for the others' cold misses.
 #![no_std]
 #![no_main]
 
-use agent_common::{NewTaskRecord, ProcEvent, ProcInfo, EVENT_FORK};
+use agent_common::{
+    NewTaskRecord, ProcEvent, ProcInfo, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+};
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns},
+    bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_ktime_get_boot_ns,
+    },
     macros::{map, tracepoint},
     maps::{HashMap, RingBuf},
     programs::TracePointContext,
@@ -64,13 +70,20 @@ fn fork_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
     if N < 5 {
         return 0;
     }
-    // 5: the notification, with the agent's wake-up rule.
+    // 5: the notification.
+    notify(EVENT_FORK, r.pid as u32, &info);
+    0
+}
+
+/// The agent's `notify_proc`, with its default wake-up rule.
+#[inline(always)]
+fn notify(kind: u32, tgid: u32, info: &ProcInfo) {
     if let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) {
         let ev = entry.as_mut_ptr();
         unsafe {
-            (*ev).kind = EVENT_FORK;
-            (*ev).tgid = r.pid as u32;
-            (*ev).info = info;
+            (*ev).kind = kind;
+            (*ev).tgid = tgid;
+            (*ev).info = *info;
         }
         let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
             BPF_RB_FORCE_WAKEUP
@@ -79,6 +92,58 @@ fn fork_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
         };
         entry.submit(flags as u64);
     }
+}
+
+/// Steps 1..=N of `proc_exec`.
+#[inline(always)]
+fn exec_steps<const N: u32>() -> u32 {
+    // 1: the process, its cgroup and its new name.
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    if N < 2 {
+        return (cgroup_id == 1 && comm[3] == 9) as u32;
+    }
+    // 2: its entry, updated in place (inserted when fork's was missing).
+    let info = match PROCS.get_ptr_mut(tgid) {
+        Some(p) => unsafe {
+            (*p).set_v2(cgroup_id);
+            (*p).comm = comm;
+            *p
+        },
+        None => {
+            let mut info = ProcInfo::new(Some(cgroup_id), None, None, 0);
+            info.comm = comm;
+            let _ = PROCS.insert(tgid, info, BPF_NOEXIST as u64);
+            info
+        }
+    };
+    if N < 3 {
+        return 0;
+    }
+    // 3: the notification.
+    notify(EVENT_EXEC, tgid, &info);
+    0
+}
+
+/// Steps 1..=N of `proc_exit`.
+#[inline(always)]
+fn exit_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
+    // 1: the thread, and whether its group is dead (the record's `group_dead`, as the
+    // agent loads it on 6.x kernels); threads that leave a live group stop here.
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let dead = unsafe { *(ctx.as_ptr() as *const u8).add(EXIT_GROUP_DEAD_USUAL as usize) };
+    if dead == 0 || N < 2 {
+        return 0;
+    }
+    // 2: the entry removed.
+    let _ = PROCS.remove(tgid);
+    if N < 3 {
+        return 0;
+    }
+    // 3: the notification.
+    notify(EVENT_EXIT, tgid, &ProcInfo::default());
     0
 }
 
@@ -110,6 +175,46 @@ pub fn fork_4(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn fork_5(ctx: TracePointContext) -> u32 {
     fork_steps::<5>(&ctx)
+}
+
+#[tracepoint]
+pub fn exec_0(_ctx: TracePointContext) -> u32 {
+    0
+}
+
+#[tracepoint]
+pub fn exec_1(_ctx: TracePointContext) -> u32 {
+    exec_steps::<1>()
+}
+
+#[tracepoint]
+pub fn exec_2(_ctx: TracePointContext) -> u32 {
+    exec_steps::<2>()
+}
+
+#[tracepoint]
+pub fn exec_3(_ctx: TracePointContext) -> u32 {
+    exec_steps::<3>()
+}
+
+#[tracepoint]
+pub fn exit_0(_ctx: TracePointContext) -> u32 {
+    0
+}
+
+#[tracepoint]
+pub fn exit_1(ctx: TracePointContext) -> u32 {
+    exit_steps::<1>(&ctx)
+}
+
+#[tracepoint]
+pub fn exit_2(ctx: TracePointContext) -> u32 {
+    exit_steps::<2>(&ctx)
+}
+
+#[tracepoint]
+pub fn exit_3(ctx: TracePointContext) -> u32 {
+    exit_steps::<3>(&ctx)
 }
 
 /// On `sched_process_exit`, beside the prefixes that insert: the map stays at the storm's
