@@ -481,15 +481,16 @@ fn sample_device<'h>(
         read_mig_devices(&mut r, nvml, dev, &mut d);
     }
     // Compute and graphics contexts; a process with both is one process.
-    let mut procs: Vec<ProcessSample> = vec![];
+    let mut merged = Merged::default();
     let lists = [
         r.read("processes", || dev.running_compute_processes()),
         r.read("graphics_processes", || dev.running_graphics_processes()),
     ];
     for p in lists.into_iter().flatten().flatten() {
-        merge_process(&mut procs, &p, &d.mig_devices);
+        merged.merge(&p, &d.mig_devices);
     }
-    read_mps_processes(&mut r, dev, &d.mig_devices, &mut procs);
+    read_mps_processes(&mut r, dev, &d.mig_devices, &mut merged);
+    let mut procs = merged.procs;
     // MIG devices cannot say per-process utilization. A device with no process has none to
     // say: the call costs 2-3 ms on a real driver all the same (it answers NotFound).
     if !r.lost && !d.mig_enabled && !procs.is_empty() {
@@ -612,45 +613,46 @@ fn read_process_utilization(
     }
 }
 
-/// Returns the merged entry: a process with several contexts is one process.
-fn merge_process<'a>(
-    procs: &'a mut Vec<ProcessSample>,
-    p: &ProcessInfo,
-    migs: &[MigSample],
-) -> &'a mut ProcessSample {
-    let used = match p.used_gpu_memory {
-        UsedGpuMemory::Used(b) => b,
-        UsedGpuMemory::Unavailable => 0,
-    };
-    let mig_uuid = match (p.gpu_instance_id, p.compute_instance_id) {
-        (Some(gi), Some(ci)) => migs
-            .iter()
-            .find(|m| m.gpu_instance_id == gi && m.compute_instance_id == ci)
-            .or_else(|| migs.iter().find(|m| m.gpu_instance_id == gi))
-            .map(|m| m.uuid.clone()),
-        (Some(gi), None) => migs
-            .iter()
-            .find(|m| m.gpu_instance_id == gi)
-            .map(|m| m.uuid.clone()),
-        _ => None,
-    };
-    if let Some(i) = procs
-        .iter()
-        .position(|e| e.pid == p.pid && e.mig_uuid == mig_uuid)
-    {
-        let e = &mut procs[i];
+/// A device's processes as NVML lists them (compute, graphics, MPS), merged: a process with
+/// several contexts on one device (or MIG device) is one entry.
+#[derive(Debug, Default)]
+struct Merged {
+    procs: Vec<ProcessSample>,
+    /// (pid, index of its MIG device) -> its entry: one lookup per context, where a scan of
+    /// the list per context was quadratic (250 processes a GPU on a large node).
+    index: rustc_hash::FxHashMap<(u32, Option<usize>), usize>,
+}
+
+impl Merged {
+    /// Returns the merged entry.
+    fn merge(&mut self, p: &ProcessInfo, migs: &[MigSample]) -> &mut ProcessSample {
+        let used = match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => b,
+            UsedGpuMemory::Unavailable => 0,
+        };
+        let gi_is = |gi| move |m: &MigSample| m.gpu_instance_id == gi;
+        let mig = match (p.gpu_instance_id, p.compute_instance_id) {
+            (Some(gi), Some(ci)) => migs
+                .iter()
+                .position(|m| m.gpu_instance_id == gi && m.compute_instance_id == ci)
+                .or_else(|| migs.iter().position(gi_is(gi))),
+            (Some(gi), None) => migs.iter().position(gi_is(gi)),
+            _ => None,
+        };
+        let i = *self.index.entry((p.pid, mig)).or_insert_with(|| {
+            self.procs.push(ProcessSample {
+                pid: p.pid,
+                gpu_instance_id: p.gpu_instance_id,
+                compute_instance_id: p.compute_instance_id,
+                mig_uuid: mig.map(|i| migs[i].uuid.clone()),
+                ..Default::default()
+            });
+            self.procs.len() - 1
+        });
+        let e = &mut self.procs[i];
         e.used_memory_bytes = e.used_memory_bytes.max(used);
-        return e;
+        e
     }
-    procs.push(ProcessSample {
-        pid: p.pid,
-        used_memory_bytes: used,
-        gpu_instance_id: p.gpu_instance_id,
-        compute_instance_id: p.compute_instance_id,
-        mig_uuid,
-        ..Default::default()
-    });
-    procs.last_mut().unwrap()
 }
 
 /// GPU and compute instance ids of a MIG device handle. nvml-wrapper has no method for
@@ -681,17 +683,12 @@ fn instance_ids(nvml: &Nvml, mig: &Device) -> (Option<u32>, Option<u32>) {
 
 /// MPS clients, merged into the per-process list: a PID the compute list already has is
 /// the same process (marked `mps`), attributed by host PID like any other.
-fn read_mps_processes(
-    r: &mut Reader,
-    dev: &Device,
-    migs: &[MigSample],
-    procs: &mut Vec<ProcessSample>,
-) {
+fn read_mps_processes(r: &mut Reader, dev: &Device, migs: &[MigSample], merged: &mut Merged) {
     let Some(list) = r.read("mps_processes", || dev.mps_running_compute_processes()) else {
         return;
     };
     for p in &list {
-        merge_process(procs, p, migs).mps = true;
+        merged.merge(p, migs).mps = true;
     }
 }
 
@@ -787,6 +784,56 @@ mod tests {
         s.forget();
         assert!(s.due(at(2300)), "NVML restarted: read at once");
         assert!(s.held(false, 0).is_none());
+    }
+
+    #[test]
+    fn contexts_of_one_process_merge_per_device_and_keep_the_most_memory() {
+        let mig = |gi, ci| MigSample {
+            uuid: format!("MIG-{gi}-{ci}"),
+            gpu_instance_id: gi,
+            compute_instance_id: ci,
+            ..Default::default()
+        };
+        let migs = [mig(1, 0), mig(2, 0)];
+        let ctx = |pid, mib: u64, gi: Option<u32>| ProcessInfo {
+            pid,
+            used_gpu_memory: UsedGpuMemory::Used(mib << 20),
+            gpu_instance_id: gi,
+            compute_instance_id: gi.map(|_| 0),
+        };
+        let mut m = Merged::default();
+        m.merge(&ctx(10, 100, Some(1)), &migs);
+        m.merge(&ctx(11, 50, Some(2)), &migs);
+        // A graphics context of 10 on the same MIG device, and 10 on the other one.
+        m.merge(&ctx(10, 300, Some(1)), &migs);
+        m.merge(&ctx(10, 20, Some(2)), &migs);
+        m.merge(&ctx(11, 10, Some(2)), &migs).mps = true;
+        let rows: Vec<_> = m
+            .procs
+            .iter()
+            .map(|p| {
+                (
+                    p.pid,
+                    p.mig_uuid.as_deref(),
+                    p.used_memory_bytes >> 20,
+                    p.mps,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (10, Some("MIG-1-0"), 300, false),
+                (11, Some("MIG-2-0"), 50, true),
+                (10, Some("MIG-2-0"), 20, false),
+            ]
+        );
+        // Without MIG: one entry per pid.
+        let mut m = Merged::default();
+        m.merge(&ctx(7, 1, None), &[]);
+        m.merge(&ctx(7, 2, None), &[]);
+        assert_eq!(m.procs.len(), 1);
+        assert_eq!(m.procs[0].used_memory_bytes, 2 << 20);
     }
 
     #[test]
