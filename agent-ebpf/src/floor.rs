@@ -217,8 +217,9 @@ pub fn exit_3(ctx: TracePointContext) -> u32 {
     exit_steps::<3>(&ctx)
 }
 
-/// On `sched_process_exit`, beside the prefixes that insert: the map stays at the storm's
-/// few live processes, and freed elements are reused, as in the agent.
+/// On `sched_process_exit`, beside every prefix (after it): the map stays at the storm's
+/// few live processes where no exit prefix removes them yet, and freed elements are
+/// reused, as in the agent.
 #[tracepoint]
 pub fn exit_remove(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
