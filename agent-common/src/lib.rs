@@ -179,14 +179,23 @@ impl ProcInfo {
     }
 }
 
-/// Ring-buffer notification for exec, fork and exit; the command is `info.comm`. An exit
-/// carries only the tgid (`info` is zeroed).
+/// Ring-buffer notification for exec and fork; the command is `info.comm`.
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct ProcEvent {
     pub kind: u32,
     pub tgid: u32,
     pub info: ProcInfo,
+}
+
+/// Ring-buffer notification for an exit: the tgid is all userspace needs. 8 bytes, not a
+/// `ProcEvent`'s 56: an exit touches less of the ring, and a third of a storm's
+/// notifications take an eighth of the room (a ring fills later under overload).
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct ExitEvent {
+    pub kind: u32,
+    pub tgid: u32,
 }
 
 /// Ring-buffer notification for cgroup mkdir, rmdir and attach.
@@ -363,6 +372,7 @@ mod pod {
 // Layout guards: these sizes are part of the kernel/userspace contract.
 const _: () = assert!(core::mem::size_of::<ProcInfo>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 56);
+const _: () = assert!(core::mem::size_of::<ExitEvent>() == 8);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
 const _: () = assert!(core::mem::size_of::<Config>() == 19 * 4);
 const _: () = assert!(core::mem::size_of::<IterConfig>() == 12 * 4);

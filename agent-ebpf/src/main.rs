@@ -5,10 +5,10 @@
 #![no_main]
 
 use agent_common::{
-    CgroupEvent, Config, IterConfig, NewTaskRecord, ProcEvent, ProcInfo, ABSENT, CGROUP_PATH_MAX,
-    COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
-    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
-    EXIT_GROUP_DEAD_USUAL, F_START_KNOWN,
+    CgroupEvent, Config, ExitEvent, IterConfig, NewTaskRecord, ProcEvent, ProcInfo, ABSENT,
+    CGROUP_PATH_MAX, COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST,
+    EVENT_CGROUP_ATTACH, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT,
+    EVENT_FORK, EXIT_GROUP_DEAD_USUAL, F_START_KNOWN,
 };
 use aya_ebpf::{
     bindings::seq_file,
@@ -219,9 +219,19 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
     if !group_dead {
         return Ok(());
     }
-    // Userspace needs only the tgid of an exit: no lookup of the entry before removing it.
+    // Userspace needs only the tgid of an exit: no lookup of the entry before removing it,
+    // and a notification of 8 bytes.
     let _ = PROCS.remove(tgid);
-    notify_proc(EVENT_EXIT, tgid, &ProcInfo::default());
+    match EVENTS.reserve::<ExitEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ExitEvent {
+                kind: EVENT_EXIT,
+                tgid,
+            });
+            entry.submit(submit_flags());
+        }
+        None => count(COUNTER_RINGBUF_LOST),
+    }
     Ok(())
 }
 

@@ -1,8 +1,8 @@
 //! Kernel notifications, decoded where they are read: the ring buffer's records become
 //! `KernelEvent`s here, and nowhere else touches their bytes.
 use agent_common::{
-    CgroupEvent, ProcEvent, ProcInfo, CGROUP_PATH_MAX, EVENT_CGROUP_ATTACH, EVENT_CGROUP_MKDIR,
-    EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
+    CgroupEvent, ExitEvent, ProcEvent, ProcInfo, CGROUP_PATH_MAX, EVENT_CGROUP_ATTACH,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
 };
 
 /// One notification from the programs. The kernel `PROCS` map stays the truth; these only
@@ -50,22 +50,18 @@ pub enum KernelEvent {
 pub fn decode(bytes: &[u8]) -> Option<KernelEvent> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
     match kind {
-        EVENT_EXEC | EVENT_FORK | EVENT_EXIT => {
+        EVENT_EXEC | EVENT_FORK => {
             let ev: ProcEvent = read(bytes)?;
-            let comm = || comm_str(&ev.info.comm);
+            let comm = comm_str(&ev.info.comm);
+            let (tgid, info) = (ev.tgid, ev.info);
             Some(match kind {
-                EVENT_FORK => KernelEvent::Fork {
-                    tgid: ev.tgid,
-                    info: ev.info,
-                    comm: comm(),
-                },
-                EVENT_EXEC => KernelEvent::Exec {
-                    tgid: ev.tgid,
-                    info: ev.info,
-                    comm: comm(),
-                },
-                _ => KernelEvent::Exit { tgid: ev.tgid },
+                EVENT_FORK => KernelEvent::Fork { tgid, info, comm },
+                _ => KernelEvent::Exec { tgid, info, comm },
             })
+        }
+        EVENT_EXIT => {
+            let ev: ExitEvent = read(bytes)?;
+            Some(KernelEvent::Exit { tgid: ev.tgid })
         }
         EVENT_CGROUP_MKDIR | EVENT_CGROUP_RMDIR | EVENT_CGROUP_ATTACH => {
             let ev: CgroupEvent = read(bytes)?;
@@ -94,7 +90,7 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < size_of::<T>() {
         return None;
     }
-    // SAFETY: the length is checked, and T (ProcEvent, CgroupEvent) is #[repr(C)]
+    // SAFETY: the length is checked, and T (ProcEvent, ExitEvent, CgroupEvent) is #[repr(C)]
     // plain old data for which every bit pattern is valid.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) })
 }
@@ -210,8 +206,14 @@ mod tests {
             comm: "python".into(),
         };
         assert_eq!(decode(&bytes(&ev)), Some(fork));
-        ev.kind = EVENT_EXIT;
-        assert_eq!(decode(&bytes(&ev)), Some(KernelEvent::Exit { tgid: 42 }));
+        // An exit is 8 bytes: kind and tgid.
+        let exit = ExitEvent {
+            kind: EVENT_EXIT,
+            tgid: 42,
+        };
+        assert_eq!(bytes(&exit).len(), 8);
+        assert_eq!(decode(&bytes(&exit)), Some(KernelEvent::Exit { tgid: 42 }));
+        assert_eq!(decode(&bytes(&exit)[..6]), None);
         // Short or unknown records are skipped, not misread.
         assert_eq!(decode(&bytes(&ev)[..20]), None);
         ev.kind = 99;
