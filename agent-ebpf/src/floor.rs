@@ -10,7 +10,8 @@
 #![no_main]
 
 use agent_common::{
-    NewTaskRecord, ProcEvent, ProcInfo, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+    ExitEvent, NewTaskRecord, ProcEvent, ProcInfo, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
+    EXIT_GROUP_DEAD_USUAL,
 };
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -85,12 +86,17 @@ fn notify(kind: u32, tgid: u32, info: &ProcInfo) {
             (*ev).tgid = tgid;
             (*ev).info = *info;
         }
-        let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
-            BPF_RB_FORCE_WAKEUP
-        } else {
-            BPF_RB_NO_WAKEUP
-        };
-        entry.submit(flags as u64);
+        entry.submit(wakeup_flags());
+    }
+}
+
+/// The agent's default wake-up rule.
+#[inline(always)]
+fn wakeup_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
     }
 }
 
@@ -142,8 +148,14 @@ fn exit_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
     if N < 3 {
         return 0;
     }
-    // 3: the notification.
-    notify(EVENT_EXIT, tgid, &ProcInfo::default());
+    // 3: the notification (the 8-byte exit record).
+    if let Some(mut entry) = EVENTS.reserve::<ExitEvent>(0) {
+        entry.write(ExitEvent {
+            kind: EVENT_EXIT,
+            tgid,
+        });
+        entry.submit(wakeup_flags());
+    }
     0
 }
 
