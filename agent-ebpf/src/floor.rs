@@ -9,12 +9,9 @@
 #![no_std]
 #![no_main]
 
-use agent_common::{
-    ExitEvent, NewTaskRecord, ProcEvent, ProcInfo, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
-    EXIT_GROUP_DEAD_USUAL,
-};
+use agent_common::{NewTaskRecord, ProcInfo, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL};
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::BPF_ANY,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_ktime_get_boot_ns,
@@ -25,9 +22,11 @@ use aya_ebpf::{
     EbpfContext,
 };
 
+mod shared;
+
 const CLONE_THREAD: u64 = 0x0001_0000;
 /// The agent's default `ebpf.wakeup_bytes`.
-const WAKEUP_BYTES: u64 = 256 << 10;
+const WAKEUP_BYTES: u32 = 256 << 10;
 
 // Sized by the bench: PROCS as the agent sizes its own, EVENTS to hold a whole storm.
 #[map]
@@ -72,32 +71,8 @@ fn fork_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
         return 0;
     }
     // 5: the notification.
-    notify(EVENT_FORK, r.pid as u32, &info);
+    shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_FORK, r.pid as u32, &info);
     0
-}
-
-/// The agent's `notify_proc`, with its default wake-up rule.
-#[inline(always)]
-fn notify(kind: u32, tgid: u32, info: &ProcInfo) {
-    if let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) {
-        let ev = entry.as_mut_ptr();
-        unsafe {
-            (*ev).kind = kind;
-            (*ev).tgid = tgid;
-            (*ev).info = *info;
-        }
-        entry.submit(wakeup_flags());
-    }
-}
-
-/// The agent's default wake-up rule.
-#[inline(always)]
-fn wakeup_flags() -> u64 {
-    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
-        BPF_RB_FORCE_WAKEUP as u64
-    } else {
-        BPF_RB_NO_WAKEUP as u64
-    }
 }
 
 /// Steps 1..=N of `proc_exec`.
@@ -111,24 +86,12 @@ fn exec_steps<const N: u32>() -> u32 {
         return (cgroup_id == 1 && comm[3] == 9) as u32;
     }
     // 2: its entry, updated in place (inserted when fork's was missing).
-    let info = match PROCS.get_ptr_mut(tgid) {
-        Some(p) => unsafe {
-            (*p).set_v2(cgroup_id);
-            (*p).comm = comm;
-            *p
-        },
-        None => {
-            let mut info = ProcInfo::new(Some(cgroup_id), None, None, 0);
-            info.comm = comm;
-            let _ = PROCS.insert(tgid, info, BPF_NOEXIST as u64);
-            info
-        }
-    };
+    let (info, _) = shared::exec_entry(&PROCS, tgid, cgroup_id, comm);
     if N < 3 {
         return 0;
     }
     // 3: the notification.
-    notify(EVENT_EXEC, tgid, &info);
+    shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_EXEC, tgid, &info);
     0
 }
 
@@ -149,84 +112,37 @@ fn exit_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
         return 0;
     }
     // 3: the notification (the 8-byte exit record).
-    if let Some(mut entry) = EVENTS.reserve::<ExitEvent>(0) {
-        entry.write(ExitEvent {
-            kind: EVENT_EXIT,
-            tgid,
-        });
-        entry.submit(wakeup_flags());
-    }
+    shared::notify_exit(&EVENTS, WAKEUP_BYTES, tgid);
     0
 }
 
-#[tracepoint]
-pub fn fork_0(_ctx: TracePointContext) -> u32 {
-    0
+/// One program per prefix: each must be its own symbol for the bench to attach it.
+macro_rules! prefixes {
+    ($($name:ident($ctx:ident) => $body:expr;)*) => {
+        $(
+            #[tracepoint]
+            pub fn $name($ctx: TracePointContext) -> u32 {
+                $body
+            }
+        )*
+    };
 }
 
-#[tracepoint]
-pub fn fork_1(ctx: TracePointContext) -> u32 {
-    fork_steps::<1>(&ctx)
-}
-
-#[tracepoint]
-pub fn fork_2(ctx: TracePointContext) -> u32 {
-    fork_steps::<2>(&ctx)
-}
-
-#[tracepoint]
-pub fn fork_3(ctx: TracePointContext) -> u32 {
-    fork_steps::<3>(&ctx)
-}
-
-#[tracepoint]
-pub fn fork_4(ctx: TracePointContext) -> u32 {
-    fork_steps::<4>(&ctx)
-}
-
-#[tracepoint]
-pub fn fork_5(ctx: TracePointContext) -> u32 {
-    fork_steps::<5>(&ctx)
-}
-
-#[tracepoint]
-pub fn exec_0(_ctx: TracePointContext) -> u32 {
-    0
-}
-
-#[tracepoint]
-pub fn exec_1(_ctx: TracePointContext) -> u32 {
-    exec_steps::<1>()
-}
-
-#[tracepoint]
-pub fn exec_2(_ctx: TracePointContext) -> u32 {
-    exec_steps::<2>()
-}
-
-#[tracepoint]
-pub fn exec_3(_ctx: TracePointContext) -> u32 {
-    exec_steps::<3>()
-}
-
-#[tracepoint]
-pub fn exit_0(_ctx: TracePointContext) -> u32 {
-    0
-}
-
-#[tracepoint]
-pub fn exit_1(ctx: TracePointContext) -> u32 {
-    exit_steps::<1>(&ctx)
-}
-
-#[tracepoint]
-pub fn exit_2(ctx: TracePointContext) -> u32 {
-    exit_steps::<2>(&ctx)
-}
-
-#[tracepoint]
-pub fn exit_3(ctx: TracePointContext) -> u32 {
-    exit_steps::<3>(&ctx)
+prefixes! {
+    fork_0(_ctx) => 0;
+    fork_1(ctx) => fork_steps::<1>(&ctx);
+    fork_2(ctx) => fork_steps::<2>(&ctx);
+    fork_3(ctx) => fork_steps::<3>(&ctx);
+    fork_4(ctx) => fork_steps::<4>(&ctx);
+    fork_5(ctx) => fork_steps::<5>(&ctx);
+    exec_0(_ctx) => 0;
+    exec_1(_ctx) => exec_steps::<1>();
+    exec_2(_ctx) => exec_steps::<2>();
+    exec_3(_ctx) => exec_steps::<3>();
+    exit_0(_ctx) => 0;
+    exit_1(ctx) => exit_steps::<1>(&ctx);
+    exit_2(ctx) => exit_steps::<2>(&ctx);
+    exit_3(ctx) => exit_steps::<3>(&ctx);
 }
 
 /// On `sched_process_exit`, beside every prefix (after it): the map stays at the storm's
@@ -241,13 +157,3 @@ pub fn exit_remove(_ctx: TracePointContext) -> u32 {
     }
     0
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[link_section = "license"]
-#[no_mangle]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

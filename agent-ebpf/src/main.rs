@@ -5,14 +5,14 @@
 #![no_main]
 
 use agent_common::{
-    CgroupEvent, Config, ExitEvent, IterConfig, NewTaskRecord, ProcEvent, ProcInfo, ABSENT,
-    CGROUP_PATH_MAX, COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST,
-    EVENT_CGROUP_ATTACH, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT,
-    EVENT_FORK, EXIT_GROUP_DEAD_USUAL, F_START_KNOWN,
+    CgroupEvent, Config, IterConfig, NewTaskRecord, ProcInfo, ABSENT, CGROUP_PATH_MAX,
+    COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+    F_START_KNOWN,
 };
 use aya_ebpf::{
     bindings::seq_file,
-    bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
@@ -24,6 +24,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use aya_log_ebpf::error;
+
+mod shared;
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
@@ -64,31 +66,18 @@ fn current_tgid() -> u32 {
     (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
-/// Wake the consumer only when enough has piled up; it polls on a timer otherwise.
+/// The wake-up rule, with the loader's threshold.
 #[inline(always)]
 fn submit_flags() -> u64 {
-    let wakeup_bytes: u32 = cfg!(wakeup_bytes);
-    if wakeup_bytes == 0 || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= wakeup_bytes as u64 {
-        BPF_RB_FORCE_WAKEUP as u64
-    } else {
-        BPF_RB_NO_WAKEUP as u64
-    }
+    shared::wakeup_flags(&EVENTS, cfg!(wakeup_bytes))
 }
 
 #[inline(always)]
 fn notify_proc(kind: u32, tgid: u32, info: &ProcInfo) {
-    match EVENTS.reserve::<ProcEvent>(0) {
-        Some(mut entry) => {
-            let ev = entry.as_mut_ptr();
-            unsafe {
-                (*ev).kind = kind;
-                (*ev).tgid = tgid;
-                (*ev).info = *info;
-            }
-            entry.submit(submit_flags());
-        }
-        // The map is already right; userspace resyncs from it when it sees the drop.
-        None => count(COUNTER_RINGBUF_LOST),
+    // When the ring is full the map is already right; userspace resyncs from it when it
+    // sees the drop.
+    if !shared::notify_proc(&EVENTS, cfg!(wakeup_bytes), kind, tgid, info) {
+        count(COUNTER_RINGBUF_LOST);
     }
 }
 
@@ -109,22 +98,10 @@ fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     // The new image's name: sched_process_exec fires after the kernel set it.
     let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    let info = match PROCS.get_ptr_mut(tgid) {
-        Some(p) => unsafe {
-            (*p).set_v2(cgroup_id);
-            (*p).comm = comm;
-            *p
-        },
-        None => {
-            // Predates the start-up walk or the map was full: userspace fills in the rest.
-            let mut info = ProcInfo::new(Some(cgroup_id), None, None, 0);
-            info.comm = comm;
-            if PROCS.insert(tgid, info, BPF_NOEXIST as u64).is_err() {
-                count(COUNTER_MAP_FULL);
-            }
-            info
-        }
-    };
+    let (info, stored) = shared::exec_entry(&PROCS, tgid, cgroup_id, comm);
+    if !stored {
+        count(COUNTER_MAP_FULL);
+    }
     notify_proc(EVENT_EXEC, tgid, &info);
     Ok(())
 }
@@ -222,15 +199,8 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
     // Userspace needs only the tgid of an exit: no lookup of the entry before removing it,
     // and a notification of 8 bytes.
     let _ = PROCS.remove(tgid);
-    match EVENTS.reserve::<ExitEvent>(0) {
-        Some(mut entry) => {
-            entry.write(ExitEvent {
-                kind: EVENT_EXIT,
-                tgid,
-            });
-            entry.submit(submit_flags());
-        }
-        None => count(COUNTER_RINGBUF_LOST),
+    if !shared::notify_exit(&EVENTS, cfg!(wakeup_bytes), tgid) {
+        count(COUNTER_RINGBUF_LOST);
     }
     Ok(())
 }
@@ -432,13 +402,3 @@ fn try_proc_iter(ctx: *const u64) -> Result<(), i32> {
     unsafe { bpf_seq_write(seq, &tgid as *const u32 as *const _, 4) };
     Ok(())
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[link_section = "license"]
-#[no_mangle]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
