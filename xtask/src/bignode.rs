@@ -18,7 +18,7 @@ use tests::{
 use crate::{
     bench::settle,
     classic,
-    overhead::{finish, start_agent, window, write_scenario, BigFigures, Layout, Row},
+    overhead::{finish, start_agent, window, write_scenario, BigFigures, Layout, Mark, Row},
     workspace_root,
 };
 
@@ -347,4 +347,74 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     });
     drop(node);
     Ok(row)
+}
+
+/// Rounds of the pair bench.
+const PAIR_ROUNDS: usize = 6;
+
+/// GPU_AGENT_BENCH_PAIR=PATH with GPU_AGENT_BENCH_ONLY=big: this build and another one side
+/// by side on the large node, each with its own receiver, measured over the same windows.
+/// This VM's speed drifts 10-30 % between runs minutes apart, which hid changes of a few
+/// percent in before/after runs; a drift hits both agents of a pair alike, so their ratio
+/// holds much closer. Prints each round and the median ratio (RESULT pair_ratio).
+pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()> {
+    eprintln!("pair: {} against {}", bin.display(), other.display());
+    let node = BigNode::build()?;
+    let pids = node.gpu_pids();
+    if pids.len() < 2 * PODS {
+        bail!("only {} GPU processes found of {}", pids.len(), 2 * PODS);
+    }
+    write_scenario(&classic::scenario_path(), Layout::Mig, &pids)?;
+    let a = start_agent(bin, lib)?;
+    let b = start_agent(other, lib)?;
+    settle(&a.agent);
+    settle(&b.agent);
+    std::thread::sleep(Duration::from_millis(2500));
+    let us = |w: &crate::overhead::Window| w.cpu_ns / w.cycles / 1e3;
+    let parts = |w: &crate::overhead::Window| {
+        format!(
+            "NVML {:.0} / join {:.0} / export {:.0}",
+            w.nvml_ns / 1e3,
+            w.join_ns / 1e3,
+            w.export_ns / 1e3
+        )
+    };
+    let mut ratios = vec![];
+    for round in 1..=PAIR_ROUNDS {
+        // Alternate which one is read first, so neither is always measured a little longer.
+        let (ma, mb) = if round % 2 == 1 {
+            let ma = Mark::take(&a)?;
+            (ma, Mark::take(&b)?)
+        } else {
+            let mb = Mark::take(&b)?;
+            (Mark::take(&a)?, mb)
+        };
+        std::thread::sleep(Duration::from_secs(secs));
+        let (wa, wb) = (ma.window(&a)?, mb.window(&b)?);
+        let ratio = us(&wb) / us(&wa);
+        eprintln!(
+            "  round {round}: this build {:.0} us/cycle ({}), other {:.0} us/cycle ({}): other/this {ratio:.3}",
+            us(&wa),
+            parts(&wa),
+            us(&wb),
+            parts(&wb),
+        );
+        ratios.push(ratio);
+        a.rx.received.keep_last();
+        b.rx.received.keep_last();
+    }
+    if a.rx.received.count() == 0 || b.rx.received.count() == 0 {
+        bail!("an agent of the pair exported nothing");
+    }
+    ratios.sort_by(f64::total_cmp);
+    let median = (ratios[PAIR_ROUNDS / 2 - 1] + ratios[PAIR_ROUNDS / 2]) / 2.0;
+    eprintln!(
+        "  other/this: median {median:.3}, range {:.3}-{:.3}",
+        ratios[0],
+        ratios[PAIR_ROUNDS - 1]
+    );
+    println!("RESULT pair_ratio={median:.3}");
+    drop((a, b));
+    drop(node);
+    Ok(())
 }

@@ -267,26 +267,50 @@ pub(crate) struct Window {
 }
 
 pub(crate) fn window(r: &Running, secs: u64) -> Result<Window> {
-    let s0 = r.agent.stats();
-    let k0 = read_calls(&r.calls_file);
-    let c0 = cpu_ns(r.agent.pid())?;
-    let t0 = Instant::now();
+    let m = Mark::take(r)?;
     std::thread::sleep(Duration::from_secs(secs));
-    let c1 = cpu_ns(r.agent.pid())?;
-    let wall = t0.elapsed();
-    let k1 = read_calls(&r.calls_file);
-    let s1 = r.agent.stats();
-    let cycles = (counter(&s1, "nvml_samples") - counter(&s0, "nvml_samples")).max(1) as f64;
-    let per = |k: &str| (counter(&s1, k) - counter(&s0, k)) as f64 / cycles;
-    Ok(Window {
-        cpu_ns: (c1 - c0) as f64,
-        wall_ns: wall.as_nanos() as f64,
-        cycles,
-        nvml_ns: per("nvml_sample_cpu_ns"),
-        join_ns: per("join_cpu_ns"),
-        export_ns: per("export_cpu_ns"),
-        calls: calls_between(&k0, &k1),
-    })
+    m.window(r)
+}
+
+/// An agent's counters at the start of a window: several agents can be measured over the
+/// same one (the pair bench).
+pub(crate) struct Mark {
+    stats: Value,
+    calls: Value,
+    cpu_ns: u64,
+    at: Instant,
+}
+
+impl Mark {
+    pub(crate) fn take(r: &Running) -> Result<Mark> {
+        let (stats, calls) = (r.agent.stats(), read_calls(&r.calls_file));
+        let cpu_ns = cpu_ns(r.agent.pid())?;
+        Ok(Mark {
+            stats,
+            calls,
+            cpu_ns,
+            at: Instant::now(),
+        })
+    }
+
+    /// The window from this mark to now.
+    pub(crate) fn window(&self, r: &Running) -> Result<Window> {
+        let c1 = cpu_ns(r.agent.pid())?;
+        let wall = self.at.elapsed();
+        let k1 = read_calls(&r.calls_file);
+        let (s0, s1) = (&self.stats, r.agent.stats());
+        let cycles = (counter(&s1, "nvml_samples") - counter(s0, "nvml_samples")).max(1) as f64;
+        let per = |k: &str| (counter(&s1, k) - counter(s0, k)) as f64 / cycles;
+        Ok(Window {
+            cpu_ns: (c1 - self.cpu_ns) as f64,
+            wall_ns: wall.as_nanos() as f64,
+            cycles,
+            nvml_ns: per("nvml_sample_cpu_ns"),
+            join_ns: per("join_cpu_ns"),
+            export_ns: per("export_cpu_ns"),
+            calls: calls_between(&self.calls, &k1),
+        })
+    }
 }
 
 /// The agent's figures, then (agent stopped) the three baselines on the same node.
@@ -582,6 +606,9 @@ pub fn run(quick: bool, no_write: bool) -> Result<()> {
     }
     if only_n.is_some() {
         return Ok(());
+    }
+    if let (true, Some(other)) = (big_only, std::env::var_os("GPU_AGENT_BENCH_PAIR")) {
+        return bignode::pair(&bin, Path::new(&other), &lib, secs);
     }
     let big = bignode::measure(&bin, &lib, secs)?;
     drop(pid_max);
