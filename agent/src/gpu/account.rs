@@ -111,7 +111,7 @@ pub struct Ledger {
 /// Ledgers by owner, then by device: one hash lookup per owner a cycle, and a short scan
 /// of its few devices.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Ledgers(rustc_hash::FxHashMap<Owner, Vec<(Name, Ledger)>>);
+pub struct Ledgers(hashbrown::HashMap<Owner, Vec<(Name, Ledger)>, rustc_hash::FxBuildHasher>);
 
 impl Ledgers {
     pub fn get(&self, owner: &Owner, uuid: &Name) -> Option<&Ledger> {
@@ -124,8 +124,8 @@ impl Ledgers {
 
     /// The owner's devices, made on first use.
     pub fn of(&mut self, owner: &Owner) -> &mut Vec<(Name, Ledger)> {
-        // One lookup; the key's clone is a reference count.
-        self.0.entry(owner.clone()).or_default()
+        // One lookup; the key is cloned (a reference count) only for a new owner.
+        self.0.entry_ref(owner).or_default()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Name, &Ledger)> {

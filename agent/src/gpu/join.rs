@@ -43,6 +43,13 @@ impl PartialEq for Owner {
     }
 }
 
+/// For the maps keyed by owner: a key is cloned only when an entry is made.
+impl From<&Owner> for Owner {
+    fn from(o: &Owner) -> Owner {
+        o.clone()
+    }
+}
+
 /// By content, as `eq` compares when the pointers differ.
 impl std::hash::Hash for Owner {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
@@ -77,7 +84,7 @@ pub struct Accumulated {
 pub struct Counters {
     /// Fx, not SipHash: the keys are 64-character container ids, hashed thousands of times
     /// a cycle on a large node.
-    pub map: FxHashMap<(Owner, Name), Accumulated>,
+    pub map: hashbrown::HashMap<(Owner, Name), Accumulated, rustc_hash::FxBuildHasher>,
     pub last_sample_ms: u64,
     /// Energy, peaks, accounting and open sessions per (owner, device): see `account`.
     pub ledgers: Ledgers,
@@ -89,6 +96,22 @@ pub struct Counters {
     pub energy_shares: HashMap<String, super::account::EnergyShares>,
     /// The last sample's device uuids, shared by every entry, key and ledger on them.
     pub uuids: FxHashSet<Name>,
+}
+
+/// A counters key, borrowed: it hashes and compares as the `(Owner, Name)` it stands for.
+#[derive(Hash)]
+pub struct KeyRef<'a>(pub &'a Owner, pub &'a Name);
+
+impl hashbrown::Equivalent<(Owner, Name)> for KeyRef<'_> {
+    fn equivalent(&self, key: &(Owner, Name)) -> bool {
+        *self.0 == key.0 && same(self.1, &key.1)
+    }
+}
+
+impl From<&KeyRef<'_>> for (Owner, Name) {
+    fn from(k: &KeyRef<'_>) -> (Owner, Name) {
+        (k.0.clone(), k.1.clone())
+    }
 }
 
 /// Counters of an (owner, device) not seen for this long are forgotten.
@@ -266,6 +289,16 @@ pub(super) fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMet
     (owner(placed), placed.and_then(meta_of))
 }
 
+/// `owner`'s kind and name, borrowed from the placement.
+fn owner_name<'a>(placed: Option<Placement<'a>>) -> (u8, &'a str) {
+    let c = placed.and_then(|pl| pl.container);
+    match c.map(|c| (&c.container_id, &c.pod_uid)) {
+        Some((Some(id), _)) => (0, id),
+        Some((None, Some(uid))) => (1, uid),
+        _ => (2, ""),
+    }
+}
+
 fn owner(placed: Option<Placement<'_>>) -> Owner {
     let c = placed.and_then(|pl| pl.container);
     match c.map(|c| (&c.container_id, &c.pod_uid)) {
@@ -351,13 +384,25 @@ fn group_processes(
     names: &DeviceNames,
     process_detail: bool,
 ) -> Grouped {
-    let mut index: FxHashMap<Owner, usize> = FxHashMap::default();
+    // Every process placed first: a placement is a chain of cache misses (the process
+    // cache, the cgroup registry) and, with nothing else in the loop, the CPU overlaps the
+    // chains of several processes. The grouping below bumps reference counts, atomic
+    // operations that would wait for each chain in turn.
+    let placed: Vec<Option<Placement<'_>>> = sample
+        .devices
+        .iter()
+        .flat_map(|d| &d.processes)
+        .map(|p| procs.place(p.pid))
+        .collect();
+    let mut placed = placed.into_iter();
+    // By the owner's name, borrowed: a group's owner is cloned once, when it is made.
+    let mut index: FxHashMap<(u8, &str), usize> = FxHashMap::default();
     let mut groups: Vec<Group> = vec![];
     let mut processes = vec![];
     let mut mps_servers = vec![];
     for (i, dev) in sample.devices.iter().enumerate() {
         for p in &dev.processes {
-            let placed = procs.place(p.pid);
+            let placed = placed.next().flatten();
             let uuid = names.of(i, p);
             if process_detail {
                 processes.push(process_row(p, &uuid, placed));
@@ -366,19 +411,15 @@ fn group_processes(
                 mps_servers.push((dev.uuid.clone(), p.pid));
                 continue;
             }
-            let g = *index.entry(owner(placed)).or_insert_with_key(|o| {
+            let g = *index.entry(owner_name(placed)).or_insert_with(|| {
                 groups.push(Group {
-                    owner: o.clone(),
-                    meta: None,
+                    owner: owner(placed),
+                    meta: placed.and_then(meta_of),
                     gpus: vec![],
                 });
                 groups.len() - 1
             });
-            let g = &mut groups[g];
-            if g.meta.is_none() {
-                g.meta = placed.and_then(meta_of);
-            }
-            g.add(uuid, names.gpu(i), p);
+            groups[g].add(uuid, names.gpu(i), p);
         }
     }
     groups.sort_unstable_by(|a, b| a.owner.cmp(&b.owner));
@@ -398,8 +439,11 @@ fn accumulate(
         let mut gpus = g.gpus;
         gpus.sort_unstable_by(|a, b| a.uuid.cmp(&b.uuid));
         for cg in &mut gpus {
-            let key = (g.owner.clone(), cg.uuid.clone());
-            let acc = counters.map.entry(key).or_default();
+            // The key is cloned (two reference counts) only for a new entry.
+            let acc = counters
+                .map
+                .entry_ref(&KeyRef(&g.owner, &cg.uuid))
+                .or_default();
             acc.before = (acc.gpu_seconds, acc.byte_seconds);
             acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
