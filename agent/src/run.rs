@@ -436,6 +436,7 @@ fn start_exporter(
     let task = export::run(
         ex,
         ctx,
+        Duration::from_millis(config.nvml.interval_ms),
         handles.snapshot.clone(),
         handles.stats.clone(),
         stop.clone(),
