@@ -27,23 +27,22 @@ pub async fn run(
     stats: Arc<Stats>,
     stop: CancellationToken,
 ) {
-    let interval = ex.settings().interval;
     let timeout = ex.settings().timeout;
-    // Never more than half the export interval either, so that exports keep their rate.
-    let half = collect.min(interval) / 2;
-    let mut due = Instant::now() + interval;
+    let mut when = Schedule::new(Instant::now(), ex.settings().interval, collect);
     // False once the pipeline is gone: the timer alone then.
     let mut open = true;
     loop {
         let on_time = tokio::select! {
+            // A snapshot that arrives with the deadline goes out.
+            biased;
             changed = snapshot.changed(), if open => {
                 open = changed.is_ok();
-                if !open || Instant::now() + half < due {
+                if !open || !when.takes(Instant::now()) {
                     continue;
                 }
                 true
             }
-            _ = tokio::time::sleep_until(due + half) => false,
+            _ = tokio::time::sleep_until(when.deadline()) => false,
             _ = stop.cancelled() => {
                 let (snap, report) = latest(&snapshot, &stats);
                 for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), MAX) {
@@ -56,13 +55,7 @@ pub async fn run(
                 return;
             }
         };
-        let now = Instant::now();
-        // Without snapshots the timer keeps the interval (a late export does not bring the
-        // next one forward).
-        due = match on_time {
-            true => now + interval,
-            false => (due + interval).max(now + interval - half),
-        };
+        when.exported(Instant::now(), on_time);
         // Request by request: each is encoded once the one before it is sent.
         let (snap, report) = latest(&snapshot, &stats);
         for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), MAX) {
@@ -73,6 +66,49 @@ pub async fn run(
 
 const MAX: usize = otel::otlp::MAX_REQUEST_BYTES;
 
+/// When the next export goes out (see `run`).
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    due: Instant,
+    last: Instant,
+    interval: Duration,
+    /// Half a collection interval, at most half the export interval, so that exports keep
+    /// their rate.
+    half: Duration,
+}
+
+impl Schedule {
+    fn new(now: Instant, interval: Duration, collect: Duration) -> Schedule {
+        Schedule {
+            due: now + interval,
+            last: now,
+            interval,
+            half: collect.min(interval) / 2,
+        }
+    }
+
+    /// Does a snapshot that arrives `now` go out? Not right after an export at the
+    /// deadline: a window that opens there would send two at once.
+    fn takes(&self, now: Instant) -> bool {
+        now + self.half >= self.due && now >= self.last + self.half
+    }
+
+    /// When the latest goes out if no snapshot comes.
+    fn deadline(&self) -> Instant {
+        self.due + self.half
+    }
+
+    /// After an export with a snapshot (`on_time`) or at the deadline. Without snapshots
+    /// the interval is kept, and a late export does not bring the next one forward.
+    fn exported(&mut self, now: Instant, on_time: bool) {
+        self.last = now;
+        self.due = match on_time {
+            true => now + self.interval,
+            false => (self.due + self.interval).max(now + self.interval - self.half),
+        };
+    }
+}
+
 /// The snapshot to export and the agent's own figures with it.
 fn latest(
     snapshot: &Published,
@@ -81,4 +117,108 @@ fn latest(
     let snap = snapshot.borrow().clone();
     let report = stats.report(&snap.nvml);
     (snap, report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The exports of `total_ms` (ms from the start, and whether a snapshot went out), with
+    /// snapshots arriving at `snapshots` (ms, ascending).
+    fn exports(
+        interval_ms: u64,
+        collect_ms: u64,
+        snapshots: &[u64],
+        total_ms: u64,
+    ) -> Vec<(u64, bool)> {
+        let t0 = Instant::now();
+        let ms = |t: Instant| (t - t0).as_millis() as u64;
+        let at = |m: u64| t0 + Duration::from_millis(m);
+        let mut when = Schedule::new(
+            t0,
+            Duration::from_millis(interval_ms),
+            Duration::from_millis(collect_ms),
+        );
+        let (mut out, mut next) = (vec![], snapshots.iter().peekable());
+        loop {
+            let deadline = ms(when.deadline());
+            match next.peek().copied() {
+                // A snapshot at the deadline wins (`biased` in `run`).
+                Some(&s) if s <= deadline => {
+                    next.next();
+                    if when.takes(at(s)) {
+                        out.push((s, true));
+                        when.exported(at(s), true);
+                    }
+                }
+                _ if deadline > total_ms => return out,
+                _ => {
+                    out.push((deadline, false));
+                    when.exported(at(deadline), false);
+                }
+            }
+        }
+    }
+
+    /// Every `period` ms from `phase`, each moved by up to `jitter` ms either way.
+    fn every(period: u64, phase: u64, jitter: u64, until: u64) -> Vec<u64> {
+        (0..)
+            .map(|k| phase + k * period + [0, jitter, 2 * jitter][k as usize % 3] - jitter)
+            .take_while(|t| *t < until)
+            .collect()
+    }
+
+    fn gaps(e: &[(u64, bool)]) -> Vec<u64> {
+        e.windows(2).map(|w| w[1].0 - w[0].0).collect()
+    }
+
+    #[test]
+    fn exports_go_out_with_the_snapshots_at_the_export_rate() {
+        // Collection and export every second, out of phase by 300 ms, jittered 40 ms.
+        let e = exports(1000, 1000, &every(1000, 300, 40, 60_000), 60_000);
+        assert!(e.iter().all(|(_, with)| *with), "{e:?}");
+        assert!((58..=60).contains(&e.len()), "{}", e.len());
+        assert!(
+            gaps(&e).iter().all(|g| (920..=1080).contains(g)),
+            "{:?}",
+            gaps(&e)
+        );
+        // Export every 10 s, collection every second: each tenth snapshot.
+        let e = exports(10_000, 1000, &every(1000, 300, 40, 120_000), 120_000);
+        assert!(e.iter().all(|(_, with)| *with), "{e:?}");
+        assert!(
+            gaps(&e).iter().all(|g| (9920..=10_080).contains(g)),
+            "{:?}",
+            gaps(&e)
+        );
+    }
+
+    #[test]
+    fn without_snapshots_the_timer_keeps_the_interval_and_the_next_ones_are_caught() {
+        // NVML off: an export every interval, half a collection interval after it was due.
+        let e = exports(1000, 1000, &[], 10_000);
+        let times: Vec<u64> = e.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times, (1..=9).map(|k| k * 1000 + 500).collect::<Vec<_>>());
+        // Snapshots for 10 s, none for 10 s, then again at another phase: the exports go
+        // on at the rate meanwhile, and go with the snapshots again once they are back.
+        let mut s = every(1000, 200, 0, 10_000);
+        s.extend(every(1000, 20_700, 0, 40_000));
+        let e = exports(1000, 1000, &s, 40_000);
+        assert!(
+            gaps(&e).iter().all(|g| (500..=1500).contains(g)),
+            "{:?}",
+            gaps(&e)
+        );
+        assert!((38..=40).contains(&e.len()), "{}", e.len());
+        let late: Vec<_> = e.iter().filter(|(t, _)| *t > 22_000).collect();
+        assert!(late.iter().all(|(_, with)| *with), "{late:?}");
+        // Collection slower than the export: the export keeps its rate.
+        let e = exports(1000, 5000, &every(5000, 100, 0, 60_000), 60_000);
+        assert!((58..=61).contains(&e.len()), "{}", e.len());
+        assert!(
+            gaps(&e).iter().all(|g| (500..=1500).contains(g)),
+            "{:?}",
+            gaps(&e)
+        );
+    }
 }
