@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use tests::{
     cgroups::{first_child, sleeper, systemd_container, Proc, TestCgroup},
     fake_nvml_lib,
-    nvml::Scenario,
+    nvml::{read_calls, Scenario},
     random_hex, random_uid, Agent,
 };
 
@@ -364,4 +364,96 @@ fn mig_node_from_the_scenario_file_charges_each_mig_device() {
         gpu_of(2)[0]["uuid"],
         "GPU-63cec0a8-4407-4d47-b648-2810cfd27329"
     );
+}
+
+/// What a device's uuid fixes (a GPU's name, PCI bus and minor number; a MIG device's
+/// instance ids and profile) is read once per uuid, not every cycle. A MIG device made
+/// again under the running agent has a new uuid: it is read then, and its process is
+/// charged to it.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn fixed_readings_are_read_once_per_uuid_and_again_after_a_mig_reconfiguration() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let w = Proc(cg.spawn(&mut sleeper()));
+    let (old, new) = (
+        "MIG-11111111-bbbb-cccc-dddd-eeeeeeeeeeee",
+        "MIG-22222222-bbbb-cccc-dddd-eeeeeeeeeeee",
+    );
+    let mig = |uuid: &str, gi: u32, profile: &str| {
+        json!({"uuid": uuid, "gpu_instance_id": gi, "compute_instance_id": 0,
+               "name": format!("NVIDIA H100 80GB HBM3 MIG {profile}"),
+               "memory_total": 10 * GIB, "memory_used": GIB,
+               "processes": [p(w.pid(), GIB, 0)]})
+    };
+    let mut dev = gpu("GPU-99999999-2222-3333-4444-666666666666", json!([]));
+    dev["mig_devices"] = json!([mig(old, 1, "1g.10gb")]);
+    let sc = Scenario::new(&scenario(json!([dev.clone()])));
+    let calls = std::env::temp_dir().join(format!("calls-{}.json", random_hex(8)));
+    let lib = fake_nvml_lib();
+    let agent = Agent::start_env(
+        "[nvml]\ninterval_ms = 200\n",
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_SCENARIO", sc.path()),
+            ("FAKE_NVML_CALLS", calls.to_str().unwrap()),
+        ],
+    );
+    let on = |s: &Value, uuid: &str| {
+        container(s, Some(&id)).is_some_and(|c| c["gpus"][0]["uuid"] == uuid)
+    };
+    wait_snapshot(&agent, "the container on the first MIG device", |s| {
+        on(s, old)
+    });
+    let count = |f: &str| {
+        let c = read_calls(&calls).expect("a call record");
+        c["calls"][f].as_u64().unwrap_or(0)
+    };
+    let cycles = || count("nvmlDeviceGetCount_v2") + count("nvmlDeviceGetCount");
+    let fixed = [
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+    ];
+    // The record is written at the start of a cycle: two more, and it holds the first.
+    let wait_cycles = |n: u64| {
+        let c0 = cycles();
+        for _ in 0..100 {
+            if cycles() >= c0 + n {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no {n} cycles in 5 s");
+    };
+    wait_cycles(2);
+    let before: Vec<u64> = fixed.iter().map(|f| count(f)).collect();
+    let c0 = cycles();
+    wait_cycles(5);
+    assert!(cycles() >= c0 + 5);
+    for (f, b) in fixed.iter().zip(&before) {
+        assert_eq!(count(f), *b, "{f} is not read again for the same uuids");
+    }
+    assert!(
+        before.iter().all(|b| *b >= 1),
+        "each was read once: {before:?}"
+    );
+    // The MIG device destroyed and made again (another instance, another profile).
+    dev["mig_devices"] = json!([mig(new, 3, "2g.20gb")]);
+    sc.write(&scenario(json!([dev])));
+    let s = wait_snapshot(&agent, "the container on the new MIG device", |s| {
+        on(s, new)
+    });
+    let m = &s["devices"][0]["mig_devices"][0];
+    assert_eq!(m["uuid"], new);
+    assert_eq!(m["gpu_instance_id"], 3);
+    assert_eq!(m["profile"], "2g.20gb");
+    wait_cycles(2);
+    assert!(
+        count("nvmlDeviceGetGpuInstanceId") > before[3],
+        "the new uuid was read"
+    );
+    let _ = std::fs::remove_file(&calls);
 }
