@@ -289,6 +289,34 @@ pub(super) fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMet
     (owner(placed), placed.and_then(meta_of))
 }
 
+/// How many processes ahead the grouping asks for what it will read (`prefetch_ahead`).
+const AHEAD: usize = 8;
+
+/// What grouping process `k + AHEAD` will read (its cgroup's container reference and
+/// path) and, from the reference asked for then, what `k + AHEAD / 2` will read (the
+/// names whose counts the grouping bumps): each a miss otherwise, one after another.
+fn prefetch_ahead(placed: &[Option<Placement<'_>>], k: usize) {
+    use gpu_model::prefetch;
+    if let Some(Some(pl)) = placed.get(k + AHEAD) {
+        if let Some(c) = pl.container {
+            prefetch(c);
+        }
+        if let Some(p) = pl.cgroup_path {
+            prefetch(p);
+        }
+    }
+    if let Some(Some(pl)) = placed.get(k + AHEAD / 2) {
+        let names = pl.container.map(|c| [&c.container_id, &c.pod_uid]);
+        let path = pl.cgroup_path.map(std::sync::Arc::as_ptr);
+        for n in names.into_iter().flatten().flatten() {
+            prefetch(std::sync::Arc::as_ptr(n));
+        }
+        if let Some(p) = path {
+            prefetch(p);
+        }
+    }
+}
+
 /// `owner`'s kind and name, borrowed from the placement.
 fn owner_name<'a>(placed: Option<Placement<'a>>) -> (u8, &'a str) {
     let c = placed.and_then(|pl| pl.container);
@@ -394,15 +422,17 @@ fn group_processes(
         .flat_map(|d| &d.processes)
         .map(|p| procs.place(p.pid))
         .collect();
-    let mut placed = placed.into_iter();
     // By the owner's name, borrowed: a group's owner is cloned once, when it is made.
     let mut index: FxHashMap<(u8, &str), usize> = FxHashMap::default();
     let mut groups: Vec<Group> = vec![];
     let mut processes = vec![];
     let mut mps_servers = vec![];
+    let mut k = 0;
     for (i, dev) in sample.devices.iter().enumerate() {
         for p in &dev.processes {
-            let placed = placed.next().flatten();
+            prefetch_ahead(&placed, k);
+            let placed = placed[k];
+            k += 1;
             let uuid = names.of(i, p);
             if process_detail {
                 processes.push(process_row(p, &uuid, placed));
