@@ -317,22 +317,22 @@ fn prefetch_ahead(placed: &[Option<Placement<'_>>], k: usize) {
     }
 }
 
-/// `owner`'s kind and name, borrowed from the placement.
-fn owner_name<'a>(placed: Option<Placement<'a>>) -> (u8, &'a str) {
-    let c = placed.and_then(|pl| pl.container);
-    match c.map(|c| (&c.container_id, &c.pod_uid)) {
-        Some((Some(id), _)) => (0, id),
-        Some((None, Some(uid))) => (1, uid),
-        _ => (2, ""),
+/// `owner`, borrowed from the placement: whether a container (else a pod) and its name;
+/// None for the host.
+fn owner_name<'a>(placed: Option<Placement<'a>>) -> Option<(bool, &'a Name)> {
+    let c = placed.and_then(|pl| pl.container)?;
+    match (&c.container_id, &c.pod_uid) {
+        (Some(id), _) => Some((true, id)),
+        (None, Some(uid)) => Some((false, uid)),
+        _ => None,
     }
 }
 
 fn owner(placed: Option<Placement<'_>>) -> Owner {
-    let c = placed.and_then(|pl| pl.container);
-    match c.map(|c| (&c.container_id, &c.pod_uid)) {
-        Some((Some(id), _)) => Owner::Container(id.clone()),
-        Some((None, Some(uid))) => Owner::Pod(uid.clone()),
-        _ => Owner::Host,
+    match owner_name(placed) {
+        Some((true, id)) => Owner::Container(id.clone()),
+        Some((false, uid)) => Owner::Pod(uid.clone()),
+        None => Owner::Host,
     }
 }
 
@@ -423,7 +423,7 @@ fn group_processes(
         .map(|p| procs.place(p.pid))
         .collect();
     // By the owner's name, borrowed: a group's owner is cloned once, when it is made.
-    let mut index: FxHashMap<(u8, &str), usize> = FxHashMap::default();
+    let mut index: FxHashMap<Option<(bool, &str)>, usize> = FxHashMap::default();
     let mut groups: Vec<Group> = vec![];
     let mut processes = vec![];
     let mut mps_servers = vec![];
@@ -441,7 +441,8 @@ fn group_processes(
                 mps_servers.push((dev.uuid.clone(), p.pid));
                 continue;
             }
-            let g = *index.entry(owner_name(placed)).or_insert_with(|| {
+            let key = owner_name(placed).map(|(c, n)| (c, &**n));
+            let g = *index.entry(key).or_insert_with(|| {
                 groups.push(Group {
                     owner: owner(placed),
                     meta: placed.and_then(meta_of),
