@@ -1,4 +1,5 @@
-//! The OTLP push: the latest snapshot every interval, and one final flush when stopped.
+//! The OTLP push: a snapshot every interval, sent as it arrives, and one final flush when
+//! stopped.
 use std::{sync::Arc, time::Duration};
 
 use tokio::time::Instant;
