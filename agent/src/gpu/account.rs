@@ -9,7 +9,7 @@ use gpu_model::{
     UsageRecord,
 };
 
-use super::join::{same, Counters, DeviceNames, Owner};
+use super::join::{same, Counters, DeviceNames, KeyRef, Owner};
 use crate::metadata::{hami::HamiLimits, Metadata};
 
 /// The largest value over a sliding window: a deque of decreasing values.
@@ -221,8 +221,9 @@ fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &Name) -> &'a mut
     device(counters.ledgers.of(owner), uuid)
 }
 
-/// Energy charged to a container this cycle: (its index, the device, joules).
-type Charge = (usize, Name, f64);
+/// Energy charged to a container this cycle: (its index, the device, joules). The device's
+/// name is borrowed (the sample's or the container's): no reference count per charge.
+type Charge<'a> = (usize, &'a Name, f64);
 
 /// The whole pass, in order: the energy split computed, then per container one pass over
 /// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
@@ -236,10 +237,13 @@ pub fn account(
     let now = pass.sample.taken_at_ms;
     let owners: Vec<Option<Owner>> = containers.iter().map(owner_key).collect();
     let users = DeviceUsers::of(containers, &owners, pass.names);
-    let mut charges: Vec<Charge> = vec![];
+    let mut split = Split::default();
     for (i, d) in pass.sample.devices.iter().enumerate() {
-        split_energy(d, &users, &owners, i, counters, &mut charges, now);
+        split_energy(d, &users, &owners, i, counters, &mut split, now);
     }
+    let Split { this_cycle, held } = split;
+    let mut charges = this_cycle;
+    charges.extend(held.iter().map(|(c, name, j)| (*c, name, *j)));
     // By container, in device order within each (a stable sort).
     charges.sort_by_key(|c| c.0);
     let mut rest = &charges[..];
@@ -266,6 +270,14 @@ pub fn account(
     records
 }
 
+/// The energy split's charges: this cycle's by borrowed names; those of the cycles an
+/// energy read spans, by the names their shares kept.
+#[derive(Default)]
+struct Split<'a> {
+    this_cycle: Vec<Charge<'a>>,
+    held: Vec<(usize, Name, f64)>,
+}
+
 /// A container's use of a device: (its index, the device, SM utilization, memory).
 type Use<'a> = (usize, &'a Name, Option<u32>, u64);
 
@@ -274,14 +286,14 @@ type Use<'a> = (usize, &'a Name, Option<u32>, u64);
 /// one of its MIG devices.
 struct DeviceUsers<'a> {
     users: Vec<Vec<Use<'a>>>,
-    holders: Vec<Vec<(usize, Name)>>,
+    holders: Vec<Vec<(usize, &'a Name)>>,
 }
 
 impl<'a> DeviceUsers<'a> {
     fn of(
         containers: &'a [ContainerUsage],
         owners: &[Option<Owner>],
-        names: &DeviceNames,
+        names: &'a DeviceNames,
     ) -> DeviceUsers<'a> {
         let mut users = vec![vec![]; names.len()];
         let mut holders = vec![vec![]; names.len()];
@@ -297,7 +309,7 @@ impl<'a> DeviceUsers<'a> {
             // `allocated_gpus` holds each uuid once.
             for u in &c.allocated_gpus {
                 if let Some((j, name)) = names.lookup(u) {
-                    holders[j].push((i, name.clone()));
+                    holders[j].push((i, name));
                 }
             }
         }
@@ -362,7 +374,7 @@ fn accounted_owners(
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnergyShares {
     /// (owner, the device charged: the GPU or one of its MIG devices) -> summed shares.
-    owners: rustc_hash::FxHashMap<(Owner, Name), f64>,
+    owners: hashbrown::HashMap<(Owner, Name), f64, rustc_hash::FxBuildHasher>,
     idle: f64,
     cycles: u32,
 }
@@ -371,20 +383,20 @@ const MAX_PENDING_CYCLES: u32 = 3600;
 
 /// One cycle's shares of a GPU's energy: (container index, device charged, fraction), and
 /// the fraction charged to nobody.
-type CycleShares = (Vec<(usize, Name, f64)>, f64);
+type CycleShares<'a> = (Vec<(usize, &'a Name, f64)>, f64);
 
 /// Splits GPU `i`'s energy over the containers on it by their SM-utilization share
 /// (memory share where no utilization is known); the rest (idle) goes to the containers the
 /// GPU is allocated to, in equal parts, else to the GPU's idle entry. Every joule of each
 /// increase lands somewhere: by this cycle's shares when the counter was read last cycle
 /// too, else by the mean of the cycles since (`EnergyShares`).
-fn split_energy(
+fn split_energy<'a>(
     d: &DeviceSample,
-    users: &DeviceUsers,
+    users: &DeviceUsers<'a>,
     owners: &[Option<Owner>],
     i: usize,
     counters: &mut Counters,
-    charges: &mut Vec<Charge>,
+    charges: &mut Split<'a>,
     now: u64,
 ) {
     let Some(e) = d.energy_mj.filter(|_| d.status.is_ok()) else {
@@ -404,7 +416,7 @@ fn split_energy(
     // cycle's, so no map is kept or built (a read every cycle costs what it did before).
     if e > before && !counters.energy_shares.contains_key(&d.uuid) {
         for (c, name, f) in shares {
-            charges.push((c, name, delta * f));
+            charges.this_cycle.push((c, name, delta * f));
         }
         *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += delta * idle;
         return;
@@ -414,7 +426,11 @@ fn split_energy(
     pending.idle += idle;
     for (c, name, f) in shares {
         if let Some(owner) = &owners[c] {
-            *pending.owners.entry((owner.clone(), name)).or_insert(0.0) += f;
+            // The key is cloned only for an owner new to the pending shares.
+            *pending
+                .owners
+                .entry_ref(&KeyRef(owner, name))
+                .or_insert(0.0) += f;
         }
     }
     if e == before {
@@ -435,7 +451,7 @@ fn split_energy(
         .collect();
     for ((owner, name), f) in pending.owners {
         match index.get(&owner) {
-            Some(c) => charges.push((*c, name, per_cycle * f)),
+            Some(c) => charges.held.push((*c, name, per_cycle * f)),
             // Gone since: its ledger is charged all the same.
             None => charge_energy(ledger(counters, &owner, &name), per_cycle * f, now),
         }
@@ -443,7 +459,7 @@ fn split_energy(
 }
 
 /// GPU `i`'s shares this cycle (see `split_energy`).
-fn cycle_shares(d: &DeviceSample, users: &DeviceUsers, i: usize) -> CycleShares {
+fn cycle_shares<'a>(d: &DeviceSample, users: &DeviceUsers<'a>, i: usize) -> CycleShares<'a> {
     let on = &users.users[i];
     let by_sm = on.iter().any(|u| u.2.is_some());
     let total = d.memory_total_bytes.unwrap_or(0).max(1) as f64;
@@ -453,17 +469,15 @@ fn cycle_shares(d: &DeviceSample, users: &DeviceUsers, i: usize) -> CycleShares 
     };
     let sum: f64 = on.iter().map(weight).sum();
     let scale = if sum > 1.0 { 1.0 / sum } else { 1.0 };
-    let mut shares: Vec<(usize, Name, f64)> = on
-        .iter()
-        .map(|u| (u.0, u.1.clone(), weight(u) * scale))
-        .collect();
+    let mut shares: Vec<(usize, &Name, f64)> =
+        on.iter().map(|u| (u.0, u.1, weight(u) * scale)).collect();
     let idle = (1.0 - shares.iter().map(|s| s.2).sum::<f64>()).max(0.0);
     let holders = &users.holders[i];
     if holders.is_empty() {
         return (shares, idle);
     }
     let part = idle / holders.len() as f64;
-    shares.extend(holders.iter().map(|(c, uuid)| (*c, uuid.clone(), part)));
+    shares.extend(holders.iter().map(|(c, uuid)| (*c, *uuid, part)));
     (shares, 0.0)
 }
 
