@@ -228,14 +228,16 @@ type Charge<'a> = (usize, &'a Name, f64);
 /// The whole pass, in order: the energy split computed, then per container one pass over
 /// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
 /// sessions advanced), accounting charged, ended sessions closed into records, and each
-/// container's `accounts` filled.
+/// container's `accounts` filled. `owners` are the containers' (`owner_key` of each),
+/// which the join already holds.
 pub fn account(
     containers: &mut Vec<ContainerUsage>,
+    owners: Vec<Option<Owner>>,
     counters: &mut Counters,
     pass: &Pass,
 ) -> Vec<UsageRecord> {
+    debug_assert!(containers.iter().map(owner_key).eq(owners.iter().cloned()));
     let now = pass.sample.taken_at_ms;
-    let owners: Vec<Option<Owner>> = containers.iter().map(owner_key).collect();
     let users = DeviceUsers::of(containers, &owners, pass.names);
     let mut split = Split::default();
     for (i, d) in pass.sample.devices.iter().enumerate() {
@@ -244,7 +246,8 @@ pub fn account(
     let Split { this_cycle, held } = split;
     let mut charges = this_cycle;
     charges.extend(held.iter().map(|(c, name, j)| (*c, name, *j)));
-    // By container, in device order within each (a stable sort).
+    // By container (a stable sort): this cycle's charges in device order, then those of
+    // held energy reads.
     charges.sort_by_key(|c| c.0);
     let mut rest = &charges[..];
     for (i, (c, owner)) in containers.iter().zip(&owners).enumerate() {
@@ -262,9 +265,11 @@ pub fn account(
     let mut owners = owners;
     owners.extend(added.iter().map(owner_key));
     containers.extend(added);
+    // One list of each container's devices, reused (not a list made and freed per entry).
+    let mut devices = vec![];
     for (c, owner) in containers.iter_mut().zip(&owners) {
         if let Some(owner) = owner {
-            fill_accounts(c, owner, counters, &accounted, pass);
+            fill_accounts(c, owner, counters, &accounted, pass, &mut devices);
         }
     }
     records
@@ -633,12 +638,10 @@ fn fill_accounts(
     counters: &Counters,
     accounted: &ChargedDevices,
     pass: &Pass,
+    uuids: &mut Vec<(Name, Name)>,
 ) {
-    let mut uuids: Vec<(Name, Name)> = c
-        .gpus
-        .iter()
-        .map(|g| (g.uuid.clone(), g.gpu_uuid.clone()))
-        .collect();
+    uuids.clear();
+    uuids.extend(c.gpus.iter().map(|g| (g.uuid.clone(), g.gpu_uuid.clone())));
     let allocated = c.allocated_gpus.iter().map(|u| pass.names.name(u));
     let charged = accounted
         .get(owner)
@@ -652,7 +655,7 @@ fn fill_accounts(
         }
     }
     let mut accounts = Vec::with_capacity(uuids.len());
-    for (uuid, gpu_uuid) in uuids {
+    for (uuid, gpu_uuid) in uuids.drain(..) {
         let l = counters.ledgers.get(owner, &uuid);
         let mut a = GpuAccount {
             uuid,

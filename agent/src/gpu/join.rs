@@ -458,14 +458,16 @@ fn group_processes(
 }
 
 /// One entry per owner, its cumulative counters advanced by `dt` seconds in place; the
-/// counters of owners idle this cycle are kept (they must not reset) until forgotten.
+/// counters of owners idle this cycle are kept (they must not reset) until forgotten. The
+/// owners come back beside their entries, for the account pass.
 fn accumulate(
     groups: Vec<Group>,
     counters: &mut Counters,
     dt: f64,
     taken_at_ms: u64,
-) -> Vec<ContainerUsage> {
+) -> (Vec<ContainerUsage>, Vec<Option<Owner>>) {
     let mut containers = Vec::with_capacity(groups.len());
+    let mut owners = Vec::with_capacity(groups.len());
     for g in groups {
         let mut gpus = g.gpus;
         gpus.sort_unstable_by(|a, b| a.uuid.cmp(&b.uuid));
@@ -491,6 +493,7 @@ fn accumulate(
             Owner::Host => OwnerMeta::default(),
             _ => g.meta.unwrap_or_default(),
         };
+        owners.push(Some(g.owner));
         containers.push(ContainerUsage {
             container_id: m.container_id,
             pod_uid: m.pod_uid,
@@ -505,7 +508,7 @@ fn accumulate(
         .map
         .retain(|_, acc| taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS);
     counters.last_sample_ms = taken_at_ms;
-    containers
+    (containers, owners)
 }
 
 /// Containers the kubelet gave a GPU that run no GPU process at all: allocated, idle.
@@ -608,7 +611,7 @@ pub fn join_with(
     let names = DeviceNames::new(sample, &counters.uuids);
     let (groups, processes, mps_servers) =
         group_processes(procs, sample, &names, opts.process_detail);
-    let mut containers = accumulate(groups, &mut counters, dt, sample.taken_at_ms);
+    let (mut containers, mut owners) = accumulate(groups, &mut counters, dt, sample.taken_at_ms);
     counters.uuids = names.set();
     // Ledgers go with their counters, unless charged lately (an allocated, idle GPU's
     // energy) or in the middle of a session.
@@ -624,6 +627,7 @@ pub fn join_with(
     for c in &mut idle {
         name_and_allocate(c, metadata, &sample.devices);
     }
+    owners.extend(idle.iter().map(account::owner_key));
     containers.extend(idle);
     let pass = account::Pass {
         sample,
@@ -631,7 +635,7 @@ pub fn join_with(
         metadata,
         inputs,
     };
-    let records = account::account(&mut containers, &mut counters, &pass);
+    let records = account::account(&mut containers, owners, &mut counters, &pass);
     let devices = sample
         .devices
         .iter()
