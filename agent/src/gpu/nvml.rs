@@ -59,10 +59,49 @@ pub struct NvmlSampler {
 /// NVML calls a cycle.
 #[derive(Debug, Default)]
 struct Fixed {
-    gpus: HashMap<String, GpuFixed>,
-    migs: HashMap<String, MigFixed>,
-    /// Cycles, to forget the uuids no cycle saw lately.
+    gpus: Kept<GpuFixed>,
+    migs: Kept<MigFixed>,
+}
+
+/// Per uuid, what it fixes and the last cycle that saw it.
+#[derive(Debug)]
+struct Kept<T> {
+    by_uuid: HashMap<String, (T, u64)>,
     cycle: u64,
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Kept {
+            by_uuid: HashMap::new(),
+            cycle: 0,
+        }
+    }
+}
+
+impl<T: Clone> Kept<T> {
+    /// What `uuid` fixes, if kept; this cycle saw it.
+    fn get(&mut self, uuid: &str) -> Option<T> {
+        let (v, seen) = self.by_uuid.get_mut(uuid).filter(|_| !uuid.is_empty())?;
+        *seen = self.cycle;
+        Some(v.clone())
+    }
+
+    fn keep(&mut self, uuid: &str, v: &T) {
+        if !uuid.is_empty() {
+            self.by_uuid
+                .insert(uuid.to_string(), (v.clone(), self.cycle));
+        }
+    }
+
+    /// Forgets the uuids not seen this cycle, once there are more than twice those seen.
+    fn end_cycle(&mut self, seen: usize) {
+        let cycle = self.cycle;
+        if self.by_uuid.len() > 2 * seen {
+            self.by_uuid.retain(|_, (_, s)| *s == cycle);
+        }
+        self.cycle += 1;
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -72,7 +111,6 @@ struct GpuFixed {
     minor_number: Option<u32>,
     /// The readings among these the device does not support, as `Reader` names them.
     unsupported: Vec<&'static str>,
-    seen: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -80,21 +118,6 @@ struct MigFixed {
     gpu_instance_id: u32,
     compute_instance_id: u32,
     profile: Option<String>,
-    seen: u64,
-}
-
-impl Fixed {
-    /// Forgets the uuids not seen this cycle, once there are more than twice those seen.
-    fn end_cycle(&mut self, gpus: usize, migs: usize) {
-        let cycle = self.cycle;
-        if self.gpus.len() > 2 * gpus {
-            self.gpus.retain(|_, f| f.seen == cycle);
-        }
-        if self.migs.len() > 2 * migs {
-            self.migs.retain(|_, f| f.seen == cycle);
-        }
-        self.cycle += 1;
-    }
 }
 
 /// Readings that cost milliseconds of CPU per call on a real driver and are counters or
@@ -413,7 +436,8 @@ impl NvmlSampler {
         }
         self.extras.xids.collect(nvml, &mut devices);
         let migs = devices.iter().map(|d| d.mig_devices.len()).sum();
-        self.fixed.end_cycle(devices.len(), migs);
+        self.fixed.gpus.end_cycle(devices.len());
+        self.fixed.migs.end_cycle(migs);
         Some(GpuSample {
             taken_at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -508,8 +532,6 @@ impl Reader {
     }
 }
 
-/// One device's sample. With `held` (and the same uuid), the slow readings are those and
-/// are not read; the `held` returned is what was used.
 /// What `sample_device` keeps across cycles.
 struct DeviceCtx<'a> {
     /// Per device uuid: the newest process-utilization timestamp seen.
@@ -517,6 +539,8 @@ struct DeviceCtx<'a> {
     fixed: &'a mut Fixed,
 }
 
+/// One device's sample. With `held` (and the same uuid), the slow readings are those and
+/// are not read; the `held` returned is what was used.
 fn sample_device<'h>(
     nvml: &Nvml,
     dev: &Device,
@@ -572,13 +596,9 @@ fn sample_device<'h>(
 
 fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed: &mut Fixed) {
     d.uuid = r.read("uuid", || dev.uuid()).unwrap_or_default();
-    let known = fixed.gpus.get_mut(&d.uuid).filter(|_| !d.uuid.is_empty());
-    let f = match known {
-        Some(f) => {
-            f.seen = fixed.cycle;
-            f.clone()
-        }
-        None => read_gpu_fixed(r, dev, d, fixed),
+    let f = match fixed.gpus.get(&d.uuid) {
+        Some(f) => f,
+        None => read_gpu_fixed(r, dev, d, &mut fixed.gpus),
     };
     d.name = f.name.unwrap_or_default();
     d.pci_bus_id = f.pci_bus_id;
@@ -614,7 +634,12 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed
 
 /// A GPU's fixed readings, read now and kept when every one answered (or is unsupported).
 /// The reader's unsupported list is left as it was: the caller names them in their places.
-fn read_gpu_fixed(r: &mut Reader, dev: &Device, d: &DeviceSample, fixed: &mut Fixed) -> GpuFixed {
+fn read_gpu_fixed(
+    r: &mut Reader,
+    dev: &Device,
+    d: &DeviceSample,
+    kept: &mut Kept<GpuFixed>,
+) -> GpuFixed {
     let mut own = Reader {
         unsupported: vec![],
         lost: r.lost,
@@ -624,15 +649,14 @@ fn read_gpu_fixed(r: &mut Reader, dev: &Device, d: &DeviceSample, fixed: &mut Fi
         pci_bus_id: own.read("pci_info", || dev.pci_info()).map(|p| p.bus_id),
         minor_number: own.read("minor_number", || dev.minor_number()),
         unsupported: own.unsupported,
-        seen: fixed.cycle,
     };
     r.lost |= own.lost;
     let answered = |v: bool, name| v || f.unsupported.contains(&name);
     let complete = answered(f.name.is_some(), "name")
         && answered(f.pci_bus_id.is_some(), "pci_info")
         && answered(f.minor_number.is_some(), "minor_number");
-    if complete && !r.lost && !d.uuid.is_empty() {
-        fixed.gpus.insert(d.uuid.clone(), f.clone());
+    if complete && !r.lost {
+        kept.keep(&d.uuid, &f);
     }
     f
 }
@@ -660,12 +684,9 @@ fn read_mig_devices(
         };
         let mem = mig.memory_info().ok();
         let uuid = mig.uuid().unwrap_or_default();
-        let f = match fixed.migs.get_mut(&uuid).filter(|_| !uuid.is_empty()) {
-            Some(f) => {
-                f.seen = fixed.cycle;
-                f.clone()
-            }
-            None => read_mig_fixed(nvml, &mig, &uuid, fixed),
+        let f = match fixed.migs.get(&uuid) {
+            Some(f) => f,
+            None => read_mig_fixed(nvml, &mig, &uuid, &mut fixed.migs),
         };
         d.mig_devices.push(MigSample {
             uuid,
@@ -680,17 +701,16 @@ fn read_mig_devices(
 }
 
 /// A MIG device's instance ids and profile, read now; kept when all three answered.
-fn read_mig_fixed(nvml: &Nvml, mig: &Device, uuid: &str, fixed: &mut Fixed) -> MigFixed {
+fn read_mig_fixed(nvml: &Nvml, mig: &Device, uuid: &str, kept: &mut Kept<MigFixed>) -> MigFixed {
     let (gi, ci) = instance_ids(nvml, mig);
     let name = mig.name().ok();
     let f = MigFixed {
         gpu_instance_id: gi.unwrap_or(u32::MAX),
         compute_instance_id: ci.unwrap_or(u32::MAX),
         profile: name.as_deref().and_then(mig_profile),
-        seen: fixed.cycle,
     };
-    if gi.is_some() && ci.is_some() && name.is_some() && !uuid.is_empty() {
-        fixed.migs.insert(uuid.to_string(), f.clone());
+    if gi.is_some() && ci.is_some() && name.is_some() {
+        kept.keep(uuid, &f);
     }
     f
 }
