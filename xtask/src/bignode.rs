@@ -18,7 +18,10 @@ use tests::{
 use crate::{
     bench::settle,
     classic,
-    overhead::{finish, start_agent, window, write_scenario, BigFigures, Layout, Mark, Row},
+    overhead::{
+        finish, start_agent, start_agent_with, window, write_scenario, BigFigures, Layout, Mark,
+        Row,
+    },
     workspace_root,
 };
 
@@ -357,16 +360,24 @@ const PAIR_ROUNDS: usize = 6;
 /// This VM's speed drifts 10-30 % between runs minutes apart, which hid changes of a few
 /// percent in before/after runs; a drift hits both agents of a pair alike, so their ratio
 /// holds much closer. Prints each round and the median ratio (RESULT pair_ratio).
+/// GPU_AGENT_BENCH_PAIR_PROTOCOL gives the other build's export protocol (default: the
+/// same as this one's), so that two protocols can be compared with one build.
 pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()> {
-    eprintln!("pair: {} against {}", bin.display(), other.display());
+    let protocol = std::env::var("GPU_AGENT_BENCH_PROTOCOL").unwrap_or_else(|_| "grpc".into());
+    let other_protocol = std::env::var("GPU_AGENT_BENCH_PAIR_PROTOCOL").unwrap_or(protocol.clone());
+    eprintln!(
+        "pair: {} ({protocol}) against {} ({other_protocol})",
+        bin.display(),
+        other.display()
+    );
     let node = BigNode::build()?;
     let pids = node.gpu_pids();
     if pids.len() < 2 * PODS {
         bail!("only {} GPU processes found of {}", pids.len(), 2 * PODS);
     }
     write_scenario(&classic::scenario_path(), Layout::Mig, &pids)?;
-    let a = start_agent(bin, lib)?;
-    let b = start_agent(other, lib)?;
+    let a = start_agent_with(bin, lib, &protocol)?;
+    let b = start_agent_with(other, lib, &other_protocol)?;
     settle(&a.agent);
     settle(&b.agent);
     std::thread::sleep(Duration::from_millis(2500));

@@ -218,6 +218,11 @@ pub(crate) struct Running {
 pub(crate) fn start_agent(bin: &Path, lib: &Path) -> Result<Running> {
     // GPU_AGENT_BENCH_PROTOCOL=http/protobuf: the agent's default protocol instead of gRPC.
     let protocol = std::env::var("GPU_AGENT_BENCH_PROTOCOL").unwrap_or_else(|_| "grpc".into());
+    start_agent_with(bin, lib, &protocol)
+}
+
+/// `start_agent`, exporting with `protocol` (`grpc` or `http/protobuf`).
+pub(crate) fn start_agent_with(bin: &Path, lib: &Path, protocol: &str) -> Result<Running> {
     let kind = if protocol == "http/protobuf" {
         Kind::Http
     } else {
@@ -236,7 +241,7 @@ pub(crate) fn start_agent(bin: &Path, lib: &Path) -> Result<Running> {
             ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
             ("FAKE_NVML_CALLS", calls_file.to_str().unwrap()),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", &protocol),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
             ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
         ],
     );
