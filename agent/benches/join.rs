@@ -15,7 +15,7 @@ use gpu_agent::{
     },
     stats::thread_cpu_ns,
 };
-use gpu_model::{DeviceStatus, SourceStatus};
+use gpu_model::{DeviceStatus, Name, SourceStatus};
 
 const GPUS: u32 = 8;
 const MIG: u32 = 7;
@@ -60,11 +60,22 @@ fn state(containers: u32) -> State {
     State::on_cgroup2(cache, registry)
 }
 
-fn sample(containers: u32, t: u64) -> GpuSample {
-    let uuid = |g: u32, m: Option<u32>| match m {
+fn uuid(g: u32, m: Option<u32>) -> String {
+    match m {
         None => format!("GPU-{g:08x}-0000-0000-0000-000000000000"),
         Some(m) => format!("MIG-{g:08x}-{m:04x}-0000-0000-000000000000"),
-    };
+    }
+}
+
+/// The MIG devices' uuids, made once: the NVML thread keeps them from one cycle to the next
+/// and its processes share them.
+fn mig_names() -> Vec<Vec<Name>> {
+    (0..GPUS)
+        .map(|g| (0..MIG).map(|m| uuid(g, Some(m)).into()).collect())
+        .collect()
+}
+
+fn sample(containers: u32, t: u64, migs: &[Vec<Name>]) -> GpuSample {
     let devices = (0..GPUS)
         .map(|g| DeviceSample {
             index: g,
@@ -75,7 +86,7 @@ fn sample(containers: u32, t: u64) -> GpuSample {
             energy_mj: Some(t / 10_000 * 10_000 * 400),
             mig_devices: (0..MIG)
                 .map(|m| MigSample {
-                    uuid: uuid(g, Some(m)),
+                    uuid: migs[g as usize][m as usize].clone(),
                     gpu_instance_id: m,
                     compute_instance_id: 0,
                     memory_total_bytes: Some(10 << 30),
@@ -94,7 +105,7 @@ fn sample(containers: u32, t: u64) -> GpuSample {
                     dec_util: Some(0),
                     gpu_instance_id: Some(c / GPUS % MIG),
                     compute_instance_id: Some(0),
-                    mig_uuid: Some(uuid(g, Some(c / GPUS % MIG))),
+                    mig_uuid: Some(migs[g as usize][(c / GPUS % MIG) as usize].clone()),
                     ..Default::default()
                 })
                 .collect(),
@@ -118,6 +129,7 @@ fn main() {
     };
     let (containers, cycles) = (arg(1, 2000), arg(2, 200));
     let state = state(containers);
+    let migs = mig_names();
     let metadata = Metadata::default();
     let mut joiner = Joiner::default();
     let mut published = Arc::new(gpu_model::Snapshot::default());
@@ -128,7 +140,7 @@ fn main() {
         let mut spent = 0;
         for _ in 0..n {
             t += 1000;
-            let s = sample(containers, t);
+            let s = sample(containers, t, &migs);
             let cpu = thread_cpu_ns();
             let snap = joiner.join(&state, &metadata, &s, &SourceStatus::Ok, MAX_GAP, false);
             published = Arc::new(snap);

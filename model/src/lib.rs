@@ -123,7 +123,9 @@ pub struct AccountingSample {
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct MigSample {
-    pub uuid: String,
+    /// Shared from one cycle to the next (the NVML thread keeps it by uuid), and by the
+    /// processes on the device: a clone is a reference count, a comparison a pointer's.
+    pub uuid: Name,
     pub gpu_instance_id: u32,
     pub compute_instance_id: u32,
     pub memory_total_bytes: Option<u64>,
@@ -141,8 +143,9 @@ pub struct ProcessSample {
     pub used_memory_bytes: u64,
     pub gpu_instance_id: Option<u32>,
     pub compute_instance_id: Option<u32>,
-    /// The MIG device the process runs on, from its GPU/compute instance ids.
-    pub mig_uuid: Option<String>,
+    /// The MIG device the process runs on, from its GPU/compute instance ids: the MIG
+    /// device's own shared name.
+    pub mig_uuid: Option<Name>,
     /// Utilization since the previous sample; None when the device cannot say (MIG,
     /// unsupported), Some(0) when it had no samples for the process.
     pub sm_util: Option<u32>,

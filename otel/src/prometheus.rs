@@ -794,7 +794,7 @@ impl Renderer<'_> {
             f.series(&e.labels, &dcgm::attributes(None, false, xid), v);
         }
         let d = &self.snap.devices[e.device];
-        let uuid = e.mig.map_or(&d.uuid, |m| &d.mig_devices[m].uuid);
+        let uuid: &str = e.mig.map_or(&d.uuid, |m| &d.mig_devices[m].uuid);
         for p in &e.pods {
             let value = if per_pod {
                 dcgm::pod_value(id, self.snap, uuid, &p.uid)

@@ -77,7 +77,7 @@ impl Gpm {
             let key = (d.uuid.clone(), Some(m.gpu_instance_id));
             match self.step(nvml, key, dev.gpm_mig_sample(m.gpu_instance_id)) {
                 Ok(g) => m.gpm = g,
-                Err(e) => tracing::debug!(uuid = m.uuid, "GPM of the GPU instance: {e}"),
+                Err(e) => tracing::debug!(uuid = &*m.uuid, "GPM of the GPU instance: {e}"),
             }
         }
         self.status.insert(d.uuid.clone(), SourceStatus::Ok);

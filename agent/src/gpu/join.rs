@@ -137,22 +137,23 @@ pub fn is_mps_server(comm: &str) -> bool {
 }
 
 /// One sample's devices by position: each GPU's uuid and its MIG devices' uuids, as
-/// shared names carried from the last cycle (`Counters::uuids`), so that every entry and
-/// key made from them this cycle costs no copy, and compares by pointer.
+/// shared names carried from the last cycle (`Counters::uuids` for a GPU; the sample's own
+/// for a MIG device, which the NVML thread keeps), so that every entry and key made from
+/// them this cycle costs no copy, and compares by pointer.
 pub struct DeviceNames(Vec<(Name, Vec<Name>)>);
 
 impl DeviceNames {
     fn new(sample: &GpuSample, last: &FxHashSet<Name>) -> DeviceNames {
+        // A MIG device's uuid is shared already (the NVML thread keeps it, and its
+        // processes point to it); a GPU's is a string of the sample's.
         let name = |u: &str| last.get(u).cloned().unwrap_or_else(|| u.into());
         DeviceNames(
             sample
                 .devices
                 .iter()
                 .map(|d| {
-                    (
-                        name(&d.uuid),
-                        d.mig_devices.iter().map(|m| name(&m.uuid)).collect(),
-                    )
+                    let migs = d.mig_devices.iter().map(|m| m.uuid.clone()).collect();
+                    (name(&d.uuid), migs)
                 })
                 .collect(),
         )
@@ -190,13 +191,9 @@ impl DeviceNames {
     /// The device a process of GPU `i` is charged to: its MIG device, else the GPU.
     fn of(&self, i: usize, p: &ProcessSample) -> Name {
         let (gpu, migs) = &self.0[i];
-        match p.mig_uuid.as_deref() {
+        match &p.mig_uuid {
             None => gpu.clone(),
-            Some(u) => migs
-                .iter()
-                .find(|m| &***m == u)
-                .cloned()
-                .unwrap_or_else(|| u.into()),
+            Some(u) => migs.iter().find(|m| same(m, u)).unwrap_or(u).clone(),
         }
     }
 

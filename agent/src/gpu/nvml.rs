@@ -115,6 +115,8 @@ struct GpuFixed {
 
 #[derive(Debug, Clone)]
 struct MigFixed {
+    /// The uuid itself, shared by every cycle's sample and the processes on the device.
+    uuid: gpu_model::Name,
     gpu_instance_id: u32,
     compute_instance_id: u32,
     profile: Option<String>,
@@ -689,7 +691,7 @@ fn read_mig_devices(
             None => read_mig_fixed(nvml, &mig, &uuid, &mut fixed.migs),
         };
         d.mig_devices.push(MigSample {
-            uuid,
+            uuid: f.uuid,
             gpu_instance_id: f.gpu_instance_id,
             compute_instance_id: f.compute_instance_id,
             memory_total_bytes: mem.as_ref().map(|m| m.total),
@@ -705,6 +707,7 @@ fn read_mig_fixed(nvml: &Nvml, mig: &Device, uuid: &str, kept: &mut Kept<MigFixe
     let (gi, ci) = instance_ids(nvml, mig);
     let name = mig.name().ok();
     let f = MigFixed {
+        uuid: uuid.into(),
         gpu_instance_id: gi.unwrap_or(u32::MAX),
         compute_instance_id: ci.unwrap_or(u32::MAX),
         profile: name.as_deref().and_then(mig_profile),
@@ -939,7 +942,7 @@ mod tests {
     #[test]
     fn contexts_of_one_process_merge_per_device_and_keep_the_most_memory() {
         let mig = |gi, ci| MigSample {
-            uuid: format!("MIG-{gi}-{ci}"),
+            uuid: format!("MIG-{gi}-{ci}").into(),
             gpu_instance_id: gi,
             compute_instance_id: ci,
             ..Default::default()
@@ -978,6 +981,11 @@ mod tests {
                 (10, Some("MIG-2-0"), 20, false),
             ]
         );
+        // Each points to its MIG device's own name: no copy per process and cycle.
+        let shared = |i: usize, mig: usize| {
+            std::sync::Arc::ptr_eq(m.procs[i].mig_uuid.as_ref().unwrap(), &migs[mig].uuid)
+        };
+        assert!(shared(0, 0) && shared(1, 1) && shared(2, 1));
         // Without MIG: one entry per pid.
         let mut m = Merged::default();
         m.merge(&ctx(7, 1, None), &[]);

@@ -207,7 +207,7 @@ impl Xids {
                         d.mig_devices
                             .iter()
                             .find(|m| m.gpu_instance_id == gi)
-                            .map(|m| m.uuid.clone())
+                            .map(|m| m.uuid.to_string())
                     });
                     d.fields.xid_processes.push(XidProcess {
                         xid: p.xid,

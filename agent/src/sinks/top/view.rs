@@ -156,7 +156,7 @@ fn gpu_label(devices: &[DeviceSample], uuid: &str) -> String {
         if d.uuid == uuid {
             return d.index.to_string();
         }
-        if let Some(m) = d.mig_devices.iter().find(|m| m.uuid == uuid) {
+        if let Some(m) = d.mig_devices.iter().find(|m| &*m.uuid == uuid) {
             return format!("{}/gi{}", d.index, m.gpu_instance_id);
         }
     }
