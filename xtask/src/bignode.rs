@@ -19,8 +19,8 @@ use crate::{
     bench::settle,
     classic,
     overhead::{
-        finish, start_agent, start_agent_with, window, write_scenario, BigFigures, Layout, Mark,
-        Row,
+        finish, other_protocol, start_agent, start_agent_with, window, write_scenario, BigFigures,
+        Layout, Mark, Row,
     },
     workspace_root,
 };
@@ -341,8 +341,10 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     let w = window(&r, secs)?;
     hold(&r);
     let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
+    let other = protocols(bin, lib, secs)?;
     row.pods = PODS;
     row.big = Some(BigFigures {
+        other: Some((other.0, other.1 * row.agent_cpu_pct, other.1)),
         cgroups: CGROUPS,
         calls_320: small.calls,
         node_mem_mib: node.mem_used_kib as f64 / 1024.0,
@@ -350,6 +352,75 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     });
     drop(node);
     Ok(row)
+}
+
+/// The other protocol (`other_protocol`) against this one on the large node, side by side
+/// (as the pair bench runs two builds) over six windows of `secs / 2`, each agent with its
+/// own receiver: their costs drift apart less than two runs one after the other would. The
+/// other protocol's agent starts first, so the bias of the agent started second (about 3 %)
+/// counts against the bench's own protocol. Returns the other protocol and the median ratio
+/// of its cost a cycle to this one's.
+fn protocols(bin: &Path, lib: &Path, secs: u64) -> Result<(String, f64)> {
+    let this = crate::overhead::protocol();
+    let other = other_protocol(&this);
+    eprintln!("  {other} against {this}, side by side:");
+    let b = start_agent_with(bin, lib, other)?;
+    let a = start_agent_with(bin, lib, &this)?;
+    settle(&b.agent);
+    settle(&a.agent);
+    std::thread::sleep(Duration::from_secs(2));
+    let mut ratios = side_by_side(&a, &b, 6, (secs / 2).max(5))?;
+    if a.rx.received.count() == 0 || b.rx.received.count() == 0 {
+        bail!("an agent exported nothing over {this} or {other}");
+    }
+    ratios.sort_by(f64::total_cmp);
+    let median = (ratios[2] + ratios[3]) / 2.0;
+    eprintln!("  {other}/{this}: median {median:.3}");
+    Ok((other.to_string(), median))
+}
+
+/// Measures `a` and `b` over the same `rounds` windows of `secs`; each round's ratio of
+/// b's cost a cycle to a's.
+fn side_by_side(
+    a: &crate::overhead::Running,
+    b: &crate::overhead::Running,
+    rounds: usize,
+    secs: u64,
+) -> Result<Vec<f64>> {
+    let us = |w: &crate::overhead::Window| w.cpu_ns / w.cycles / 1e3;
+    let parts = |w: &crate::overhead::Window| {
+        format!(
+            "NVML {:.0} / join {:.0} / export {:.0}",
+            w.nvml_ns / 1e3,
+            w.join_ns / 1e3,
+            w.export_ns / 1e3
+        )
+    };
+    let mut ratios = vec![];
+    for round in 1..=rounds {
+        // Alternate which one is read first, so neither is always measured a little longer.
+        let (ma, mb) = if round % 2 == 1 {
+            let ma = Mark::take(a)?;
+            (ma, Mark::take(b)?)
+        } else {
+            let mb = Mark::take(b)?;
+            (Mark::take(a)?, mb)
+        };
+        std::thread::sleep(Duration::from_secs(secs));
+        let (wa, wb) = (ma.window(a)?, mb.window(b)?);
+        let ratio = us(&wb) / us(&wa);
+        eprintln!(
+            "  round {round}: this {:.0} us/cycle ({}), other {:.0} us/cycle ({}): other/this {ratio:.3}",
+            us(&wa),
+            parts(&wa),
+            us(&wb),
+            parts(&wb),
+        );
+        ratios.push(ratio);
+        a.rx.received.keep_last();
+        b.rx.received.keep_last();
+    }
+    Ok(ratios)
 }
 
 /// Rounds of the pair bench.
@@ -363,7 +434,7 @@ const PAIR_ROUNDS: usize = 6;
 /// GPU_AGENT_BENCH_PAIR_PROTOCOL gives the other build's export protocol (default: the
 /// same as this one's), so that two protocols can be compared with one build.
 pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()> {
-    let protocol = std::env::var("GPU_AGENT_BENCH_PROTOCOL").unwrap_or_else(|_| "grpc".into());
+    let protocol = crate::overhead::protocol();
     let other_protocol = std::env::var("GPU_AGENT_BENCH_PAIR_PROTOCOL").unwrap_or(protocol.clone());
     eprintln!(
         "pair: {} ({protocol}) against {} ({other_protocol})",
@@ -381,39 +452,7 @@ pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()
     settle(&a.agent);
     settle(&b.agent);
     std::thread::sleep(Duration::from_millis(2500));
-    let us = |w: &crate::overhead::Window| w.cpu_ns / w.cycles / 1e3;
-    let parts = |w: &crate::overhead::Window| {
-        format!(
-            "NVML {:.0} / join {:.0} / export {:.0}",
-            w.nvml_ns / 1e3,
-            w.join_ns / 1e3,
-            w.export_ns / 1e3
-        )
-    };
-    let mut ratios = vec![];
-    for round in 1..=PAIR_ROUNDS {
-        // Alternate which one is read first, so neither is always measured a little longer.
-        let (ma, mb) = if round % 2 == 1 {
-            let ma = Mark::take(&a)?;
-            (ma, Mark::take(&b)?)
-        } else {
-            let mb = Mark::take(&b)?;
-            (Mark::take(&a)?, mb)
-        };
-        std::thread::sleep(Duration::from_secs(secs));
-        let (wa, wb) = (ma.window(&a)?, mb.window(&b)?);
-        let ratio = us(&wb) / us(&wa);
-        eprintln!(
-            "  round {round}: this build {:.0} us/cycle ({}), other {:.0} us/cycle ({}): other/this {ratio:.3}",
-            us(&wa),
-            parts(&wa),
-            us(&wb),
-            parts(&wb),
-        );
-        ratios.push(ratio);
-        a.rx.received.keep_last();
-        b.rx.received.keep_last();
-    }
+    let mut ratios = side_by_side(&a, &b, PAIR_ROUNDS, secs)?;
     if a.rx.received.count() == 0 || b.rx.received.count() == 0 {
         bail!("an agent of the pair exported nothing");
     }

@@ -161,6 +161,10 @@ pub(crate) struct Row {
 
 pub(crate) struct BigFigures {
     pub cgroups: usize,
+    /// The same node and build exporting with the other protocol (`other_protocol`): the
+    /// protocol, its % of a core as the agent's figure times the side-by-side ratio, and
+    /// that ratio (`bignode::protocols`).
+    pub other: Option<(String, f64, f64)>,
     /// NVML calls per cycle with 320 GPU processes, same MIG layout, same agent.
     pub calls_320: Option<Calls>,
     pub node_mem_mib: f64,
@@ -216,9 +220,23 @@ pub(crate) struct Running {
 }
 
 pub(crate) fn start_agent(bin: &Path, lib: &Path) -> Result<Running> {
-    // GPU_AGENT_BENCH_PROTOCOL=http/protobuf: the agent's default protocol instead of gRPC.
-    let protocol = std::env::var("GPU_AGENT_BENCH_PROTOCOL").unwrap_or_else(|_| "grpc".into());
-    start_agent_with(bin, lib, &protocol)
+    start_agent_with(bin, lib, &protocol())
+}
+
+/// The export protocol of the bench's agents: the agent's default, HTTP/protobuf, which is
+/// also what deploy/ configures; GPU_AGENT_BENCH_PROTOCOL=grpc for gRPC. (Until 26 November
+/// the bench used gRPC, which costs more on the large node: its 16 KiB HTTP/2 frames each
+/// go out with a write of their own. The large node is measured with both.)
+pub(crate) fn protocol() -> String {
+    std::env::var("GPU_AGENT_BENCH_PROTOCOL").unwrap_or_else(|_| "http/protobuf".into())
+}
+
+/// The protocol that is not `protocol`.
+pub(crate) fn other_protocol(protocol: &str) -> &'static str {
+    match protocol {
+        "grpc" => "http/protobuf",
+        _ => "grpc",
+    }
 }
 
 /// `start_agent`, exporting with `protocol` (`grpc` or `http/protobuf`).
