@@ -58,8 +58,8 @@ pub(crate) fn markdown(r: &Report) -> String {
          (FAKE_NVML_CALLS), in the agent's NVML thread: part of the agent's figures.\n\n",
         if r.quick { " --quick" } else { "" },
         r.machine,
-        crate::overhead::protocol(),
-        r.elapsed_s
+        r.elapsed_s,
+        shown(&crate::overhead::protocol()),
     );
     rows_table(&mut md, r);
     big_node(&mut md, r);
@@ -159,15 +159,25 @@ fn big_node(md: &mut String, r: &Report) {
         counter(s, "gpu_processes_unresolved"),
     );
     if let Some((protocol, pct, ratio)) = &b.other {
+        let protocol = shown(protocol);
         let _ = writeln!(
             md,
             "\nOver {protocol} instead of {}: a cycle costs {ratio:.3} times as much (the two \
              agents side by side on this node, after the baselines, the median of six windows; \
              the {protocol} one started first, so the bias of the agent started second, about \
              3 %, is against {}), which puts it at {pct:.3} % of a core.",
-            crate::overhead::protocol(),
-            crate::overhead::protocol(),
+            shown(&crate::overhead::protocol()),
+            shown(&crate::overhead::protocol()),
         );
+    }
+}
+
+/// A protocol as the docs name it.
+fn shown(protocol: &str) -> &str {
+    match protocol {
+        "grpc" => "gRPC",
+        "http/protobuf" => "HTTP/protobuf",
+        other => other,
     }
 }
 
@@ -253,7 +263,7 @@ fn targets(md: &mut String, r: &Report) {
         at_most("proc_fork run time", st.fork_ns, 900.0, "ns", 0),
         at_most("agent CPU, 5,000 processes", r5.agent_cpu_pct, 0.2, "%", 3),
         at_most(
-            &format!("{big_cpu}, over {}", crate::overhead::protocol()),
+            &format!("{big_cpu}, over {}", shown(&crate::overhead::protocol())),
             big.agent_cpu_pct,
             0.5,
             "%",
