@@ -44,12 +44,18 @@ pub struct RecordNames {
 }
 
 impl RecordNames {
+    /// Asked of every container each cycle: the names are shared, so pointers first (a
+    /// comparison of `Option<Arc<str>>` reads both strings even when they are one).
     pub fn is_of(&self, c: &ContainerUsage) -> bool {
-        self.pod_name == c.pod_name
-            && self.namespace == c.namespace
-            && self.container_name == c.container_name
-            && self.pod_uid == c.pod_uid
-            && self.container_id == c.container_id
+        let eq = |a: &Option<Name>, b: &Option<Name>| match (a, b) {
+            (Some(a), Some(b)) => same(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        eq(&self.pod_name, &c.pod_name)
+            && eq(&self.namespace, &c.namespace)
+            && eq(&self.container_name, &c.container_name)
+            && eq(&self.pod_uid, &c.pod_uid)
+            && eq(&self.container_id, &c.container_id)
     }
 
     /// A record that names them, and nothing else yet.
@@ -737,6 +743,32 @@ fn limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_names_match_by_content_whether_shared_or_not() {
+        let c = ContainerUsage {
+            container_id: Some("c1".into()),
+            pod_uid: Some("u1".into()),
+            pod_name: Some("p".into()),
+            ..Default::default()
+        };
+        let names = RecordNames::of(&c);
+        assert!(names.is_of(&c), "the same names");
+        // Equal strings that are not the same allocation: equal all the same.
+        let mut copy = c.clone();
+        copy.container_id = Some("c1".into());
+        assert!(names.is_of(&copy));
+        for change in [
+            |c: &mut ContainerUsage| c.pod_name = Some("q".into()),
+            |c: &mut ContainerUsage| c.pod_name = None,
+            |c: &mut ContainerUsage| c.namespace = Some("ns".into()),
+            |c: &mut ContainerUsage| c.container_id = Some("c2".into()),
+        ] {
+            let mut other = c.clone();
+            change(&mut other);
+            assert!(!names.is_of(&other), "{other:?}");
+        }
+    }
 
     #[test]
     fn the_peak_window_keeps_the_largest_recent_value() {
