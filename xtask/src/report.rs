@@ -299,7 +299,13 @@ fn targets(md: &mut String, r: &Report) {
     if let Some((protocol, pct, _)) = other {
         rows.insert(
             4,
-            at_most(&format!("{big_cpu}, over {protocol}"), *pct, 0.5, "%", 3),
+            at_most(
+                &format!("{big_cpu}, over {}", shown(protocol)),
+                *pct,
+                0.5,
+                "%",
+                3,
+            ),
         );
     }
     md.push_str("\n| issue 15 target | goal | measured | |\n| --- | --- | --- | --- |\n");
