@@ -20,7 +20,7 @@ use crate::{
     classic,
     overhead::{
         finish, other_protocol, start_agent, start_agent_with, window, write_scenario, BigFigures,
-        Layout, Mark, Row,
+        Layout, Mark, OtherProtocol, Row,
     },
     workspace_root,
 };
@@ -341,10 +341,14 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     let w = window(&r, secs)?;
     hold(&r);
     let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
-    let other = protocols(bin, lib, secs)?;
+    let (protocol, ratio) = protocols(bin, lib, secs)?;
     row.pods = PODS;
     row.big = Some(BigFigures {
-        other: Some((other.0, other.1 * row.agent_cpu_pct, other.1)),
+        other: Some(OtherProtocol {
+            protocol,
+            ratio,
+            cpu_pct: ratio * row.agent_cpu_pct,
+        }),
         cgroups: CGROUPS,
         calls_320: small.calls,
         node_mem_mib: node.mem_used_kib as f64 / 1024.0,
@@ -373,8 +377,7 @@ fn protocols(bin: &Path, lib: &Path, secs: u64) -> Result<(String, f64)> {
     if a.rx.received.count() == 0 || b.rx.received.count() == 0 {
         bail!("an agent exported nothing over {this} or {other}");
     }
-    ratios.sort_by(f64::total_cmp);
-    let median = (ratios[2] + ratios[3]) / 2.0;
+    let median = median(&mut ratios);
     eprintln!("  {other}/{this}: median {median:.3}");
     Ok((other.to_string(), median))
 }
@@ -423,6 +426,13 @@ fn side_by_side(
     Ok(ratios)
 }
 
+/// The median of an even number of ratios, which it sorts.
+fn median(ratios: &mut [f64]) -> f64 {
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+}
+
 /// Rounds of the pair bench.
 const PAIR_ROUNDS: usize = 6;
 
@@ -456,8 +466,7 @@ pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()
     if a.rx.received.count() == 0 || b.rx.received.count() == 0 {
         bail!("an agent of the pair exported nothing");
     }
-    ratios.sort_by(f64::total_cmp);
-    let median = (ratios[PAIR_ROUNDS / 2 - 1] + ratios[PAIR_ROUNDS / 2]) / 2.0;
+    let median = median(&mut ratios);
     eprintln!(
         "  other/this: median {median:.3}, range {:.3}-{:.3}",
         ratios[0],

@@ -161,14 +161,21 @@ pub(crate) struct Row {
 
 pub(crate) struct BigFigures {
     pub cgroups: usize,
-    /// The same node and build exporting with the other protocol (`other_protocol`): the
-    /// protocol, its % of a core as the agent's figure times the side-by-side ratio, and
-    /// that ratio (`bignode::protocols`).
-    pub other: Option<(String, f64, f64)>,
+    /// The same node and build exporting with the other protocol (`bignode::protocols`).
+    pub other: Option<OtherProtocol>,
     /// NVML calls per cycle with 320 GPU processes, same MIG layout, same agent.
     pub calls_320: Option<Calls>,
     pub node_mem_mib: f64,
     pub node_start_s: f64,
+}
+
+/// The large node over the protocol the bench's agents do not use (`other_protocol`).
+pub(crate) struct OtherProtocol {
+    pub protocol: String,
+    /// Its cost a cycle over the bench's protocol's, side by side (median of the rounds).
+    pub ratio: f64,
+    /// The agent's figure times that ratio, % of a core.
+    pub cpu_pct: f64,
 }
 
 /// NVML calls per cycle between two FAKE_NVML_CALLS snapshots (both cycle starts).

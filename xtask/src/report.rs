@@ -158,8 +158,8 @@ fn big_node(md: &mut String, r: &Report) {
         counter(s, "kernel_map_full"),
         counter(s, "gpu_processes_unresolved"),
     );
-    if let Some((protocol, pct, ratio)) = &b.other {
-        let protocol = shown(protocol);
+    if let Some(o) = &b.other {
+        let (protocol, ratio, pct) = (shown(&o.protocol), o.ratio, o.cpu_pct);
         let _ = writeln!(
             md,
             "\nOver {protocol} instead of {}: a cycle costs {ratio:.3} times as much (the two \
@@ -296,12 +296,12 @@ fn targets(md: &mut String, r: &Report) {
     ];
     let other = big.big.as_ref().and_then(|b| b.other.as_ref());
     let mut rows = rows.to_vec();
-    if let Some((protocol, pct, _)) = other {
+    if let Some(o) = other {
         rows.insert(
             4,
             at_most(
-                &format!("{big_cpu}, over {}", shown(protocol)),
-                *pct,
+                &format!("{big_cpu}, over {}", shown(&o.protocol)),
+                o.cpu_pct,
                 0.5,
                 "%",
                 3,
@@ -342,6 +342,6 @@ pub(crate) fn result_line(r: &Report) -> String {
         big.big
             .as_ref()
             .and_then(|b| b.other.as_ref())
-            .map_or(f64::NAN, |o| o.1),
+            .map_or(f64::NAN, |o| o.cpu_pct),
     )
 }
