@@ -94,7 +94,8 @@ pub struct Counters {
     pub idle_energy: HashMap<String, f64>,
     /// Per GPU uuid: the shares of the cycles since its energy counter last moved.
     pub energy_shares: HashMap<String, super::account::EnergyShares>,
-    /// The last sample's device uuids, shared by every entry, key and ledger on them.
+    /// The last sample's GPU uuids, shared by every entry, key and ledger on them (a MIG
+    /// device's is shared by the sample itself).
     pub uuids: FxHashSet<Name>,
 }
 
@@ -159,10 +160,9 @@ impl DeviceNames {
         )
     }
 
-    /// Every uuid of the sample: what the next cycle starts from.
+    /// The sample's GPU uuids: what the next cycle looks its GPUs' names up in.
     fn set(&self) -> FxHashSet<Name> {
-        let all = self.0.iter().flat_map(|(g, m)| std::iter::once(g).chain(m));
-        all.cloned().collect()
+        self.0.iter().map(|(g, _)| g.clone()).collect()
     }
 
     /// GPU `i`'s uuid.
