@@ -44,11 +44,13 @@ pub struct RecordNames {
 }
 
 impl RecordNames {
-    /// Asked of every container each cycle: the names are shared, so pointers first (a
-    /// comparison of `Option<Arc<str>>` reads both strings even when they are one).
-    pub fn is_of(&self, c: &ContainerUsage) -> bool {
+    /// Asked of every container each cycle: are these the container's names, the very
+    /// same shared strings? Equal strings in other allocations (a runtime's names come anew
+    /// with each metadata refresh) answer no, and the caller takes the container's: a
+    /// comparison by content would read both strings every cycle from then on.
+    pub fn shares(&self, c: &ContainerUsage) -> bool {
         let eq = |a: &Option<Name>, b: &Option<Name>| match (a, b) {
-            (Some(a), Some(b)) => same(a, b),
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
             (a, b) => a.is_none() && b.is_none(),
         };
         eq(&self.pod_name, &c.pod_name)
@@ -582,8 +584,8 @@ fn advance(
         if let Some(s) = &mut l.session {
             s.end_ms = now;
             s.peak = s.peak.max(g.memory_used_bytes);
-            // Names arrive after the first sample; copied only when they change.
-            if !s.names.is_of(c) {
+            // Names arrive after the first sample, and come anew with each metadata refresh.
+            if !s.names.shares(c) {
                 s.names = RecordNames::of(c);
             }
         }
@@ -745,7 +747,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn record_names_match_by_content_whether_shared_or_not() {
+    fn record_names_are_shared_with_the_container_or_taken_again() {
         let c = ContainerUsage {
             container_id: Some("c1".into()),
             pod_uid: Some("u1".into()),
@@ -753,11 +755,13 @@ mod tests {
             ..Default::default()
         };
         let names = RecordNames::of(&c);
-        assert!(names.is_of(&c), "the same names");
-        // Equal strings that are not the same allocation: equal all the same.
+        assert!(names.shares(&c), "the same names");
+        // Equal strings that are not the same allocation: taken again, equal all the same.
         let mut copy = c.clone();
         copy.container_id = Some("c1".into());
-        assert!(names.is_of(&copy));
+        assert!(!names.shares(&copy));
+        assert_eq!(RecordNames::of(&copy), names);
+        assert!(RecordNames::of(&copy).shares(&copy));
         for change in [
             |c: &mut ContainerUsage| c.pod_name = Some("q".into()),
             |c: &mut ContainerUsage| c.pod_name = None,
@@ -766,7 +770,8 @@ mod tests {
         ] {
             let mut other = c.clone();
             change(&mut other);
-            assert!(!names.is_of(&other), "{other:?}");
+            assert!(!names.shares(&other), "{other:?}");
+            assert_ne!(RecordNames::of(&other), names);
         }
     }
 

@@ -66,6 +66,19 @@ pub fn same(a: &Name, b: &Name) -> bool {
     std::sync::Arc::ptr_eq(a, b) || a == b
 }
 
+/// Where `name` is in `names`: by pointer first, by content only where no pointer matches.
+/// `same` in a scan compares the bytes of every name before the match; where the names
+/// are shared, as the sample's devices' are, none is read.
+pub fn position_of<'a, I>(names: I, name: &Name) -> Option<usize>
+where
+    I: IntoIterator<Item = &'a Name>,
+    I::IntoIter: Clone,
+{
+    let names = names.into_iter();
+    (names.clone().position(|n| std::sync::Arc::ptr_eq(n, name)))
+        .or_else(|| names.into_iter().position(|n| n == name))
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Accumulated {
     pub gpu_seconds: f64,
@@ -180,12 +193,12 @@ impl DeviceNames {
 
     /// The position of GPU `gpu` (by pointer for the sample's own names).
     pub fn gpu_index(&self, gpu: &Name) -> Option<usize> {
-        self.0.iter().position(|(g, _)| same(g, gpu))
+        position_of(self.0.iter().map(|(g, _)| g), gpu)
     }
 
     /// The position of MIG device `uuid` among GPU `i`'s.
     pub fn mig_index(&self, i: usize, uuid: &Name) -> Option<usize> {
-        self.0[i].1.iter().position(|m| same(m, uuid))
+        position_of(&self.0[i].1, uuid)
     }
 
     /// The device a process of GPU `i` is charged to: its MIG device, else the GPU.
@@ -193,7 +206,7 @@ impl DeviceNames {
         let (gpu, migs) = &self.0[i];
         match &p.mig_uuid {
             None => gpu.clone(),
-            Some(u) => migs.iter().find(|m| same(m, u)).unwrap_or(u).clone(),
+            Some(u) => position_of(migs, u).map_or(u, |j| &migs[j]).clone(),
         }
     }
 
@@ -213,9 +226,10 @@ impl DeviceNames {
 
     /// The GPU a MIG device belongs to; the uuid itself for a GPU or an unknown device.
     pub fn parent(&self, uuid: &Name) -> Name {
-        self.0
-            .iter()
-            .find(|(_, m)| m.iter().any(|m| same(m, uuid)))
+        let ptr = |(_, m): &&(Name, Vec<Name>)| m.iter().any(|m| std::sync::Arc::ptr_eq(m, uuid));
+        let content = |(_, m): &&(Name, Vec<Name>)| m.iter().any(|m| m == uuid);
+        (self.0.iter().find(ptr))
+            .or_else(|| self.0.iter().find(content))
             .map_or_else(|| uuid.clone(), |(g, _)| g.clone())
     }
 }
@@ -839,6 +853,18 @@ mod tests {
             .iter()
             .find(|c| c.container_id.as_deref() == id)
             .unwrap_or_else(|| panic!("no container {id:?} in {:?}", s.containers))
+    }
+
+    #[test]
+    fn names_are_found_by_pointer_first_and_by_content_otherwise() {
+        let (a, b): (Name, Name) = ("MIG-a".into(), "MIG-b".into());
+        let names = vec![a.clone(), b.clone()];
+        assert_eq!(position_of(&names, &b), Some(1));
+        assert_eq!(position_of(&names, &"MIG-b".into()), Some(1), "by content");
+        assert_eq!(position_of(&names, &"MIG-c".into()), None);
+        // Equal contents twice: the shared name is the one found.
+        let twice = vec!["MIG-b".into(), b.clone()];
+        assert_eq!(position_of(&twice, &b), Some(1));
     }
 
     #[test]
