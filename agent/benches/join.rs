@@ -105,7 +105,7 @@ fn sample(containers: u32, t: u64, migs: &[Vec<Name>]) -> GpuSample {
                     dec_util: Some(0),
                     gpu_instance_id: Some(c / GPUS % MIG),
                     compute_instance_id: Some(0),
-                    mig_uuid: Some(migs[g as usize][(c / GPUS % MIG) as usize].clone()),
+                    mig: Some((c / GPUS % MIG) as u8),
                     ..Default::default()
                 })
                 .collect(),

@@ -143,9 +143,12 @@ pub struct ProcessSample {
     pub used_memory_bytes: u64,
     pub gpu_instance_id: Option<u32>,
     pub compute_instance_id: Option<u32>,
-    /// The MIG device the process runs on, from its GPU/compute instance ids: the MIG
-    /// device's own shared name.
-    pub mig_uuid: Option<Name>,
+    /// The MIG device the process runs on, from its GPU/compute instance ids: its position
+    /// in the device's `mig_devices`. A position, not the MIG device's name: a name per
+    /// process would be a reference count bumped by the NVML thread and dropped by the
+    /// join, 2,000 atomic operations a cycle on a large node, each on a line the other
+    /// thread had just written.
+    pub mig: Option<u8>,
     /// Utilization since the previous sample; None when the device cannot say (MIG,
     /// unsupported), Some(0) when it had no samples for the process.
     pub sm_util: Option<u32>,
@@ -155,13 +158,6 @@ pub struct ProcessSample {
     /// Listed by NVML's MPS list (`nvmlDeviceGetMPSComputeRunningProcesses`): an MPS
     /// client (or the server).
     pub mps: bool,
-}
-
-impl ProcessSample {
-    /// The device a process is charged to: its MIG device if any, else the GPU.
-    pub fn device_uuid<'a>(&'a self, gpu: &'a DeviceSample) -> &'a str {
-        self.mig_uuid.as_deref().unwrap_or(&gpu.uuid)
-    }
 }
 
 /// Published to every sink; never mutated after the join.

@@ -204,10 +204,10 @@ impl DeviceNames {
     /// The device a process of GPU `i` is charged to: its MIG device, else the GPU.
     fn of(&self, i: usize, p: &ProcessSample) -> Name {
         let (gpu, migs) = &self.0[i];
-        match &p.mig_uuid {
-            None => gpu.clone(),
-            Some(u) => position_of(migs, u).map_or(u, |j| &migs[j]).clone(),
-        }
+        p.mig
+            .and_then(|j| migs.get(usize::from(j)))
+            .unwrap_or(gpu)
+            .clone()
     }
 
     /// The position of the GPU that `uuid` is, or is a MIG device of, and its shared name.
@@ -983,12 +983,19 @@ mod tests {
     fn mig_processes_are_charged_to_their_mig_device() {
         let st = state();
         let mut p = proc(100, 10, 0);
-        p.mig_uuid = Some("MIG-1".into());
+        p.mig = Some(1);
         p.sm_util = None;
+        let mut s = sample(1000, vec![p, proc(101, 20, 0)]);
+        s.devices[0].mig_devices = ["MIG-0", "MIG-1"]
+            .map(|u| gpu_model::MigSample {
+                uuid: u.into(),
+                ..Default::default()
+            })
+            .into();
         let (snap, _) = join(
             &st,
             &Metadata::default(),
-            &sample(1000, vec![p, proc(101, 20, 0)]),
+            &s,
             &SourceStatus::Ok,
             &Counters::default(),
             Duration::from_secs(3),
@@ -1422,7 +1429,7 @@ mod sharing_tests {
     #[test]
     fn a_mig_device_size_is_its_containers_memory_limit() {
         let mut mig = p(100, 10, None);
-        mig.mig_uuid = Some("MIG-1".into());
+        mig.mig = Some(0);
         let mut s = sample(1000, 0, vec![mig, p(200, 20, Some(5))]);
         s.devices[0].mig_devices = vec![gpu_model::MigSample {
             uuid: "MIG-1".into(),

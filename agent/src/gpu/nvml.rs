@@ -806,7 +806,7 @@ impl Merged {
                 pid: p.pid,
                 gpu_instance_id: p.gpu_instance_id,
                 compute_instance_id: p.compute_instance_id,
-                mig_uuid: mig.map(|i| migs[i].uuid.clone()),
+                mig: mig.and_then(|i| u8::try_from(i).ok()),
                 ..Default::default()
             });
             self.procs.len() - 1
@@ -976,7 +976,7 @@ mod tests {
             .map(|p| {
                 (
                     p.pid,
-                    p.mig_uuid.as_deref(),
+                    p.mig.map(|i| &*migs[usize::from(i)].uuid),
                     p.used_memory_bytes >> 20,
                     p.mps,
                 )
@@ -990,11 +990,6 @@ mod tests {
                 (10, Some("MIG-2-0"), 20, false),
             ]
         );
-        // Each points to its MIG device's own name: no copy per process and cycle.
-        let shared = |i: usize, mig: usize| {
-            std::sync::Arc::ptr_eq(m.procs[i].mig_uuid.as_ref().unwrap(), &migs[mig].uuid)
-        };
-        assert!(shared(0, 0) && shared(1, 1) && shared(2, 1));
         // Without MIG: one entry per pid.
         let mut m = Merged::default();
         m.merge(&ctx(7, 1, None), &[]);
