@@ -85,6 +85,10 @@ pub struct NvmlConfig {
     /// How often the readings that cost milliseconds per call on a real driver and change
     /// slowly are taken (energy, GPM profiling, PCIe replays, MIG mode); held in between.
     pub slow_interval_ms: u64,
+    /// How long the process lists of a GPU with many processes (`CROWDED_GPU_PROCESSES`)
+    /// may be held between reads: a real driver takes about 50 µs per listed process. Read
+    /// at once when the device's memory moves or a new PID shows up in its utilization.
+    pub crowded_list_interval_ms: u64,
 }
 
 impl Default for NvmlConfig {
@@ -95,6 +99,7 @@ impl Default for NvmlConfig {
             interval_ms: 1000,
             process_detail: false,
             slow_interval_ms: 10_000,
+            crowded_list_interval_ms: 5_000,
         }
     }
 }
@@ -390,6 +395,13 @@ impl NvmlConfig {
             self.slow_interval_ms,
             100,
             600_000,
+            " ms",
+        )?;
+        in_range(
+            "nvml.crowded_list_interval_ms",
+            self.crowded_list_interval_ms,
+            0,
+            60_000,
             " ms",
         )
     }

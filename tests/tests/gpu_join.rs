@@ -457,3 +457,88 @@ fn fixed_readings_are_read_once_per_uuid_and_again_after_a_mig_reconfiguration()
     );
     let _ = std::fs::remove_file(&calls);
 }
+
+/// A GPU with many processes has its process lists held between reads (a real driver takes
+/// about 50 µs per listed process): not read again while nothing moves, read at once when
+/// the device's memory in use moves or a new PID shows up in its utilization samples.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let w = Proc(cg.spawn(&mut sleeper()));
+    // 40 processes: the container's, and 39 that no host has (above any pid_max in use).
+    let others = |n: u32| (0..n).map(|i| p(4_190_000 + i, 256 << 20, 0));
+    let device = |own: u64, used: u64, extra: Vec<Value>| {
+        let mut procs: Vec<Value> = vec![p(w.pid(), own, 10)];
+        procs.extend(others(39).chain(extra));
+        let mut d = gpu("GPU-77777777-2222-3333-4444-666666666666", json!(procs));
+        d["memory_used"] = json!(used);
+        scenario(json!([d]))
+    };
+    let sc = Scenario::new(&device(GIB, 50 * GIB, vec![]));
+    let calls = std::env::temp_dir().join(format!("calls-{}.json", random_hex(8)));
+    let lib = fake_nvml_lib();
+    let agent = Agent::start_env(
+        "[nvml]\ninterval_ms = 200\ncrowded_list_interval_ms = 60000\n",
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_SCENARIO", sc.path()),
+            ("FAKE_NVML_CALLS", calls.to_str().unwrap()),
+        ],
+    );
+    let memory =
+        |s: &Value| container(s, Some(&id)).map(|c| c["gpus"][0]["memory_used_bytes"].clone());
+    wait_snapshot(&agent, "the container's 1 GiB", |s| {
+        memory(s) == Some(json!(GIB))
+    });
+    let count = |prefix: &str| {
+        let c = read_calls(&calls).expect("a call record");
+        let calls = c["calls"].as_object().unwrap();
+        let n = calls.iter().filter(|(k, _)| k.starts_with(prefix));
+        n.map(|(_, v)| v.as_u64().unwrap()).sum::<u64>()
+    };
+    let cycles = || count("nvmlDeviceGetCount");
+    let lists = || count("nvmlDeviceGetComputeRunningProcesses");
+    let wait_cycles = |n: u64| {
+        let c0 = cycles();
+        for _ in 0..100 {
+            if cycles() >= c0 + n {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no {n} cycles in 5 s");
+    };
+    wait_cycles(2);
+    let held = lists();
+    wait_cycles(5);
+    assert_eq!(lists(), held, "the lists are held while nothing moves");
+    // The process grows by less than the device's memory moves: still held.
+    sc.write(&device(GIB + (32 << 20), 50 * GIB, vec![]));
+    wait_cycles(5);
+    assert_eq!(lists(), held);
+    let s = agent.json("/debug/snapshot");
+    assert_eq!(memory(&s), Some(json!(GIB)), "the held list's memory");
+    // The device's memory moves by a GiB: read at once.
+    sc.write(&device(2 * GIB, 51 * GIB, vec![]));
+    wait_snapshot(&agent, "the container's 2 GiB", |s| {
+        memory(s) == Some(json!(2 * GIB))
+    });
+    wait_cycles(2); // the record is written at the start of a cycle
+    assert!(lists() > held, "read again");
+    let held = lists();
+    wait_cycles(5);
+    assert_eq!(lists(), held, "and held again");
+    // A new process computes (in the utilization samples) and holds no more than the
+    // threshold: read at once all the same.
+    let new = p(4_190_100, 16 << 20, 50);
+    sc.write(&device(2 * GIB, 51 * GIB, vec![new]));
+    let host_pids = |s: &Value| container(s, None).map(|c| c["gpus"][0]["pids"].clone());
+    wait_snapshot(&agent, "the new process on the host entry", |s| {
+        host_pids(s).is_some_and(|p| p.as_array().unwrap().contains(&json!(4_190_100)))
+    });
+    wait_cycles(2);
+    assert!(lists() > held, "read again for the new PID");
+    let _ = std::fs::remove_file(&calls);
+}

@@ -23,6 +23,7 @@ use super::{
     xid::Xids,
     DeviceSample, GpuSample, MigSample, ProcessSample,
 };
+use gpu_model::Name;
 
 /// How often a requested accounting read is retried while NVML still says the process runs
 /// (the driver may lag the kernel's exit by a cycle).
@@ -49,6 +50,56 @@ pub struct NvmlSampler {
     slow: Slow,
     /// What each device's uuid fixes, read once.
     fixed: Fixed,
+    /// Crowded GPUs' process lists, held between reads.
+    lists: Lists,
+}
+
+/// A GPU listing at least this many processes has its process lists held between reads:
+/// on a real driver the compute list costs about 49 µs per process (docs/validation: 3.3 ms
+/// for 64 on an H200), so 32 cost about what the per-process utilization call does, and
+/// 250 (a GPU of the benchmark's large node) would cost 12 ms a cycle.
+pub const CROWDED_GPU_PROCESSES: usize = 32;
+
+/// The device's memory in use moving by more than this since the lists were read means a
+/// process came, went or grew: they are read again at once. A CUDA context alone is about
+/// 500 MiB.
+const LISTS_MEMORY_MOVED: u64 = 64 << 20;
+
+/// Per GPU uuid, its process lists as last read, while it is crowded.
+#[derive(Debug, Default)]
+struct Lists {
+    interval: Duration,
+    held: HashMap<String, HeldLists>,
+}
+
+#[derive(Debug, Clone)]
+struct HeldLists {
+    /// Merged (compute, graphics, MPS), before this cycle's utilization.
+    procs: Vec<ProcessSample>,
+    /// Which of the lists the device does not support, as `Reader` named them.
+    unsupported: Vec<&'static str>,
+    /// The device's memory in use when they were read.
+    memory_used: Option<u64>,
+    /// Its MIG devices then, whose positions the processes name.
+    migs: Vec<Name>,
+    at: Instant,
+}
+
+impl HeldLists {
+    /// Whether the held lists still stand for the device as read this cycle.
+    fn stand(&self, d: &DeviceSample, now: Instant, interval: Duration) -> bool {
+        let moved = match (self.memory_used, d.memory_used_bytes) {
+            (Some(a), Some(b)) => a.abs_diff(b) > LISTS_MEMORY_MOVED,
+            _ => true,
+        };
+        let same_migs = self.migs.len() == d.mig_devices.len()
+            && self
+                .migs
+                .iter()
+                .zip(&d.mig_devices)
+                .all(|(a, m)| *a == m.uuid);
+        !moved && same_migs && now.saturating_duration_since(self.at) < interval
+    }
 }
 
 /// What a device's uuid fixes, read once per uuid rather than every cycle: a GPU's name,
@@ -282,7 +333,15 @@ impl NvmlSampler {
                 held: HashMap::new(),
             },
             fixed: Fixed::default(),
+            lists: Lists::default(),
         }
+    }
+
+    /// Holds a crowded GPU's process lists up to `interval` between reads
+    /// (`nvml.crowded_list_interval_ms`; zero reads them every cycle).
+    pub fn with_crowded_list_interval(mut self, interval: Duration) -> NvmlSampler {
+        self.lists.interval = interval;
+        self
     }
 
     /// Reads energy, GPM, PCIe replays and MIG mode every `interval` (`nvml.slow_interval_ms`).
@@ -401,6 +460,7 @@ impl NvmlSampler {
                     let mut ctx = DeviceCtx {
                         last_seen: &mut self.last_seen,
                         fixed: &mut self.fixed,
+                        lists: &mut self.lists,
                     };
                     let (mut d, held) = sample_device(nvml, &dev, index, &mut ctx, held);
                     if self.accounting.enabled && d.status.is_ok() && !d.mig_enabled {
@@ -539,6 +599,7 @@ struct DeviceCtx<'a> {
     /// Per device uuid: the newest process-utilization timestamp seen.
     last_seen: &'a mut HashMap<String, u64>,
     fixed: &'a mut Fixed,
+    lists: &'a mut Lists,
 }
 
 /// One device's sample. With `held` (and the same uuid), the slow readings are those and
@@ -569,24 +630,7 @@ fn sample_device<'h>(
     if d.mig_enabled && !r.lost {
         read_mig_devices(&mut r, nvml, dev, &mut d, ctx.fixed);
     }
-    // Compute and graphics contexts; a process with both is one process.
-    let lists = [
-        r.read("processes", || dev.running_compute_processes()),
-        r.read("graphics_processes", || dev.running_graphics_processes()),
-    ];
-    // Sized for them at once: grown from empty, the list and its index were reallocated
-    // and rehashed eight times a cycle on a GPU of 250 processes.
-    let mut merged = Merged::with_capacity(lists.iter().flatten().map(Vec::len).sum());
-    for p in lists.into_iter().flatten().flatten() {
-        merged.merge(&p, &d.mig_devices);
-    }
-    read_mps_processes(&mut r, dev, &d.mig_devices, &mut merged);
-    let mut procs = merged.procs;
-    // MIG devices cannot say per-process utilization. A device with no process has none to
-    // say: the call costs 2-3 ms on a real driver all the same (it answers NotFound).
-    if !r.lost && !d.mig_enabled && !procs.is_empty() {
-        read_process_utilization(&mut r, dev, &d.uuid, ctx.last_seen, &mut procs);
-    }
+    let mut procs = sample_processes(&mut r, dev, &d, ctx);
     procs.sort_by_key(|p| p.pid);
     d.processes = procs;
     d.unsupported = r.unsupported;
@@ -728,14 +772,92 @@ fn mig_profile(name: &str) -> Option<String> {
 
 /// Utilization since our last look (`last_seen`, per device uuid). NotFound means "no
 /// samples": every process idle. Unsupported: the processes' utilization stays unknown.
+/// The device's processes with this cycle's utilization. A crowded GPU's lists are held
+/// (`Lists`) while its memory in use stays put and no new PID shows up in its utilization.
+fn sample_processes(
+    r: &mut Reader,
+    dev: &Device,
+    d: &DeviceSample,
+    ctx: &mut DeviceCtx,
+) -> Vec<ProcessSample> {
+    let now = Instant::now();
+    let interval = ctx.lists.interval;
+    let held = (ctx.lists.held.get(&d.uuid)).filter(|h| h.stand(d, now, interval));
+    let mut unsupported = vec![];
+    let mut read = |r: &mut Reader| {
+        let n = r.unsupported.len();
+        let procs = read_process_lists(r, dev, d);
+        unsupported = r.unsupported[n..].to_vec();
+        procs
+    };
+    let (mut procs, mut from_held) = match held {
+        Some(h) => {
+            r.unsupported.extend(&h.unsupported);
+            (h.procs.clone(), true)
+        }
+        None => (read(r), false),
+    };
+    // MIG devices cannot say per-process utilization. A device with no process has none to
+    // say: the call costs 2-3 ms on a real driver all the same (it answers NotFound).
+    if !r.lost && !d.mig_enabled && !procs.is_empty() {
+        let util = read_process_utilization(r, dev, &d.uuid, ctx.last_seen);
+        // A PID the held lists do not name is a process they missed: read them now.
+        let missed = |u: &Utilization| u.keys().any(|pid| procs.iter().all(|p| p.pid != *pid));
+        if from_held && util.as_ref().is_some_and(missed) {
+            procs = read(r);
+            from_held = false;
+        }
+        if let Some(u) = &util {
+            apply_utilization(u, &mut procs);
+        }
+    }
+    if r.lost || procs.len() < CROWDED_GPU_PROCESSES || interval.is_zero() {
+        ctx.lists.held.remove(&d.uuid);
+    } else if !from_held {
+        let mut kept = procs.clone();
+        for p in &mut kept {
+            (p.sm_util, p.mem_util, p.enc_util, p.dec_util) = (None, None, None, None);
+        }
+        let held = HeldLists {
+            procs: kept,
+            unsupported,
+            memory_used: d.memory_used_bytes,
+            migs: d.mig_devices.iter().map(|m| m.uuid.clone()).collect(),
+            at: now,
+        };
+        ctx.lists.held.insert(d.uuid.clone(), held);
+    }
+    procs
+}
+
+/// The device's processes as its compute, graphics and MPS lists name them, merged.
+fn read_process_lists(r: &mut Reader, dev: &Device, d: &DeviceSample) -> Vec<ProcessSample> {
+    // Compute and graphics contexts; a process with both is one process.
+    let lists = [
+        r.read("processes", || dev.running_compute_processes()),
+        r.read("graphics_processes", || dev.running_graphics_processes()),
+    ];
+    // Sized for them at once: grown from empty, the list and its index were reallocated
+    // and rehashed eight times a cycle on a GPU of 250 processes.
+    let mut merged = Merged::with_capacity(lists.iter().flatten().map(Vec::len).sum());
+    for p in lists.into_iter().flatten().flatten() {
+        merged.merge(&p, &d.mig_devices);
+    }
+    read_mps_processes(r, dev, &d.mig_devices, &mut merged);
+    merged.procs
+}
+
+/// Per PID, its newest utilization sample since the last one seen (timestamp; SM, memory,
+/// encoder, decoder).
+type Utilization = HashMap<u32, (u64, [u32; 4])>;
+
 fn read_process_utilization(
     r: &mut Reader,
     dev: &Device,
     uuid: &str,
     last_seen: &mut HashMap<String, u64>,
-    procs: &mut [ProcessSample],
-) {
-    let mut util: HashMap<u32, (u64, [u32; 4])> = HashMap::new();
+) -> Option<Utilization> {
+    let mut util: Utilization = HashMap::new();
     let since = last_seen.get(uuid).copied();
     match dev.process_utilization_stats(since) {
         Ok(samples) => {
@@ -752,13 +874,15 @@ fn read_process_utilization(
         Err(NvmlError::GpuLost) => r.lost = true,
         Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
             r.unsupported.push("process_utilization");
-            return;
+            return None;
         }
         Err(e) => tracing::debug!(uuid, "process utilization: {e}"),
     }
-    if r.lost {
-        return;
-    }
+    (!r.lost).then_some(util)
+}
+
+/// Each process's utilization from `util`: zero where it had no sample.
+fn apply_utilization(util: &Utilization, procs: &mut [ProcessSample]) {
     for p in procs {
         let u = util.get(&p.pid).map(|(_, u)| *u).unwrap_or([0; 4]);
         p.sm_util = Some(u[0]);
@@ -925,6 +1049,44 @@ mod tests {
             reads: 0,
             held: HashMap::new(),
         }
+    }
+
+    #[test]
+    fn held_lists_stand_until_the_memory_moves_the_mig_devices_change_or_time_is_up() {
+        let t0 = Instant::now();
+        let mig = |u: &str| MigSample {
+            uuid: u.into(),
+            ..Default::default()
+        };
+        let device = |used: Option<u64>, migs: &[&str]| DeviceSample {
+            memory_used_bytes: used,
+            mig_devices: migs.iter().map(|u| mig(u)).collect(),
+            ..Default::default()
+        };
+        let held = HeldLists {
+            procs: vec![],
+            unsupported: vec![],
+            memory_used: Some(10 << 30),
+            migs: vec!["MIG-a".into(), "MIG-b".into()],
+            at: t0,
+        };
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let five_s = Duration::from_secs(5);
+        let d = device(Some((10 << 30) + LISTS_MEMORY_MOVED), &["MIG-a", "MIG-b"]);
+        assert!(held.stand(&d, at(4_999), five_s), "within the bounds");
+        assert!(!held.stand(&d, at(5_000), five_s), "the interval is up");
+        let moved = device(
+            Some((10 << 30) - LISTS_MEMORY_MOVED - 1),
+            &["MIG-a", "MIG-b"],
+        );
+        assert!(!held.stand(&moved, at(1), five_s), "memory moved");
+        assert!(!held.stand(&device(None, &["MIG-a", "MIG-b"]), at(1), five_s));
+        let remade = device(Some(10 << 30), &["MIG-a", "MIG-c"]);
+        assert!(
+            !held.stand(&remade, at(1), five_s),
+            "a MIG device made again"
+        );
+        assert!(!held.stand(&device(Some(10 << 30), &["MIG-a"]), at(1), five_s));
     }
 
     #[test]

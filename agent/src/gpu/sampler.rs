@@ -58,7 +58,8 @@ pub fn spawn(
         .spawn(move || {
             let mut sampler = NvmlSampler::new(cfg.lib_path)
                 .with_kmsg(xid.kmsg_path())
-                .with_slow_interval(Duration::from_millis(cfg.slow_interval_ms));
+                .with_slow_interval(Duration::from_millis(cfg.slow_interval_ms))
+                .with_crowded_list_interval(Duration::from_millis(cfg.crowded_list_interval_ms));
             sampler.enable_accounting(accounting.is_some());
             let mut next = Instant::now();
             while !stop.is_cancelled() {
