@@ -54,6 +54,45 @@ fn container<'a>(snap: &'a Value, id: Option<&str>) -> Option<&'a Value> {
         .find(|c| c["container_id"] == json!(id))
 }
 
+/// The fake library's call record (`FAKE_NVML_CALLS`), written at the start of each cycle.
+struct Calls(std::path::PathBuf);
+
+impl Calls {
+    fn new() -> Calls {
+        Calls(std::env::temp_dir().join(format!("calls-{}.json", random_hex(8))))
+    }
+
+    /// Calls so far of the functions whose names start with `prefix`.
+    fn count(&self, prefix: &str) -> u64 {
+        let c = read_calls(&self.0).expect("a call record");
+        let calls = c["calls"].as_object().unwrap();
+        let n = calls.iter().filter(|(k, _)| k.starts_with(prefix));
+        n.map(|(_, v)| v.as_u64().unwrap()).sum()
+    }
+
+    fn cycles(&self) -> u64 {
+        self.count("nvmlDeviceGetCount")
+    }
+
+    /// Waits for `n` more cycles to start.
+    fn wait_cycles(&self, n: u64) {
+        let c0 = self.cycles();
+        for _ in 0..100 {
+            if self.cycles() >= c0 + n {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no {n} cycles in 5 s");
+    }
+}
+
+impl Drop for Calls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn two_processes_of_one_container_are_summed() {
@@ -389,14 +428,14 @@ fn fixed_readings_are_read_once_per_uuid_and_again_after_a_mig_reconfiguration()
     let mut dev = gpu("GPU-99999999-2222-3333-4444-666666666666", json!([]));
     dev["mig_devices"] = json!([mig(old, 1, "1g.10gb")]);
     let sc = Scenario::new(&scenario(json!([dev.clone()])));
-    let calls = std::env::temp_dir().join(format!("calls-{}.json", random_hex(8)));
+    let calls = Calls::new();
     let lib = fake_nvml_lib();
     let agent = Agent::start_env(
         "[nvml]\ninterval_ms = 200\n",
         &["--nvml-lib", lib.to_str().unwrap()],
         &[
             ("FAKE_NVML_SCENARIO", sc.path()),
-            ("FAKE_NVML_CALLS", calls.to_str().unwrap()),
+            ("FAKE_NVML_CALLS", calls.0.to_str().unwrap()),
         ],
     );
     let on = |s: &Value, uuid: &str| {
@@ -405,11 +444,7 @@ fn fixed_readings_are_read_once_per_uuid_and_again_after_a_mig_reconfiguration()
     wait_snapshot(&agent, "the container on the first MIG device", |s| {
         on(s, old)
     });
-    let count = |f: &str| {
-        let c = read_calls(&calls).expect("a call record");
-        c["calls"][f].as_u64().unwrap_or(0)
-    };
-    let cycles = || count("nvmlDeviceGetCount_v2") + count("nvmlDeviceGetCount");
+    let count = |f: &str| calls.count(f);
     let fixed = [
         "nvmlDeviceGetName",
         "nvmlDeviceGetPciInfo_v3",
@@ -418,21 +453,11 @@ fn fixed_readings_are_read_once_per_uuid_and_again_after_a_mig_reconfiguration()
         "nvmlDeviceGetComputeInstanceId",
     ];
     // The record is written at the start of a cycle: two more, and it holds the first.
-    let wait_cycles = |n: u64| {
-        let c0 = cycles();
-        for _ in 0..100 {
-            if cycles() >= c0 + n {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("no {n} cycles in 5 s");
-    };
-    wait_cycles(2);
+    calls.wait_cycles(2);
     let before: Vec<u64> = fixed.iter().map(|f| count(f)).collect();
-    let c0 = cycles();
-    wait_cycles(5);
-    assert!(cycles() >= c0 + 5);
+    let c0 = calls.cycles();
+    calls.wait_cycles(5);
+    assert!(calls.cycles() >= c0 + 5);
     for (f, b) in fixed.iter().zip(&before) {
         assert_eq!(count(f), *b, "{f} is not read again for the same uuids");
     }
@@ -450,12 +475,11 @@ fn fixed_readings_are_read_once_per_uuid_and_again_after_a_mig_reconfiguration()
     assert_eq!(m["uuid"], new);
     assert_eq!(m["gpu_instance_id"], 3);
     assert_eq!(m["profile"], "2g.20gb");
-    wait_cycles(2);
+    calls.wait_cycles(2);
     assert!(
         count("nvmlDeviceGetGpuInstanceId") > before[3],
         "the new uuid was read"
     );
-    let _ = std::fs::remove_file(&calls);
 }
 
 /// A GPU with many processes has its process lists held between reads (a real driver takes
@@ -477,14 +501,14 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
         scenario(json!([d]))
     };
     let sc = Scenario::new(&device(GIB, 50 * GIB, vec![]));
-    let calls = std::env::temp_dir().join(format!("calls-{}.json", random_hex(8)));
+    let calls = Calls::new();
     let lib = fake_nvml_lib();
     let agent = Agent::start_env(
         "[nvml]\ninterval_ms = 200\ncrowded_list_interval_ms = 60000\n",
         &["--nvml-lib", lib.to_str().unwrap()],
         &[
             ("FAKE_NVML_SCENARIO", sc.path()),
-            ("FAKE_NVML_CALLS", calls.to_str().unwrap()),
+            ("FAKE_NVML_CALLS", calls.0.to_str().unwrap()),
         ],
     );
     let memory =
@@ -492,24 +516,8 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
     wait_snapshot(&agent, "the container's 1 GiB", |s| {
         memory(s) == Some(json!(GIB))
     });
-    let count = |prefix: &str| {
-        let c = read_calls(&calls).expect("a call record");
-        let calls = c["calls"].as_object().unwrap();
-        let n = calls.iter().filter(|(k, _)| k.starts_with(prefix));
-        n.map(|(_, v)| v.as_u64().unwrap()).sum::<u64>()
-    };
-    let cycles = || count("nvmlDeviceGetCount");
-    let lists = || count("nvmlDeviceGetComputeRunningProcesses");
-    let wait_cycles = |n: u64| {
-        let c0 = cycles();
-        for _ in 0..100 {
-            if cycles() >= c0 + n {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("no {n} cycles in 5 s");
-    };
+    let lists = || calls.count("nvmlDeviceGetComputeRunningProcesses");
+    let wait_cycles = |n| calls.wait_cycles(n);
     wait_cycles(2);
     let held = lists();
     wait_cycles(5);
@@ -540,5 +548,4 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
     });
     wait_cycles(2);
     assert!(lists() > held, "read again for the new PID");
-    let _ = std::fs::remove_file(&calls);
 }
