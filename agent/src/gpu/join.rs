@@ -69,7 +69,7 @@ pub fn same(a: &Name, b: &Name) -> bool {
 /// Where `name` is in `names`: by pointer first, by content only where no pointer matches.
 /// `same` in a scan compares the bytes of every name before the match; where the names
 /// are shared, as the sample's devices' are, none is read.
-pub fn position_of<'a, I>(names: I, name: &Name) -> Option<usize>
+fn position_of<'a, I>(names: I, name: &Name) -> Option<usize>
 where
     I: IntoIterator<Item = &'a Name>,
     I::IntoIter: Clone,

@@ -58,7 +58,7 @@ pub struct NvmlSampler {
 /// on a real driver the compute list costs about 49 µs per process (docs/validation: 3.3 ms
 /// for 64 on an H200), so 32 cost about what the per-process utilization call does, and
 /// 250 (a GPU of the benchmark's large node) would cost 12 ms a cycle.
-pub const CROWDED_GPU_PROCESSES: usize = 32;
+const CROWDED_GPU_PROCESSES: usize = 32;
 
 /// The device's memory in use moving by more than this since the lists were read means a
 /// process came, went or grew: they are read again at once. A CUDA context alone is about
@@ -770,8 +770,6 @@ fn mig_profile(name: &str) -> Option<String> {
     (!p.is_empty()).then(|| p.to_string())
 }
 
-/// Utilization since our last look (`last_seen`, per device uuid). NotFound means "no
-/// samples": every process idle. Unsupported: the processes' utilization stays unknown.
 /// The device's processes with this cycle's utilization. A crowded GPU's lists are held
 /// (`Lists`) while its memory in use stays put and no new PID shows up in its utilization.
 fn sample_processes(
@@ -851,6 +849,9 @@ fn read_process_lists(r: &mut Reader, dev: &Device, d: &DeviceSample) -> Vec<Pro
 /// encoder, decoder).
 type Utilization = HashMap<u32, (u64, [u32; 4])>;
 
+/// Utilization since our last look (`last_seen`, per device uuid). NotFound means "no
+/// samples": every process idle. Unsupported (None): the processes' utilization stays
+/// unknown.
 fn read_process_utilization(
     r: &mut Reader,
     dev: &Device,
