@@ -522,6 +522,11 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
     let held = lists();
     wait_cycles(5);
     assert_eq!(lists(), held, "the lists are held while nothing moves");
+    assert!(
+        agent.log().contains("a crowded GPU"),
+        "the agent says so once: {}",
+        agent.log()
+    );
     // The process grows by less than the device's memory moves: still held.
     sc.write(&device(GIB + (32 << 20), 50 * GIB, vec![]));
     wait_cycles(5);

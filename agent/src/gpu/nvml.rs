@@ -70,6 +70,8 @@ const LISTS_MEMORY_MOVED: u64 = 64 << 20;
 struct Lists {
     interval: Duration,
     held: HashMap<String, HeldLists>,
+    /// The GPUs crowded now: each is logged once as it becomes so.
+    crowded: std::collections::HashSet<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -811,7 +813,17 @@ fn sample_processes(
     }
     if r.lost || procs.len() < CROWDED_GPU_PROCESSES || interval.is_zero() {
         ctx.lists.held.remove(&d.uuid);
+        ctx.lists.crowded.remove(&d.uuid);
     } else if !from_held {
+        if ctx.lists.crowded.insert(d.uuid.clone()) {
+            tracing::info!(
+                uuid = d.uuid,
+                processes = procs.len(),
+                "a crowded GPU: its process lists are read at most every {} ms while its \
+                 memory in use holds still (nvml.crowded_list_interval_ms)",
+                interval.as_millis()
+            );
+        }
         let mut kept = procs.clone();
         for p in &mut kept {
             (p.sm_util, p.mem_util, p.enc_util, p.dec_util) = (None, None, None, None);
