@@ -24,6 +24,8 @@ static TOTAL: AtomicU64 = AtomicU64::new(0);
 pub struct Counter {
     n: AtomicU64,
     registered: AtomicBool,
+    /// What a real driver takes for the call, µs (`cost`), once registered.
+    cost_us: AtomicU64,
 }
 
 static REGISTRY: Mutex<Vec<(&'static str, &'static Counter)>> = Mutex::new(Vec::new());
@@ -33,6 +35,7 @@ impl Counter {
         Counter {
             n: AtomicU64::new(0),
             registered: AtomicBool::new(false),
+            cost_us: AtomicU64::new(0),
         }
     }
 
@@ -44,10 +47,15 @@ impl Counter {
         if !self.registered.load(Ordering::Relaxed) && !self.registered.swap(true, Ordering::AcqRel)
         {
             let name = path().rsplit("::").nth(1).unwrap_or("?");
+            self.cost_us
+                .store(crate::cost::per_call_us(name), Ordering::Relaxed);
             REGISTRY
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push((name, self));
+        }
+        if crate::cost::on() {
+            crate::cost::spend(self.cost_us.load(Ordering::Relaxed));
         }
     }
 }

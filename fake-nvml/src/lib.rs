@@ -9,6 +9,7 @@
 // First: its `counted!` macro is used by every module below.
 #[macro_use]
 mod calls;
+mod cost;
 mod scenario;
 mod sharing;
 mod state;
@@ -357,6 +358,9 @@ fn running_processes(
     });
     if ret != SUCCESS {
         return ret;
+    }
+    if !graphics && !infos.is_null() && cost::on() {
+        cost::spend(cost::PER_PROCESS_US * list.len() as u64);
     }
     guard(|| put_processes(&list, count, infos))
 }
