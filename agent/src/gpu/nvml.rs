@@ -401,6 +401,9 @@ impl NvmlSampler {
         }
         self.slow.forget();
         self.fixed = Fixed::default();
+        // A driver that comes back is listed afresh.
+        self.lists.held.clear();
+        self.lists.crowded.clear();
     }
 
     fn try_init(&mut self) -> bool {
