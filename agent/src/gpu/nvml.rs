@@ -70,11 +70,9 @@ const LISTS_MEMORY_MOVED: u64 = 64 << 20;
 struct Lists {
     interval: Duration,
     held: HashMap<String, HeldLists>,
-    /// The GPUs crowded now: each is logged once as it becomes so.
-    crowded: std::collections::HashSet<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct HeldLists {
     /// Merged (compute, graphics, MPS), before this cycle's utilization.
     procs: Vec<ProcessSample>,
@@ -99,7 +97,7 @@ impl HeldLists {
                 .migs
                 .iter()
                 .zip(&d.mig_devices)
-                .all(|(a, m)| *a == m.uuid);
+                .all(|(a, m)| super::join::same(a, &m.uuid));
         !moved && same_migs && now.saturating_duration_since(self.at) < interval
     }
 }
@@ -403,7 +401,6 @@ impl NvmlSampler {
         self.fixed = Fixed::default();
         // A driver that comes back is listed afresh.
         self.lists.held.clear();
-        self.lists.crowded.clear();
     }
 
     fn try_init(&mut self) -> bool {
@@ -816,17 +813,7 @@ fn sample_processes(
     }
     if r.lost || procs.len() < CROWDED_GPU_PROCESSES || interval.is_zero() {
         ctx.lists.held.remove(&d.uuid);
-        ctx.lists.crowded.remove(&d.uuid);
     } else if !from_held {
-        if ctx.lists.crowded.insert(d.uuid.clone()) {
-            tracing::info!(
-                uuid = d.uuid,
-                processes = procs.len(),
-                "a crowded GPU: its process lists are read at most every {} ms while its \
-                 memory in use holds still (nvml.crowded_list_interval_ms)",
-                interval.as_millis()
-            );
-        }
         let mut kept = procs.clone();
         for p in &mut kept {
             (p.sm_util, p.mem_util, p.enc_util, p.dec_util) = (None, None, None, None);
@@ -838,7 +825,16 @@ fn sample_processes(
             migs: d.mig_devices.iter().map(|m| m.uuid.clone()).collect(),
             at: now,
         };
-        ctx.lists.held.insert(d.uuid.clone(), held);
+        // Logged as it becomes crowded: its lists were not held before.
+        if ctx.lists.held.insert(d.uuid.clone(), held).is_none() {
+            tracing::info!(
+                uuid = d.uuid,
+                processes = procs.len(),
+                "a crowded GPU: its process lists are read at most every {} ms while its \
+                 memory in use holds still (nvml.crowded_list_interval_ms)",
+                interval.as_millis()
+            );
+        }
     }
     procs
 }
