@@ -38,6 +38,19 @@ fn start(sc: &Scenario, extra_config: &str) -> Agent {
     )
 }
 
+/// `start`, with the fake library's call counts recorded in `calls`.
+fn start_counting(sc: &Scenario, extra_config: &str, calls: &Calls) -> Agent {
+    let lib = fake_nvml_lib();
+    Agent::start_env(
+        &format!("[nvml]\ninterval_ms = 200\n{extra_config}"),
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_SCENARIO", sc.path()),
+            ("FAKE_NVML_CALLS", calls.0.to_str().unwrap()),
+        ],
+    )
+}
+
 fn pod_path(uid: &str, id: &str) -> String {
     systemd_container(uid, id)
 }
@@ -429,15 +442,7 @@ fn fixed_readings_are_read_once_per_uuid_and_again_after_a_mig_reconfiguration()
     dev["mig_devices"] = json!([mig(old, 1, "1g.10gb")]);
     let sc = Scenario::new(&scenario(json!([dev.clone()])));
     let calls = Calls::new();
-    let lib = fake_nvml_lib();
-    let agent = Agent::start_env(
-        "[nvml]\ninterval_ms = 200\n",
-        &["--nvml-lib", lib.to_str().unwrap()],
-        &[
-            ("FAKE_NVML_SCENARIO", sc.path()),
-            ("FAKE_NVML_CALLS", calls.0.to_str().unwrap()),
-        ],
-    );
+    let agent = start_counting(&sc, "", &calls);
     let on = |s: &Value, uuid: &str| {
         container(s, Some(&id)).is_some_and(|c| c["gpus"][0]["uuid"] == uuid)
     };
@@ -502,15 +507,7 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
     };
     let sc = Scenario::new(&device(GIB, 50 * GIB, vec![]));
     let calls = Calls::new();
-    let lib = fake_nvml_lib();
-    let agent = Agent::start_env(
-        "[nvml]\ninterval_ms = 200\ncrowded_list_interval_ms = 60000\n",
-        &["--nvml-lib", lib.to_str().unwrap()],
-        &[
-            ("FAKE_NVML_SCENARIO", sc.path()),
-            ("FAKE_NVML_CALLS", calls.0.to_str().unwrap()),
-        ],
-    );
+    let agent = start_counting(&sc, "crowded_list_interval_ms = 60000\n", &calls);
     let memory =
         |s: &Value| container(s, Some(&id)).map(|c| c["gpus"][0]["memory_used_bytes"].clone());
     wait_snapshot(&agent, "the container's 1 GiB", |s| {
