@@ -88,6 +88,8 @@ struct Metrics {
     arena: Vec<u8>,
     /// Point lists of cleared resources, kept for their capacity.
     spare: Vec<Vec<Point>>,
+    /// Per metric of `list`, its data's encoded length (`scope_len` fills it).
+    data_lens: Vec<usize>,
     /// The agent's start: the start time of every sum.
     start_ns: u64,
     time_ns: u64,
@@ -101,6 +103,7 @@ impl Metrics {
             slot: vec![0; MetricId::ALL.len()],
             arena: vec![],
             spare: vec![],
+            data_lens: vec![],
             start_ns,
             time_ns,
             drop,
@@ -209,7 +212,9 @@ impl Metrics {
 }
 
 /// The encoding of `Metrics` as a `ScopeMetrics`. Lengths come first in protobuf, so each
-/// is computed from the points (cheap arithmetic) before the bytes are written.
+/// is computed from the points (cheap arithmetic) before the bytes are written: each
+/// metric's once, by `scope_len`, and kept for `write_scope` (computed again at every
+/// level, the lengths were a fifth of the encoding on the large node).
 impl Metrics {
     fn point_len(&self, p: &Point) -> usize {
         let fixed = |v: u64| if v != 0 { 9 } else { 0 };
@@ -224,27 +229,28 @@ impl Metrics {
         points + sum_trailer(id).len()
     }
 
-    fn metric_len(&self, id: MetricId, points: &[Point]) -> usize {
-        metric_header(id).len() + pb::len_field(self.data_len(id, points))
-    }
-
-    fn scope_len(&self) -> usize {
-        let metrics: usize = self
-            .list
-            .iter()
-            .map(|(id, p)| pb::len_field(self.metric_len(*id, p)))
-            .sum();
+    /// The scope's length; each metric's data length is kept in `data_lens`.
+    fn scope_len(&mut self) -> usize {
+        self.data_lens.clear();
+        let mut metrics = 0;
+        for (id, points) in &self.list {
+            let data = self.data_len(*id, points);
+            self.data_lens.push(data);
+            metrics += pb::len_field(metric_header(*id).len() + pb::len_field(data));
+        }
         scope_bytes().len() + metrics
     }
 
+    /// Writes the scope `scope_len` measured.
     fn write_scope(&self, out: &mut Vec<u8>) {
+        debug_assert_eq!(self.data_lens.len(), self.list.len());
         out.extend_from_slice(scope_bytes());
-        for (id, points) in &self.list {
-            pb::len_header(out, 2, self.metric_len(*id, points));
+        for ((id, points), &data) in self.list.iter().zip(&self.data_lens) {
+            pb::len_header(out, 2, metric_header(*id).len() + pb::len_field(data));
             out.extend_from_slice(metric_header(*id));
             // Metric.data: gauge (5) or sum (7).
             let field = if id.def().kind == Kind::Gauge { 5 } else { 7 };
-            pb::len_header(out, field, self.data_len(*id, points));
+            pb::len_header(out, field, data);
             for p in points {
                 pb::len_header(out, 1, self.point_len(p));
                 if p.start_ns != 0 {
@@ -305,7 +311,7 @@ fn sum_trailer(id: MetricId) -> &'static [u8] {
 }
 
 /// One `ResourceMetrics` of the request: `attrs` are the resource's encoded `KeyValue`s.
-fn write_resource(out: &mut Vec<u8>, attrs: &[u8], m: &Metrics) {
+fn write_resource(out: &mut Vec<u8>, attrs: &[u8], m: &mut Metrics) {
     let scope = m.scope_len();
     pb::len_header(out, 1, pb::len_field(attrs.len()) + pb::len_field(scope));
     pb::bytes(out, 1, attrs);
@@ -890,7 +896,7 @@ pub fn requests<'a>(
     let node_attrs = node_resource_bytes(ctx, drop);
     let mut out = buffer(max_bytes);
     if !node.is_empty() {
-        write_resource(&mut out, &node_attrs, &node);
+        write_resource(&mut out, &node_attrs, &mut node);
     }
     Requests {
         snap,
@@ -969,7 +975,7 @@ impl Iterator for Requests<'_> {
                 continue;
             }
             container_resource_bytes(&mut self.attrs, &self.node_attrs, c, self.m.drop);
-            write_resource(&mut self.out, &self.attrs, &self.m);
+            write_resource(&mut self.out, &self.attrs, &mut self.m);
             if self.out.len() >= self.max_bytes {
                 self.state = Batching::Sent;
                 return Some(std::mem::replace(&mut self.out, buffer(self.max_bytes)));
