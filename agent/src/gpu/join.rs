@@ -727,20 +727,30 @@ impl Joiner {
     /// `UNRESOLVED_RETRY`: it stays charged to the host entry meanwhile.
     pub fn look_up_missing(&mut self, sample: &GpuSample, procs: &mut impl Lookup) -> Coverage {
         let now = Instant::now();
-        let mut cov = Coverage::default();
-        for p in sample.devices.iter().flat_map(|d| &d.processes) {
-            cov.gpu_processes += 1;
-            if procs.knows(p.pid) {
-                continue;
-            }
+        let pids = sample
+            .devices
+            .iter()
+            .flat_map(|d| &d.processes)
+            .map(|p| p.pid);
+        let mut cov = Coverage {
+            gpu_processes: pids.clone().count() as u64,
+            unresolved: 0,
+        };
+        // A process on two GPUs is named twice: placed at its first, it is not again.
+        let mut placed = vec![];
+        for pid in procs.missing(pids) {
             let recent = self
                 .unresolved
-                .get(&p.pid)
+                .get(&pid)
                 .is_some_and(|t| now.duration_since(*t) < UNRESOLVED_RETRY);
             if recent {
                 cov.unresolved += 1;
-            } else if !procs.look_up(p.pid) {
-                self.unresolved.insert(p.pid, now);
+            } else if placed.contains(&pid) {
+                continue;
+            } else if procs.look_up(pid) {
+                placed.push(pid);
+            } else {
+                self.unresolved.insert(pid, now);
                 cov.unresolved += 1;
             }
         }
@@ -1131,8 +1141,8 @@ mod tests {
     }
 
     impl Lookup for Fake {
-        fn knows(&self, pid: u32) -> bool {
-            self.procs.contains_key(&pid)
+        fn missing(&self, pids: impl Iterator<Item = u32>) -> Vec<u32> {
+            pids.filter(|pid| !self.procs.contains_key(pid)).collect()
         }
 
         /// Only even PIDs can be found "in /proc".
@@ -1184,6 +1194,20 @@ mod tests {
         let cov = j.look_up_missing(&s, &mut fake);
         assert_eq!((cov.gpu_processes, cov.unresolved), (2, 1));
         assert_eq!(fake.looked_up, vec![2, 3]);
+    }
+
+    #[test]
+    fn a_pid_on_two_gpus_is_looked_up_once() {
+        let mut fake = Fake::default();
+        let mut j = Joiner::default();
+        let mut s = sample(1000, vec![proc(4, 1, 0), proc(5, 1, 0)]);
+        let mut second = s.devices[0].clone();
+        second.uuid = "GPU-2".into();
+        s.devices.push(second);
+        let cov = j.look_up_missing(&s, &mut fake);
+        // 4 is placed at its first GPU; 5, unplaceable, counts once per GPU.
+        assert_eq!(fake.looked_up, vec![4, 5]);
+        assert_eq!((cov.gpu_processes, cov.unresolved), (4, 2));
     }
 }
 

@@ -12,8 +12,10 @@ pub use tracker::Tracker;
 
 /// The process state as the GPU join's owner asks it about PIDs the cache lacks.
 pub trait Lookup {
-    /// Whether the cache places this PID already.
-    fn knows(&self, pid: u32) -> bool;
+    /// The PIDs of `pids` the cache does not place yet, in their order. One look at the
+    /// state for all of them: a lock taken per PID (two atomic operations) made the CPU
+    /// wait for each PID's cache misses before the next one's.
+    fn missing(&self, pids: impl Iterator<Item = u32>) -> Vec<u32>;
     /// Places it from the kernel map, else /proc for that PID alone (counted). Whether
     /// that worked.
     fn look_up(&mut self, pid: u32) -> bool;

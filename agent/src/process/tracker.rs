@@ -825,8 +825,9 @@ fn apply(
 }
 
 impl super::Lookup for Tracker {
-    fn knows(&self, pid: u32) -> bool {
-        self.state().cache.get(pid).is_some()
+    fn missing(&self, pids: impl Iterator<Item = u32>) -> Vec<u32> {
+        let state = self.state();
+        pids.filter(|&pid| state.cache.get(pid).is_none()).collect()
     }
 
     fn look_up(&mut self, pid: u32) -> bool {
