@@ -770,11 +770,12 @@ impl Joiner {
         max_gap: Duration,
         process_detail: bool,
     ) -> Snapshot {
+        let peak_window_ms = self.sharing.peak_window_ms;
         let (hami, accounted) = self.sharing.before(sample);
         let inputs = Inputs {
-            hami: &hami,
+            hami,
             accounted: &accounted,
-            peak_window_ms: self.sharing.peak_window_ms,
+            peak_window_ms,
         };
         let opts = JoinOptions {
             max_gap,

@@ -44,6 +44,10 @@ pub struct Sharing {
     /// The window of the peak-memory gauge.
     pub peak_window_ms: u64,
     limits: rustc_hash::FxHashMap<u32, Option<HamiLimits>>,
+    /// The sample's PIDs at the last `before`, in its order, and the limits of those that
+    /// have one: the same PIDs next cycle (the usual case) need no lookup at all.
+    last_pids: Vec<u32>,
+    sample_limits: HashMap<u32, HamiLimits>,
     /// (GPU uuid, pid) NVML listed on a GPU in accounting mode, until the kernel says it
     /// exited: since when.
     watched: HashMap<(String, u32), Instant>,
@@ -61,6 +65,8 @@ impl Default for Sharing {
             proc_root: PathBuf::from("/proc"),
             peak_window_ms: 60_000,
             limits: Default::default(),
+            last_pids: vec![],
+            sample_limits: HashMap::new(),
             watched: HashMap::new(),
             awaiting: HashMap::new(),
         }
@@ -88,25 +94,29 @@ impl Sharing {
 
     /// Before the join: the HAMi limits of the sample's processes (a PID's environment is
     /// read once), and the accounting stats the NVML thread read, with whom to charge.
-    pub fn before(&mut self, sample: &GpuSample) -> (HashMap<u32, HamiLimits>, Vec<Accounted>) {
-        let mut hami = HashMap::new();
-        if self.hami {
+    pub fn before(&mut self, sample: &GpuSample) -> (&HashMap<u32, HamiLimits>, Vec<Accounted>) {
+        let pids = sample
+            .devices
+            .iter()
+            .flat_map(|d| &d.processes)
+            .map(|p| p.pid);
+        if !self.hami {
+            self.sample_limits.clear();
+            self.last_pids.clear();
+        } else if !pids.clone().eq(self.last_pids.iter().copied()) {
+            self.last_pids = pids.collect();
             // A set: with thousands of GPU processes, `retain` must not scan a list per entry.
-            let pids: rustc_hash::FxHashSet<u32> = sample
-                .devices
-                .iter()
-                .flat_map(|d| &d.processes)
-                .map(|p| p.pid)
-                .collect();
-            self.limits.retain(|pid, _| pids.contains(pid));
-            for pid in pids {
+            let set: rustc_hash::FxHashSet<u32> = self.last_pids.iter().copied().collect();
+            self.limits.retain(|pid, _| set.contains(pid));
+            self.sample_limits.clear();
+            for pid in set {
                 let root = &self.proc_root;
                 let l = self
                     .limits
                     .entry(pid)
                     .or_insert_with(|| HamiLimits::of_process(root, pid));
                 if let Some(l) = l {
-                    hami.insert(pid, l.clone());
+                    self.sample_limits.insert(pid, l.clone());
                 }
             }
         }
@@ -124,7 +134,7 @@ impl Sharing {
             }
         }
         self.awaiting.retain(|_, (_, _, t)| t.elapsed() < AWAIT_FOR);
-        (hami, accounted)
+        (&self.sample_limits, accounted)
     }
 
     /// After the join: watches the PIDs NVML listed on GPUs in accounting mode; those the
@@ -182,5 +192,63 @@ impl Sharing {
                 self.counters.dropped.fetch_add(1, Relaxed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{DeviceSample, ProcessSample};
+
+    fn sample(pids: &[u32]) -> GpuSample {
+        GpuSample {
+            taken_at_ms: 1,
+            driver_version: None,
+            devices: vec![DeviceSample {
+                uuid: "GPU-1".into(),
+                processes: pids
+                    .iter()
+                    .map(|&pid| ProcessSample {
+                        pid,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn hami_limits_are_kept_while_the_pids_stay_and_follow_them_when_they_change() {
+        let root = std::env::temp_dir().join(format!("hami-limits-{}", std::process::id()));
+        let limit = |pid: u32, mib: u32| {
+            let dir = root.join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            let env = format!("PATH=/bin\0CUDA_DEVICE_MEMORY_LIMIT={mib}m\0");
+            std::fs::write(dir.join("environ"), env).unwrap();
+        };
+        let mib = |n: u64| Some(n << 20);
+        limit(10, 100);
+        limit(12, 300);
+        let mut s = Sharing {
+            proc_root: root.clone(),
+            ..Default::default()
+        };
+        let of = |s: &mut Sharing, pids: &[u32]| {
+            let (l, _) = s.before(&sample(pids));
+            let mut v: Vec<(u32, Option<u64>)> =
+                l.iter().map(|(p, l)| (*p, l.memory_all)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(of(&mut s, &[10, 11]), vec![(10, mib(100))]);
+        // Read once per PID: a changed environment is not read again.
+        limit(10, 200);
+        assert_eq!(of(&mut s, &[10, 11]), vec![(10, mib(100))]);
+        // Another set: the new PID's limits come in, the gone PID's go.
+        assert_eq!(of(&mut s, &[11, 12]), vec![(12, mib(300))]);
+        s.hami = false;
+        assert_eq!(of(&mut s, &[11, 12]), vec![]);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
