@@ -732,7 +732,6 @@ fn limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
     let held: u32 = pass
         .metadata
         .allocations_of(ns, pod, name)
-        .iter()
         .map(|al| al.replicas_of(&a.gpu_uuid))
         .sum();
     let total = gpu.and_then(|(_, d)| d.memory_total_bytes);

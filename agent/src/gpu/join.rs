@@ -3,7 +3,7 @@
 //! cumulative counters go in and come out as values. `Joiner` owns what carries over from
 //! one cycle to the next: those counters, and the GPU PIDs nobody could place.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     time::{Duration, Instant},
 };
 
@@ -178,56 +178,68 @@ pub fn is_mps_server(comm: &str) -> bool {
 /// shared names carried from the last cycle (`Counters::uuids` for a GPU; the sample's own
 /// for a MIG device, which the NVML thread keeps), so that every entry and key made from
 /// them this cycle costs no copy, and compares by pointer.
-pub struct DeviceNames(Vec<(Name, Vec<Name>)>);
+pub struct DeviceNames {
+    devices: Vec<(Name, Vec<Name>)>,
+    /// Each GPU's and MIG device's uuid, to its GPU's position: the allocated devices of
+    /// every container are looked up by content each cycle, and a scan compared a uuid
+    /// with up to 64 names (a seventh of the join with 2,000 allocated containers).
+    by_uuid: FxHashMap<Name, usize>,
+}
 
 impl DeviceNames {
     fn new(sample: &GpuSample, last: &FxHashSet<Name>) -> DeviceNames {
         // A MIG device's uuid is shared already (the NVML thread keeps it, and its
         // processes point to it); a GPU's is a string of the sample's.
         let name = |u: &str| last.get(u).cloned().unwrap_or_else(|| u.into());
-        DeviceNames(
-            sample
-                .devices
-                .iter()
-                .map(|d| {
-                    let migs = d.mig_devices.iter().map(|m| m.uuid.clone()).collect();
-                    (name(&d.uuid), migs)
-                })
-                .collect(),
-        )
+        let devices: Vec<(Name, Vec<Name>)> = sample
+            .devices
+            .iter()
+            .map(|d| {
+                let migs = d.mig_devices.iter().map(|m| m.uuid.clone()).collect();
+                (name(&d.uuid), migs)
+            })
+            .collect();
+        let mut by_uuid = FxHashMap::default();
+        for (i, (g, migs)) in devices.iter().enumerate() {
+            // The first of a uuid named twice, as a scan in order would find.
+            for n in std::iter::once(g).chain(migs) {
+                by_uuid.entry(n.clone()).or_insert(i);
+            }
+        }
+        DeviceNames { devices, by_uuid }
     }
 
     /// The sample's GPU uuids: what the next cycle looks its GPUs' names up in.
     fn set(&self) -> FxHashSet<Name> {
-        self.0.iter().map(|(g, _)| g.clone()).collect()
+        self.devices.iter().map(|(g, _)| g.clone()).collect()
     }
 
     /// GPU `i`'s uuid.
     pub fn gpu(&self, i: usize) -> &Name {
-        &self.0[i].0
+        &self.devices[i].0
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.devices.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.devices.is_empty()
     }
 
     /// The position of GPU `gpu` (by pointer for the sample's own names).
     pub fn gpu_index(&self, gpu: &Name) -> Option<usize> {
-        position_of(self.0.iter().map(|(g, _)| g), gpu)
+        position_of(self.devices.iter().map(|(g, _)| g), gpu)
     }
 
     /// The position of MIG device `uuid` among GPU `i`'s.
     pub fn mig_index(&self, i: usize, uuid: &Name) -> Option<usize> {
-        position_of(&self.0[i].1, uuid)
+        position_of(&self.devices[i].1, uuid)
     }
 
     /// The device a process of GPU `i` is charged to: its MIG device, else the GPU.
     fn of(&self, i: usize, p: &ProcessSample) -> Name {
-        let (gpu, migs) = &self.0[i];
+        let (gpu, migs) = &self.devices[i];
         p.mig
             .and_then(|j| migs.get(usize::from(j)))
             .unwrap_or(gpu)
@@ -236,10 +248,7 @@ impl DeviceNames {
 
     /// The position of the GPU that `uuid` is, or is a MIG device of, and its shared name.
     pub fn lookup(&self, uuid: &str) -> Option<(usize, &Name)> {
-        self.0.iter().enumerate().find_map(|(i, (g, m))| {
-            let mut all = std::iter::once(g).chain(m);
-            all.find(|n| &***n == uuid).map(|n| (i, n))
-        })
+        self.by_uuid.get_key_value(uuid).map(|(n, &i)| (i, n))
     }
 
     /// `uuid` as a shared name: the sample's own where it is one of its devices.
@@ -250,11 +259,10 @@ impl DeviceNames {
 
     /// The GPU a MIG device belongs to; the uuid itself for a GPU or an unknown device.
     pub fn parent(&self, uuid: &Name) -> Name {
-        let ptr = |(_, m): &&(Name, Vec<Name>)| m.iter().any(|m| std::sync::Arc::ptr_eq(m, uuid));
-        let content = |(_, m): &&(Name, Vec<Name>)| m.iter().any(|m| m == uuid);
-        (self.0.iter().find(ptr))
-            .or_else(|| self.0.iter().find(content))
-            .map_or_else(|| uuid.clone(), |(g, _)| g.clone())
+        match self.lookup(uuid) {
+            Some((i, _)) => self.devices[i].0.clone(),
+            None => uuid.clone(),
+        }
     }
 }
 
@@ -549,7 +557,7 @@ fn accumulate(
 /// Containers the kubelet gave a GPU that run no GPU process at all: allocated, idle.
 fn allocated_but_idle(metadata: &Metadata, containers: &[ContainerUsage]) -> Vec<ContainerUsage> {
     // One set of the names present, not a scan of the containers per allocation.
-    let mut named: HashSet<(&str, &str, &str)> = containers
+    let mut named: FxHashSet<(&str, &str, &str)> = containers
         .iter()
         .filter_map(|c| {
             Some((
@@ -560,7 +568,7 @@ fn allocated_but_idle(metadata: &Metadata, containers: &[ContainerUsage]) -> Vec
         })
         .collect();
     let mut out = vec![];
-    for a in &metadata.allocations {
+    for a in metadata.allocations() {
         let key = (
             a.namespace.as_str(),
             a.pod_name.as_str(),
@@ -1061,7 +1069,7 @@ mod tests {
                 runtime: None,
             },
         );
-        md.allocations = vec![
+        md.set_allocations(vec![
             Allocation {
                 namespace: "ml".into(),
                 pod_name: "trainer-0".into(),
@@ -1078,7 +1086,7 @@ mod tests {
                 device_ids: vec!["GPU-9".into()],
                 claim: None,
             },
-        ];
+        ]);
         md.ids_by_name.insert(
             ("ml".into(), "idle-0".into(), "sleepy".into()),
             "c".repeat(64),
@@ -1357,14 +1365,14 @@ mod sharing_tests {
                 ..Default::default()
             },
         );
-        md.allocations = vec![Allocation {
+        md.set_allocations(vec![Allocation {
             namespace: "ns".into(),
             pod_name: "p".into(),
             container_name: "a".into(),
             resource_name: resource.into(),
             device_ids: vec![device.into()],
             claim: claim.map(String::from),
-        }];
+        }]);
         md
     }
 
