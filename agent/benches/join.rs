@@ -2,12 +2,14 @@
 //! pipeline's work per GPU sample: join, publish, drop the previous snapshot) on the large
 //! node's shape: CONTAINERS (default 2,000) containers with one GPU process each, spread
 //! over 8 GPUs with 7 MIG devices each, every process placed through the real process
-//! cache and cgroup registry. Prints one `BENCH ...` line.
+//! cache and cgroup registry. With `--named`, as on a Kubernetes node: every container has
+//! the runtime's names and the kubelet's allocation of its MIG device. Prints one
+//! `BENCH ...` line.
 use std::{sync::Arc, time::Duration};
 
 use gpu_agent::{
     gpu::{join::Joiner, DeviceSample, GpuSample, MigSample, ProcessSample},
-    metadata::Metadata,
+    metadata::{Allocation, ContainerNames, Metadata},
     process::{
         cache::{ProcessCache, ProcessEntry},
         cgroup::CgroupRegistry,
@@ -43,7 +45,7 @@ fn state(containers: u32) -> State {
             h(2) & 0xfff,
             h(3) >> 16
         );
-        let id = format!("{:016x}{:016x}{:016x}{:016x}", h(0), h(1), h(2), h(3));
+        let id = container_id(c);
         let path = format!(
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/cri-containerd-{id}.scope"
         );
@@ -58,6 +60,42 @@ fn state(containers: u32) -> State {
         ));
     }
     State::on_cgroup2(cache, registry)
+}
+
+/// Container `c`'s id, as `state` makes it.
+fn container_id(c: u32) -> String {
+    let h = |i: u64| mix(c as u64 * 4 + i);
+    format!("{:016x}{:016x}{:016x}{:016x}", h(0), h(1), h(2), h(3))
+}
+
+/// Every container named by the runtime and allocated its MIG device by the kubelet.
+fn named(containers: u32) -> Metadata {
+    let mut md = Metadata::default();
+    let mut allocations = vec![];
+    for c in 0..containers {
+        let (ns, pod, name) = ("ml".to_string(), format!("trainer-{c}"), "main".to_string());
+        let id = container_id(c);
+        allocations.push(Allocation {
+            namespace: ns.clone(),
+            pod_name: pod.clone(),
+            container_name: name.clone(),
+            resource_name: "nvidia.com/mig-1g.10gb".into(),
+            device_ids: vec![uuid(c % GPUS, Some(c / GPUS % MIG))],
+            claim: None,
+        });
+        md.ids_by_name
+            .insert((ns.clone(), pod.clone(), name.clone()), id.clone());
+        let names = ContainerNames {
+            pod_name: Some(pod.into()),
+            namespace: Some(ns.into()),
+            container_name: Some(name.into()),
+            pod_uid: None,
+            runtime: Some("containerd"),
+        };
+        md.names.insert(id, names);
+    }
+    md.set_allocations(allocations);
+    md
 }
 
 fn uuid(g: u32, m: Option<u32>) -> String {
@@ -130,7 +168,10 @@ fn main() {
     let (containers, cycles) = (arg(1, 2000), arg(2, 200));
     let state = state(containers);
     let migs = mig_names();
-    let metadata = Metadata::default();
+    let metadata = match std::env::args().any(|a| a == "--named") {
+        true => named(containers),
+        false => Metadata::default(),
+    };
     let mut joiner = Joiner::default();
     let mut published = Arc::new(gpu_model::Snapshot::default());
     let mut t = 1_700_000_000_000;
