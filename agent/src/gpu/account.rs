@@ -732,7 +732,7 @@ fn limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
     let held: u32 = pass
         .metadata
         .allocations_of(ns, pod, name)
-        .map(|al| al.replicas_of(&a.gpu_uuid))
+        .map(|(al, _)| al.replicas_of(&a.gpu_uuid))
         .sum();
     let total = gpu.and_then(|(_, d)| d.memory_total_bytes);
     if let (true, Some(total)) = (held >= 1, total) {

@@ -297,11 +297,11 @@ fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[Dev
         return;
     };
     let mut uuids = vec![];
-    for a in metadata.allocations_of(ns, pod, name) {
+    for (a, refs) in metadata.allocations_of(ns, pod, name) {
         c.allocated_device_ids.extend(a.device_ids.iter().cloned());
-        for r in a.device_refs() {
-            let uuid = match r {
-                DeviceRef::Uuid(u) => Some(u),
+        for r in refs {
+            let uuid = match *r {
+                DeviceRef::Uuid(ref u) => Some(u.clone()),
                 DeviceRef::Index(i) => devices
                     .iter()
                     .find(|d| d.index == i)

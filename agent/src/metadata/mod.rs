@@ -77,6 +77,9 @@ pub struct Metadata {
     /// --bench join -- --named`).
     #[serde(skip)]
     by_container: rustc_hash::FxHashMap<u64, Vec<u32>>,
+    /// Each allocation's devices as the join matches them, parsed once per listing.
+    #[serde(skip)]
+    refs: Vec<Vec<DeviceRef>>,
     /// (namespace, pod, container) -> container id, to name allocated-but-idle containers.
     pub ids_by_name: rustc_hash::FxHashMap<(String, String, String), String>,
     /// Time-slicing replicas per GPU UUID (the kubelet's allocatable `<uuid>::N` devices).
@@ -108,6 +111,10 @@ impl Metadata {
     }
 
     pub fn set_allocations(&mut self, allocations: Vec<Allocation>) {
+        self.refs = allocations
+            .iter()
+            .map(|a| a.device_refs().collect())
+            .collect();
         self.by_container.clear();
         for (i, a) in allocations.iter().enumerate() {
             let key = container_key(&a.namespace, &a.pod_name, &a.container_name);
@@ -116,21 +123,22 @@ impl Metadata {
         self.allocations = allocations;
     }
 
-    /// Allocations of the container with these names, in the kubelet's order.
+    /// Allocations of the container with these names, in the kubelet's order, each with
+    /// its devices as the join matches them (`Allocation::device_refs`).
     pub fn allocations_of<'a>(
         &'a self,
         namespace: &'a str,
         pod: &'a str,
         container: &'a str,
-    ) -> impl Iterator<Item = &'a Allocation> + 'a {
+    ) -> impl Iterator<Item = (&'a Allocation, &'a [DeviceRef])> + 'a {
         let at = self
             .by_container
             .get(&container_key(namespace, pod, container));
         at.into_iter()
             .flatten()
-            .map(|&i| &self.allocations[i as usize])
+            .map(|&i| (&self.allocations[i as usize], &self.refs[i as usize][..]))
             // A key is a hash: its allocations are those of these names.
-            .filter(move |a| {
+            .filter(move |(a, _)| {
                 a.namespace == namespace && a.pod_name == pod && a.container_name == container
             })
     }
@@ -595,7 +603,11 @@ mod tests {
         ]);
         let devices = |md: &Metadata, pod: &str, c: &str| -> Vec<String> {
             let of = md.allocations_of("ml", pod, c);
-            of.flat_map(|a| a.device_ids.clone()).collect()
+            of.flat_map(|(a, refs)| {
+                assert!(refs.iter().eq(&a.device_refs().collect::<Vec<_>>()));
+                a.device_ids.clone()
+            })
+            .collect()
         };
         assert_eq!(devices(&md, "p1", "main"), ["GPU-1", "GPU-3"]);
         assert_eq!(devices(&md, "p1", "side"), ["GPU-4"]);
