@@ -12,6 +12,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use tests::{
     cgroups::{proc_cgroup, systemd_container, v2_mount, TestCgroup},
+    fake_node::{FakeContainer, FakeNode, World},
     random_hex, random_uid,
 };
 
@@ -186,6 +187,8 @@ struct BigPod {
 pub(crate) struct BigNode {
     pods: Vec<BigPod>,
     sleepers: Option<Sleepers>,
+    /// GPU_AGENT_BENCH_NAMED=1: the runtime and the kubelet that describe the node.
+    named: Option<(FakeNode, PathBuf)>,
     /// MemAvailable fell by this much while the processes started (KiB).
     pub mem_used_kib: u64,
     pub started_in: Duration,
@@ -199,6 +202,7 @@ impl BigNode {
         let mut node = BigNode {
             pods: Vec::with_capacity(PODS),
             sleepers: None,
+            named: None,
             mem_used_kib: 0,
             started_in: Duration::ZERO,
         };
@@ -223,6 +227,9 @@ impl BigNode {
         node.wait_started()?;
         node.mem_used_kib = mem0.saturating_sub(mem_available_kib());
         node.started_in = t0.elapsed();
+        if std::env::var("GPU_AGENT_BENCH_NAMED").is_ok_and(|v| v == "1") {
+            node.name()?;
+        }
         eprintln!(
             "big node: {PROCESSES} processes, {CGROUPS} cgroups in {:.1} s, {} MiB",
             node.started_in.as_secs_f64(),
@@ -263,6 +270,59 @@ impl BigNode {
             .filter_map(|c| c.procs().into_iter().nth(1))
             .collect()
     }
+
+    /// The node as a Kubernetes node's runtime (CRI) and kubelet (pod-resources) describe
+    /// it, served from sockets the bench's agents are configured with
+    /// (`overhead::set_metadata`): every container named (pod `pod-K` in namespace
+    /// `bench`, container `c-J`), and each GPU process's container allocated the MIG
+    /// device that `write_scenario` puts its process on (its position among `gpu_pids`,
+    /// round-robin over the scenario's MIG devices).
+    fn name(&mut self) -> Result<()> {
+        let scenario = workspace_root().join("tests/scenarios/h100-8gpu-mig.json");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(scenario)?)?;
+        let migs: Vec<String> = (v["devices"].as_array().context("devices")?.iter())
+            .flat_map(|d| d["mig_devices"].as_array().into_iter().flatten())
+            .filter_map(|m| m["uuid"].as_str().map(str::to_string))
+            .collect();
+        let mut containers = vec![];
+        let mut gpu = 0;
+        for (k, p) in self.pods.iter().enumerate() {
+            for (j, c) in p.containers.iter().enumerate() {
+                let r = gpu_agent::process::cgroup::parse_cgroup_path(&c.path)
+                    .context("a bench container's cgroup path")?;
+                let mut gpus = vec![];
+                // As `gpu_pids` counts them.
+                if j < 2 && c.procs().into_iter().nth(1).is_some() {
+                    gpus.push(migs[gpu % migs.len()].clone());
+                    gpu += 1;
+                }
+                containers.push(FakeContainer {
+                    id: r.container_id.as_deref().unwrap_or_default().to_string(),
+                    pod_uid: r.pod_uid.as_deref().unwrap_or_default().to_string(),
+                    namespace: "bench".into(),
+                    pod: format!("pod-{k}"),
+                    name: format!("c-{j}"),
+                    gpus,
+                });
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("bench-node-{}", random_hex(8)));
+        std::fs::create_dir_all(&dir)?;
+        let world = World::default();
+        world.set(containers);
+        let fake = FakeNode::start(&dir, world);
+        crate::overhead::set_metadata(Some(format!(
+            "\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\n",
+            fake.cri.display(),
+            fake.pod_resources.display()
+        )));
+        eprintln!(
+            "big node named: {} containers, {gpu} allocated a MIG device",
+            CGROUPS - PODS
+        );
+        self.named = Some((fake, dir));
+        Ok(())
+    }
 }
 
 impl Drop for BigNode {
@@ -283,6 +343,11 @@ impl Drop for BigNode {
             }
         }
         self.sleepers = None;
+        if let Some((mut fake, dir)) = self.named.take() {
+            crate::overhead::set_metadata(None);
+            fake.stop();
+            let _ = std::fs::remove_dir_all(dir);
+        }
         // The first pod made the shared parents: it goes last.
         while let Some(p) = self.pods.pop() {
             drop(p);

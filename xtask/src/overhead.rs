@@ -219,6 +219,14 @@ const AGENT_CONFIG: &str = "[nvml]\ninterval_ms = 1000\n\n[ebpf]\n\
     # Room for the 50k-process node (the default follows kernel.pid_max, raised for the run).\n\
     max_processes = 131072\n";
 
+/// The `[metadata]` table the bench's agents get while a named large node stands
+/// (`bignode`, GPU_AGENT_BENCH_NAMED=1); none otherwise, as the default bench runs.
+static METADATA: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+pub(crate) fn set_metadata(table: Option<String>) {
+    *METADATA.lock().unwrap() = table;
+}
+
 pub(crate) struct Running {
     pub agent: Agent,
     pub ready_s: f64,
@@ -258,9 +266,13 @@ pub(crate) fn start_agent_with(bin: &Path, lib: &Path, protocol: &str) -> Result
     let calls_file = std::env::temp_dir().join(format!("bench-calls-{}.json", random_hex(8)));
     let scenario = classic::scenario_path();
     let t0 = Instant::now();
+    let config = format!(
+        "{AGENT_CONFIG}{}",
+        METADATA.lock().unwrap().as_deref().unwrap_or_default()
+    );
     let agent = Agent::start_full(
         bin,
-        AGENT_CONFIG,
+        &config,
         &["--nvml-lib", lib.to_str().unwrap()],
         &[
             ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
