@@ -97,9 +97,20 @@ impl Metadata {
         self.names.insert(id, names);
     }
 
+    /// Forgets a container: its names, and the key of its names where it still names it
+    /// (a restarted container's new id keeps the key). One lookup, not a scan of every id
+    /// per forgotten one: a listing that finds hundreds gone on a node of thousands was
+    /// quadratic.
     fn forget(&mut self, id: &str) {
-        self.names.remove(id);
-        self.ids_by_name.retain(|_, v| v != id);
+        let Some(n) = self.names.remove(id) else {
+            return;
+        };
+        if let (Some(ns), Some(pod), Some(c)) = (&n.namespace, &n.pod_name, &n.container_name) {
+            let key = (ns.to_string(), pod.to_string(), c.to_string());
+            if self.ids_by_name.get(&key).is_some_and(|v| v == id) {
+                self.ids_by_name.remove(&key);
+            }
+        }
     }
 
     pub fn names_of(&self, container_id: &str) -> Option<&ContainerNames> {
@@ -583,6 +594,36 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forgotten_container_takes_its_names_key_unless_a_new_id_holds_it() {
+        let names = |pod: &str| ContainerNames {
+            namespace: Some("ml".into()),
+            pod_name: Some(pod.into()),
+            container_name: Some("main".into()),
+            ..Default::default()
+        };
+        let key = |pod: &str| ("ml".to_string(), pod.to_string(), "main".to_string());
+        let mut md = Metadata::default();
+        md.learn("a".into(), names("p1"));
+        md.learn("b".into(), names("p2"));
+        md.forget("a");
+        assert!(!md.names.contains_key("a"));
+        assert_eq!(md.ids_by_name.get(&key("p1")), None);
+        assert_eq!(
+            md.ids_by_name.get(&key("p2")).map(String::as_str),
+            Some("b")
+        );
+        // b restarted as c under the same names; b's later forgetting leaves c's key.
+        md.learn("c".into(), names("p2"));
+        md.forget("b");
+        assert_eq!(
+            md.ids_by_name.get(&key("p2")).map(String::as_str),
+            Some("c")
+        );
+        md.forget("unknown");
+        assert_eq!(md.names.len(), 1);
+    }
 
     #[test]
     fn a_containers_allocations_are_found_by_its_names_and_follow_a_new_listing() {
