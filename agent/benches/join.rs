@@ -83,7 +83,7 @@ fn named(containers: u32) -> Metadata {
             device_ids: vec![uuid(c % GPUS, Some(c / GPUS % MIG))],
             claim: None,
         });
-        md.ids_by_name
+        std::sync::Arc::make_mut(&mut md.ids_by_name)
             .insert((ns.clone(), pod.clone(), name.clone()), id.clone());
         let names = ContainerNames {
             pod_name: Some(pod.into()),
@@ -92,7 +92,7 @@ fn named(containers: u32) -> Metadata {
             pod_uid: None,
             runtime: Some("containerd"),
         };
-        md.names.insert(id, names);
+        std::sync::Arc::make_mut(&mut md.names).insert(id, names);
     }
     md.set_allocations(allocations);
     md

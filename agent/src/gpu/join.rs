@@ -1059,7 +1059,7 @@ mod tests {
         let st = state();
         let mut md = Metadata::default();
         let a = A.to_string();
-        md.names.insert(
+        std::sync::Arc::make_mut(&mut md.names).insert(
             a.clone(),
             ContainerNames {
                 pod_name: Some("trainer-0".into()),
@@ -1087,7 +1087,7 @@ mod tests {
                 claim: None,
             },
         ]);
-        md.ids_by_name.insert(
+        std::sync::Arc::make_mut(&mut md.ids_by_name).insert(
             ("ml".into(), "idle-0".into(), "sleepy".into()),
             "c".repeat(64),
         );
@@ -1356,7 +1356,7 @@ mod sharing_tests {
     /// Container A named ns/p/a and allocated `device` of `resource` (through `claim`).
     fn allocated_to_a(resource: &str, device: &str, claim: Option<&str>) -> Metadata {
         let mut md = Metadata::default();
-        md.names.insert(
+        std::sync::Arc::make_mut(&mut md.names).insert(
             A.into(),
             ContainerNames {
                 pod_name: Some("p".into()),
