@@ -284,6 +284,9 @@ impl BigNode {
             .flat_map(|d| d["mig_devices"].as_array().into_iter().flatten())
             .filter_map(|m| m["uuid"].as_str().map(str::to_string))
             .collect();
+        if migs.is_empty() {
+            bail!("the MIG scenario has no MIG devices to allocate");
+        }
         let mut containers = vec![];
         let mut gpu = 0;
         for (k, p) in self.pods.iter().enumerate() {
