@@ -52,6 +52,16 @@ pub struct GpuSample {
     pub devices: Vec<DeviceSample>,
 }
 
+impl GpuSample {
+    /// Every device's process PIDs, device by device (a process on two GPUs twice).
+    pub fn pids(&self) -> impl Iterator<Item = u32> + Clone + '_ {
+        self.devices
+            .iter()
+            .flat_map(|d| &d.processes)
+            .map(|p| p.pid)
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct DeviceSample {
     pub index: u32,

@@ -735,11 +735,7 @@ impl Joiner {
     /// `UNRESOLVED_RETRY`: it stays charged to the host entry meanwhile.
     pub fn look_up_missing(&mut self, sample: &GpuSample, procs: &mut impl Lookup) -> Coverage {
         let now = Instant::now();
-        let pids = sample
-            .devices
-            .iter()
-            .flat_map(|d| &d.processes)
-            .map(|p| p.pid);
+        let pids = sample.pids();
         let mut cov = Coverage {
             gpu_processes: pids.clone().count() as u64,
             unresolved: 0,

@@ -95,11 +95,7 @@ impl Sharing {
     /// Before the join: the HAMi limits of the sample's processes (a PID's environment is
     /// read once), and the accounting stats the NVML thread read, with whom to charge.
     pub fn before(&mut self, sample: &GpuSample) -> (&HashMap<u32, HamiLimits>, Vec<Accounted>) {
-        let pids = sample
-            .devices
-            .iter()
-            .flat_map(|d| &d.processes)
-            .map(|p| p.pid);
+        let pids = sample.pids();
         if !self.hami {
             self.sample_limits.clear();
             self.last_pids.clear();
