@@ -80,7 +80,7 @@ fn named(containers: u32) -> Metadata {
             pod_name: pod.clone(),
             container_name: name.clone(),
             resource_name: "nvidia.com/mig-1g.10gb".into(),
-            device_ids: vec![uuid(c % GPUS, Some(c / GPUS % MIG))],
+            device_ids: vec![uuid(c % GPUS, Some(c / GPUS % MIG)).into()],
             claim: None,
         });
         std::sync::Arc::make_mut(&mut md.ids_by_name)

@@ -201,11 +201,12 @@ pub struct ContainerUsage {
     pub container_name: Option<Name>,
     pub gpus: Vec<ContainerGpu>,
     /// Devices the kubelet allocated to this container (GPU or MIG UUIDs), whether it uses
-    /// them or not; empty when unknown or none.
-    pub allocated_gpus: Vec<String>,
+    /// them or not; empty when unknown or none. Shared names (the sample's own for its
+    /// devices, the metadata's otherwise): a clone per container per cycle is a count.
+    pub allocated_gpus: Vec<Name>,
     /// The same allocation as the device plugin named it (`GPU-<uuid>::3` for a
     /// time-slicing replica): dcgm-exporter's `vgpu` label.
-    pub allocated_device_ids: Vec<String>,
+    pub allocated_device_ids: Vec<Name>,
     /// Energy, peak memory, limits and accounting per device it used or was allocated.
     pub accounts: Vec<GpuAccount>,
 }
@@ -333,11 +334,11 @@ impl ContainerUsage {
             .iter()
             .filter(|u| {
                 !self.gpus.iter().any(|g| {
-                    (&*g.uuid == u.as_str() || &*g.gpu_uuid == u.as_str())
+                    (g.uuid == **u || g.gpu_uuid == **u)
                         && (g.memory_used_bytes > 0 || g.sm_util.unwrap_or(0) > 0)
                 })
             })
-            .map(String::as_str)
+            .map(|u| &**u)
             .collect()
     }
 }

@@ -246,7 +246,7 @@ fn replica(id: &str) -> Option<&str> {
 pub(crate) fn pods_of(snap: &Snapshot, uuid: &str, mode: Mode) -> Vec<Pod> {
     let mut pods = vec![];
     for c in &snap.containers {
-        if !c.allocated_gpus.iter().any(|u| u == uuid) {
+        if !c.allocated_gpus.iter().any(|u| **u == *uuid) {
             continue;
         }
         let (Some(namespace), Some(pod), Some(container)) =
@@ -282,7 +282,7 @@ pub(crate) fn pods_of(snap: &Snapshot, uuid: &str, mode: Mode) -> Vec<Pod> {
 fn matching_ids<'c>(c: &'c ContainerUsage, uuid: &'c str) -> impl Iterator<Item = &'c str> {
     c.allocated_device_ids
         .iter()
-        .map(String::as_str)
+        .map(|id| &**id)
         .filter(move |id| id.split("::").next() == Some(uuid))
 }
 

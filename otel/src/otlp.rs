@@ -673,7 +673,7 @@ fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage) {
     for u in &c.allocated_gpus {
         let a = m.attrs([s(Attr::HwId, u)]);
         m.point(M::ContainerGpuAllocated, 1.0, a);
-        let is_idle = idle.contains(&u.as_str());
+        let is_idle = idle.contains(&&**u);
         m.point(M::ContainerGpuAllocatedIdle, is_idle as u8 as f64, a);
     }
 }

@@ -398,7 +398,7 @@ impl Blocks {
             self.accounts.push(accounts.collect());
             let allocated = c.allocated_gpus.iter().map(|u| {
                 let mut p = ids.to_vec();
-                p.extend([(Attr::HwId, u.as_str()), (Attr::Node, node)]);
+                p.extend([(Attr::HwId, &**u), (Attr::Node, node)]);
                 block(self.drop, &p)
             });
             self.allocations.push(allocated.collect());
@@ -659,7 +659,7 @@ impl Renderer<'_> {
                     for (u, l) in c.allocated_gpus.iter().zip(blocks) {
                         let v = match id {
                             M::ContainerGpuAllocated => 1.0,
-                            _ => idle.contains(&u.as_str()) as u8 as f64,
+                            _ => idle.contains(&&**u) as u8 as f64,
                         };
                         f.series(l, &[], v);
                     }

@@ -291,7 +291,12 @@ pub(super) fn name(c: &mut ContainerUsage, metadata: &Metadata) {
 }
 
 /// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
-fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[DeviceSample]) {
+fn name_and_allocate(
+    c: &mut ContainerUsage,
+    metadata: &Metadata,
+    devices: &[DeviceSample],
+    names: &DeviceNames,
+) {
     name(c, metadata);
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
         return;
@@ -300,16 +305,22 @@ fn name_and_allocate(c: &mut ContainerUsage, metadata: &Metadata, devices: &[Dev
     for (a, refs) in metadata.allocations_of(ns, pod, name) {
         c.allocated_device_ids.extend(a.device_ids.iter().cloned());
         for r in refs {
+            // The sample's own name where the device is one of its: later comparisons
+            // are a pointer's.
             let uuid = match *r {
-                DeviceRef::Uuid(ref u) => Some(u.clone()),
+                DeviceRef::Uuid(ref u) => Some(
+                    names
+                        .lookup(u)
+                        .map_or_else(|| u.clone(), |(_, n)| n.clone()),
+                ),
                 DeviceRef::Index(i) => devices
                     .iter()
-                    .find(|d| d.index == i)
-                    .map(|d| d.uuid.clone()),
+                    .position(|d| d.index == i)
+                    .map(|j| names.gpu(j).clone()),
                 DeviceRef::Minor(m) => devices
                     .iter()
-                    .find(|d| d.sharing.minor_number == Some(m))
-                    .map(|d| d.uuid.clone()),
+                    .position(|d| d.sharing.minor_number == Some(m))
+                    .map(|j| names.gpu(j).clone()),
             };
             if let Some(u) = uuid.filter(|u| !uuids.contains(u)) {
                 uuids.push(u);
@@ -664,11 +675,11 @@ pub fn join_with(
             || now.saturating_sub(l.last_used_ms.max(l.last_charged_ms)) < FORGET_AFTER_MS
     });
     for c in &mut containers {
-        name_and_allocate(c, metadata, &sample.devices);
+        name_and_allocate(c, metadata, &sample.devices, &names);
     }
     let mut idle = allocated_but_idle(metadata, &containers);
     for c in &mut idle {
-        name_and_allocate(c, metadata, &sample.devices);
+        name_and_allocate(c, metadata, &sample.devices, &names);
     }
     owners.extend(idle.iter().map(account::owner_key));
     containers.extend(idle);
@@ -1112,7 +1123,7 @@ mod tests {
         assert_eq!(c.namespace.as_deref(), Some("ml"));
         assert_eq!(
             c.allocated_gpus,
-            vec!["GPU-1".to_string(), "GPU-2".to_string()]
+            vec!["GPU-1".into(), "GPU-2".into()] as Vec<Name>
         );
         // Uses GPU-1, holds GPU-2 without using it.
         assert_eq!(c.idle_allocations(), vec!["GPU-2"]);
@@ -1476,7 +1487,7 @@ mod sharing_tests {
         let mut s = sample(1000, 0, vec![p(100, 1, Some(1))]);
         s.devices[0].sharing.minor_number = Some(7);
         let (snap, _, _) = run(&md, &[s], &Inputs::default());
-        assert_eq!(snap.containers[0].allocated_gpus, ["GPU-1"]);
+        assert_eq!(snap.containers[0].allocated_gpus, ["GPU-1".into()]);
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub struct Allocation {
     /// As the device plugin names them: `GPU-<uuid>`, `MIG-<uuid>`, an index, with an
     /// optional `::N` time-slicing replica suffix, or GKE's `nvidia0/gi0`. For a DRA
     /// claim: the device's UUID, or the NVIDIA DRA driver's `gpu-<minor>`.
-    pub device_ids: Vec<String>,
+    pub device_ids: Vec<Name>,
     /// The DRA claim (`namespace/name`) the devices come from; None for device plugins.
     pub claim: Option<String>,
 }
@@ -181,7 +181,7 @@ pub fn is_gpu_resource(name: &str) -> bool {
 /// minor number (/dev/nvidiaN) the NVIDIA DRA driver names GPUs by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceRef {
-    Uuid(String),
+    Uuid(Name),
     Index(u32),
     Minor(u32),
 }
@@ -191,7 +191,7 @@ pub enum DeviceRef {
 pub fn parse_device_id(id: &str) -> Option<DeviceRef> {
     let id = id.split("::").next().unwrap_or(id).trim();
     if id.starts_with("GPU-") || id.starts_with("MIG-") {
-        return Some(DeviceRef::Uuid(id.to_string()));
+        return Some(DeviceRef::Uuid(id.into()));
     }
     if let Ok(i) = id.parse() {
         return Some(DeviceRef::Index(i));
@@ -655,7 +655,7 @@ mod tests {
             let of = md.allocations_of("ml", pod, c);
             of.flat_map(|(a, refs)| {
                 assert!(refs.iter().eq(&a.device_refs().collect::<Vec<_>>()));
-                a.device_ids.clone()
+                a.device_ids.iter().map(|d| d.to_string())
             })
             .collect()
         };

@@ -30,7 +30,7 @@ pub async fn list(socket: &Path) -> Result<Vec<Allocation>, String> {
                         pod_name: pod.name.clone(),
                         container_name: c.name.clone(),
                         resource_name: d.resource_name,
-                        device_ids: d.device_ids,
+                        device_ids: d.device_ids.iter().map(|id| id.as_str().into()).collect(),
                         claim: None,
                     });
                 }
@@ -56,7 +56,7 @@ fn dra_allocation(ns: &str, pod: &str, container: &str, d: &DynamicResource) -> 
     for r in &d.claim_resources {
         if let Some(id) = dra_device_id(r) {
             driver.get_or_insert_with(|| r.driver_name.clone());
-            ids.push(id);
+            ids.push(id.into());
         }
     }
     if ids.is_empty() {
@@ -119,7 +119,7 @@ pub fn parse_dra_minor(name: &str) -> Option<u32> {
 /// A DRA device id as stored in an allocation: a UUID or `gpu-<minor>`.
 pub fn parse_dra_device(id: &str) -> Option<DeviceRef> {
     if id.starts_with("GPU-") || id.starts_with("MIG-") {
-        return Some(DeviceRef::Uuid(id.to_string()));
+        return Some(DeviceRef::Uuid(id.into()));
     }
     parse_dra_minor(id).map(DeviceRef::Minor)
 }
@@ -140,7 +140,7 @@ pub async fn replicas(socket: &Path) -> Result<HashMap<String, u32>, String> {
         }
         for id in d.device_ids.iter().filter(|id| id.contains("::")) {
             if let Some(DeviceRef::Uuid(u)) = parse_device_id(id) {
-                *out.entry(u).or_default() += 1;
+                *out.entry(u.to_string()).or_default() += 1;
             }
         }
     }
@@ -200,7 +200,7 @@ mod tests {
             claim_resources: vec![by_cdi, other],
         };
         let a = dra_allocation("ml", "p", "c", &d).unwrap();
-        assert_eq!(a.device_ids, [U]);
+        assert_eq!(a.device_ids, [U.into()]);
         assert_eq!(a.claim.as_deref(), Some("ml/gpu-claim"));
         assert_eq!(a.resource_name, "gpu.nvidia.com");
     }
