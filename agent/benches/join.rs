@@ -83,8 +83,6 @@ fn named(containers: u32) -> Metadata {
             device_ids: vec![uuid(c % GPUS, Some(c / GPUS % MIG)).into()],
             claim: None,
         });
-        std::sync::Arc::make_mut(&mut md.ids_by_name)
-            .insert((ns.clone(), pod.clone(), name.clone()), id.clone());
         let names = ContainerNames {
             pod_name: Some(pod.into()),
             namespace: Some(ns.into()),
@@ -92,7 +90,7 @@ fn named(containers: u32) -> Metadata {
             pod_uid: None,
             runtime: Some("containerd"),
         };
-        std::sync::Arc::make_mut(&mut md.names).insert(id, names);
+        md.learn(id.into(), names);
     }
     md.set_allocations(allocations);
     md

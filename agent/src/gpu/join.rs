@@ -588,22 +588,19 @@ fn allocated_but_idle(metadata: &Metadata, containers: &[ContainerUsage]) -> Vec
         if !named.insert(key) {
             continue;
         }
-        let key = (
-            a.namespace.clone(),
-            a.pod_name.clone(),
-            a.container_name.clone(),
-        );
-        let id = metadata.ids_by_name.get(&key).cloned();
-        let pod_uid = id
-            .as_ref()
-            .and_then(|id| metadata.names_of(id))
-            .and_then(|n| n.pod_uid.clone());
+        let id = metadata.allocated_id(key.0, key.1, key.2);
+        // The runtime's names where it named the container (shared), else the kubelet's.
+        let known = id.and_then(|id| metadata.names_of(id));
+        let or = |n: Option<&Name>, s: &str| Some(n.cloned().unwrap_or_else(|| s.into()));
         out.push(ContainerUsage {
-            container_id: id.map(Into::into),
-            pod_uid,
-            pod_name: Some(a.pod_name.as_str().into()),
-            namespace: Some(a.namespace.as_str().into()),
-            container_name: Some(a.container_name.as_str().into()),
+            container_id: id.cloned(),
+            pod_uid: known.and_then(|n| n.pod_uid.clone()),
+            pod_name: or(known.and_then(|n| n.pod_name.as_ref()), &a.pod_name),
+            namespace: or(known.and_then(|n| n.namespace.as_ref()), &a.namespace),
+            container_name: or(
+                known.and_then(|n| n.container_name.as_ref()),
+                &a.container_name,
+            ),
             ..Default::default()
         });
     }
@@ -1065,9 +1062,8 @@ mod tests {
     fn names_allocations_and_allocated_but_idle_containers() {
         let st = state();
         let mut md = Metadata::default();
-        let a = A.to_string();
-        std::sync::Arc::make_mut(&mut md.names).insert(
-            a.clone(),
+        md.learn(
+            A.into(),
             ContainerNames {
                 pod_name: Some("trainer-0".into()),
                 namespace: Some("ml".into()),
@@ -1094,9 +1090,15 @@ mod tests {
                 claim: None,
             },
         ]);
-        std::sync::Arc::make_mut(&mut md.ids_by_name).insert(
-            ("ml".into(), "idle-0".into(), "sleepy".into()),
-            "c".repeat(64),
+        md.learn(
+            "c".repeat(64).into(),
+            ContainerNames {
+                pod_name: Some("idle-0".into()),
+                namespace: Some("ml".into()),
+                container_name: Some("sleepy".into()),
+                pod_uid: Some("u-idle".into()),
+                runtime: None,
+            },
         );
         let mut sample = sample(1000, vec![proc(100, 10, 5)]);
         sample.devices.push(DeviceSample {
@@ -1117,7 +1119,7 @@ mod tests {
         let c = snap
             .containers
             .iter()
-            .find(|c| c.container_id.as_deref() == Some(a.as_str()))
+            .find(|c| c.container_id.as_deref() == Some(A))
             .unwrap();
         assert_eq!(c.pod_name.as_deref(), Some("trainer-0"));
         assert_eq!(c.namespace.as_deref(), Some("ml"));
@@ -1133,6 +1135,11 @@ mod tests {
             .find(|c| c.pod_name.as_deref() == Some("idle-0"))
             .unwrap();
         assert_eq!(idle.container_id.as_deref(), Some("c".repeat(64).as_str()));
+        assert_eq!(
+            idle.pod_uid.as_deref(),
+            Some("u-idle"),
+            "the runtime's names"
+        );
         assert!(idle.gpus.is_empty());
         assert_eq!(idle.idle_allocations(), vec!["GPU-9"]);
     }
@@ -1363,7 +1370,7 @@ mod sharing_tests {
     /// Container A named ns/p/a and allocated `device` of `resource` (through `claim`).
     fn allocated_to_a(resource: &str, device: &str, claim: Option<&str>) -> Metadata {
         let mut md = Metadata::default();
-        std::sync::Arc::make_mut(&mut md.names).insert(
+        md.learn(
             A.into(),
             ContainerNames {
                 pod_name: Some("p".into()),
