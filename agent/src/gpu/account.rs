@@ -374,7 +374,7 @@ fn accounted_owners(
             },
             Owner::Host => ContainerUsage::default(),
         };
-        super::join::name(&mut c, metadata);
+        super::naming::name(&mut c, metadata);
         added.push(c);
     }
     added
@@ -734,12 +734,7 @@ fn device_limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
         return;
     }
     // Only a time-sliced GPU has shares (and only then are the allocations scanned).
-    let replicas = pass
-        .metadata
-        .replicas
-        .get(&*a.gpu_uuid)
-        .copied()
-        .unwrap_or(0);
+    let replicas = pass.metadata.replicas_of(&a.gpu_uuid);
     if replicas < 2 {
         return;
     }

@@ -14,11 +14,12 @@ use gpu_model::{Name, SourceStatus, UsageRecord};
 
 use super::{
     account::{self, Inputs, Ledgers},
+    naming::{self, Naming},
     sharing::Sharing,
-    DeviceSample, GpuSample, ProcessSample,
+    GpuSample, ProcessSample,
 };
 use crate::{
-    metadata::{DeviceRef, Metadata},
+    metadata::Metadata,
     process::{Lookup, Placement, Resolver},
 };
 
@@ -134,6 +135,8 @@ pub struct Counters {
     /// The last sample's GPU uuids, shared by every entry, key and ledger on them (a MIG
     /// device's is shared by the sample itself).
     pub uuids: FxHashSet<Name>,
+    /// Each owner's names and allocated devices, kept while they hold.
+    pub naming: Naming,
 }
 
 /// A counters key, borrowed: it hashes and compares as the `(Owner, Name)` it stands for.
@@ -271,64 +274,6 @@ struct Group {
     meta: Option<OwnerMeta>,
     /// A few devices per owner: a scan, not a map.
     gpus: Vec<ContainerGpu>,
-}
-
-/// The names the runtime gave the entry's container, where the entry has none of its own
-/// (the cgroup's pod uid comes first).
-pub(super) fn name(c: &mut ContainerUsage, metadata: &Metadata) {
-    if let Some(n) = c
-        .container_id
-        .as_deref()
-        .and_then(|id| metadata.names_of(id))
-    {
-        c.pod_name = c.pod_name.take().or_else(|| n.pod_name.clone());
-        c.namespace = c.namespace.take().or_else(|| n.namespace.clone());
-        c.container_name = c.container_name.take().or_else(|| n.container_name.clone());
-        c.pod_uid = c.pod_uid.take().or_else(|| n.pod_uid.clone());
-        // The cgroupfs driver's paths do not name the runtime: the one that named it does.
-        c.runtime = c.runtime.or(n.runtime);
-    }
-}
-
-/// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
-fn name_and_allocate(
-    c: &mut ContainerUsage,
-    metadata: &Metadata,
-    devices: &[DeviceSample],
-    names: &DeviceNames,
-) {
-    name(c, metadata);
-    let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
-        return;
-    };
-    let mut uuids = vec![];
-    for (a, refs) in metadata.allocations_of(ns, pod, name) {
-        c.allocated_device_ids.extend(a.device_ids.iter().cloned());
-        for r in refs {
-            // The sample's own name where the device is one of its: later comparisons
-            // are a pointer's.
-            let uuid = match *r {
-                DeviceRef::Uuid(ref u) => Some(
-                    names
-                        .lookup(u)
-                        .map_or_else(|| u.clone(), |(_, n)| n.clone()),
-                ),
-                DeviceRef::Index(i) => devices
-                    .iter()
-                    .position(|d| d.index == i)
-                    .map(|j| names.gpu(j).clone()),
-                DeviceRef::Minor(m) => devices
-                    .iter()
-                    .position(|d| d.sharing.minor_number == Some(m))
-                    .map(|j| names.gpu(j).clone()),
-            };
-            if let Some(u) = uuid.filter(|u| !uuids.contains(u)) {
-                uuids.push(u);
-            }
-        }
-    }
-    uuids.sort();
-    c.allocated_gpus = uuids;
 }
 
 fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
@@ -671,12 +616,12 @@ pub fn join_with(
         l.session.is_some()
             || now.saturating_sub(l.last_used_ms.max(l.last_charged_ms)) < FORGET_AFTER_MS
     });
-    for c in &mut containers {
-        name_and_allocate(c, metadata, &sample.devices, &names);
-    }
+    counters
+        .naming
+        .name_all(&mut containers, &owners, metadata, sample, &names);
     let mut idle = allocated_but_idle(metadata, &containers);
     for c in &mut idle {
-        name_and_allocate(c, metadata, &sample.devices, &names);
+        naming::name_and_allocate(c, metadata, &sample.devices, &names);
     }
     owners.extend(idle.iter().map(account::owner_key));
     containers.extend(idle);
@@ -834,6 +779,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::gpu::DeviceSample;
     use crate::metadata::{Allocation, ContainerNames};
     use crate::{
         gpu::ProcessSample,
@@ -1144,6 +1090,85 @@ mod tests {
         assert_eq!(idle.idle_allocations(), vec!["GPU-9"]);
     }
 
+    #[test]
+    fn names_and_allocations_kept_between_cycles_follow_the_metadata_and_the_devices() {
+        let st = state();
+        let names = |pod: &str| ContainerNames {
+            pod_name: Some(pod.into()),
+            namespace: Some("ml".into()),
+            container_name: Some("main".into()),
+            ..Default::default()
+        };
+        // Allocated the GPU of NVML index 1, by index.
+        let alloc = |pod: &str, device: &str| Allocation {
+            namespace: "ml".into(),
+            pod_name: pod.into(),
+            container_name: "main".into(),
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: vec![device.into()],
+            claim: None,
+        };
+        let mut md = Metadata::default();
+        md.learn(A.into(), names("p"));
+        md.set_allocations(vec![alloc("p", "1")]);
+        let at = |t: u64, second: &str| {
+            let mut s = sample(t, vec![proc(100, 10, 5)]);
+            s.devices.push(DeviceSample {
+                index: 1,
+                uuid: second.into(),
+                status: DeviceStatus::Ok,
+                ..Default::default()
+            });
+            s
+        };
+        let mut counters = Counters::default();
+        let mut run = |md: &Metadata, s: &GpuSample| {
+            let (snap, next) = join(
+                &st,
+                md,
+                s,
+                &SourceStatus::Ok,
+                &counters,
+                Duration::from_secs(3),
+                false,
+            );
+            counters = next;
+            let c = find(&snap, Some(A));
+            (
+                c.pod_name.as_deref().map(String::from),
+                c.allocated_gpus.clone(),
+            )
+        };
+        let gpu = |u: &str| vec![Name::from(u)];
+        assert_eq!(
+            run(&md, &at(1000, "GPU-2")),
+            (Some("p".into()), gpu("GPU-2"))
+        );
+        assert_eq!(
+            run(&md, &at(2000, "GPU-2")),
+            (Some("p".into()), gpu("GPU-2")),
+            "kept"
+        );
+        // Index 1 is another GPU now (a GPU replaced): the allocation follows it.
+        assert_eq!(
+            run(&md, &at(3000, "GPU-3")),
+            (Some("p".into()), gpu("GPU-3"))
+        );
+        // A new listing of allocations, then new names.
+        md.set_allocations(vec![alloc("p", "GPU-1")]);
+        assert_eq!(
+            run(&md, &at(4000, "GPU-3")),
+            (Some("p".into()), gpu("GPU-1"))
+        );
+        md.learn(A.into(), names("q"));
+        assert_eq!(run(&md, &at(5000, "GPU-3")), (Some("q".into()), vec![]));
+        md.set_allocations(vec![alloc("q", "1")]);
+        assert_eq!(
+            run(&md, &at(6000, "GPU-3")),
+            (Some("q".into()), gpu("GPU-3"))
+        );
+    }
+
     /// A resolver of the join's own: no kernel, no cgroup filesystem.
     #[derive(Default)]
     struct Fake {
@@ -1238,6 +1263,7 @@ mod tests {
 mod sharing_tests {
     use super::*;
     use crate::gpu::account::{Accounted, RecordNames};
+    use crate::gpu::DeviceSample;
     use crate::metadata::{Allocation, ContainerNames};
     use crate::process::cgroup::ContainerRef;
     use gpu_model::{AccountingSample, DeviceStatus, LimitSource};

@@ -6,6 +6,7 @@
 //! sharing.rs.
 pub mod account;
 pub mod join;
+pub mod naming;
 pub mod nvml;
 pub mod sampler;
 // dcgm-exporter's fields from NVML: health fields, profiling (GPM), XID errors.

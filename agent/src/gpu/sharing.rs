@@ -14,7 +14,8 @@ use otel::usage::UsageCounters;
 
 use super::{
     account::{Accounted, RecordNames},
-    join::{is_mps_server, name, owner_of, Owner},
+    join::{is_mps_server, owner_of, Owner},
+    naming::name,
     sampler::AccountingRequests,
     GpuSample,
 };

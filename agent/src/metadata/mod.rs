@@ -10,7 +10,10 @@ pub mod podresources;
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
-    sync::{atomic::Ordering::Relaxed, Arc, RwLock},
+    sync::{
+        atomic::Ordering::{self, Relaxed},
+        Arc, RwLock,
+    },
     time::{Duration, Instant},
 };
 
@@ -72,7 +75,7 @@ pub struct Metadata {
     /// allocations' refresh every 30 s copied the names of every container the runtime
     /// lists, 9,000 on the large node. Keyed by a shared id, which `MetadataSource` keeps
     /// too.
-    pub names: Arc<rustc_hash::FxHashMap<Name, ContainerNames>>,
+    names: Arc<rustc_hash::FxHashMap<Name, ContainerNames>>,
     /// The kubelet's allocations (`set_allocations`).
     allocations: Vec<Allocation>,
     /// Where each container's allocations are in `allocations`, by `container_key`: the
@@ -90,8 +93,14 @@ pub struct Metadata {
     #[serde(skip)]
     allocated_ids: rustc_hash::FxHashMap<u64, Name>,
     /// Time-slicing replicas per GPU UUID (the kubelet's allocatable `<uuid>::N` devices).
-    pub replicas: HashMap<String, u32>,
+    replicas: HashMap<String, u32>,
+    /// Changed by every change of the above, and unique to it (`generation`).
+    #[serde(skip)]
+    generation: u64,
 }
+
+/// The last generation given to a change of any `Metadata`.
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Metadata {
     /// What a runtime says about container `id`. The same names again change nothing: a
@@ -101,6 +110,7 @@ impl Metadata {
         if self.names.get(&id) == Some(&names) {
             return;
         }
+        self.changed();
         if let Some(key) = names_key(&names).filter(|k| self.by_container.contains_key(k)) {
             self.allocated_ids.insert(key, id.clone());
         }
@@ -112,6 +122,10 @@ impl Metadata {
     /// scan of every id per forgotten one: a listing that finds hundreds gone on a node of
     /// thousands was quadratic.
     fn forget(&mut self, id: &str) {
+        if !self.names.contains_key(id) {
+            return;
+        }
+        self.changed();
         let Some(n) = Arc::make_mut(&mut self.names).remove(id) else {
             return;
         };
@@ -139,11 +153,38 @@ impl Metadata {
         self.names.get(container_id)
     }
 
+    /// How many containers are named.
+    pub fn names_len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Time-slicing replicas of GPU `uuid` the kubelet can allocate (0: not time-sliced).
+    pub fn replicas_of(&self, uuid: &str) -> u32 {
+        self.replicas.get(uuid).copied().unwrap_or(0)
+    }
+
+    pub fn set_replicas(&mut self, replicas: HashMap<String, u32>) {
+        self.changed();
+        self.replicas = replicas;
+    }
+
+    /// Which change of the metadata this is: equal generations hold equal metadata (one
+    /// copy's and its clones'), so what the join derives from it can be kept while the
+    /// generation stays.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn changed(&mut self) {
+        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1;
+    }
+
     pub fn allocations(&self) -> &[Allocation] {
         &self.allocations
     }
 
     pub fn set_allocations(&mut self, allocations: Vec<Allocation>) {
+        self.changed();
         self.refs = allocations
             .iter()
             .map(|a| a.device_refs().collect())
@@ -557,7 +598,7 @@ impl MetadataSource {
                 });
                 let mut md = (**self.published.read().unwrap()).clone();
                 md.set_allocations(allocs);
-                md.replicas = replicas;
+                md.set_replicas(replicas);
                 self.publish(md);
             }
             Err(e) => {
@@ -573,7 +614,7 @@ impl MetadataSource {
     }
 
     fn report_health(&self) {
-        let names = self.published.read().unwrap().names.len() as u64;
+        let names = self.published.read().unwrap().names_len() as u64;
         self.stats.metadata_names.store(names, Relaxed);
         let mut st = self.stats.metadata.write().unwrap();
         st.insert("cri".into(), self.cri.status());

@@ -1,0 +1,197 @@
+//! Names and allocated devices of the join's entries, from the metadata, and kept per
+//! owner from one cycle to the next while neither the metadata nor the sample's devices
+//! change (`Naming`).
+use std::hash::{Hash, Hasher};
+
+use rustc_hash::FxHashMap;
+
+use gpu_model::{ContainerUsage, Name};
+
+use super::{
+    join::{DeviceNames, Owner},
+    DeviceSample, GpuSample,
+};
+use crate::metadata::{DeviceRef, Metadata};
+
+/// Each owner's names and allocated devices as the last cycle found them. On a named
+/// node, finding them again every cycle (the names by 64-character id, the allocations
+/// by names and each device by uuid, all in memory gone cold since the last cycle) was a
+/// fifth of the agent's CPU time with 2,000 GPU containers named and allocated a device.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Naming {
+    /// (the metadata's generation, `devices_signature` of the sample) that the entries
+    /// were found under: either changes, and all are found again.
+    found_under: (u64, u64),
+    entries: FxHashMap<Owner, Named>,
+}
+
+/// What naming gave one owner's entry.
+#[derive(Debug, Clone, PartialEq)]
+struct Named {
+    /// The entry's own pod uid and runtime (its cgroup's) that the names completed.
+    pod_uid_before: Option<Name>,
+    runtime_before: Option<&'static str>,
+    pod_name: Option<Name>,
+    namespace: Option<Name>,
+    container_name: Option<Name>,
+    pod_uid: Option<Name>,
+    runtime: Option<&'static str>,
+    allocated_gpus: Vec<Name>,
+    allocated_device_ids: Vec<Name>,
+    seen_ms: u64,
+}
+
+impl Named {
+    fn of(c: &ContainerUsage, before: (Option<Name>, Option<&'static str>), now: u64) -> Named {
+        Named {
+            pod_uid_before: before.0,
+            runtime_before: before.1,
+            pod_name: c.pod_name.clone(),
+            namespace: c.namespace.clone(),
+            container_name: c.container_name.clone(),
+            pod_uid: c.pod_uid.clone(),
+            runtime: c.runtime,
+            allocated_gpus: c.allocated_gpus.clone(),
+            allocated_device_ids: c.allocated_device_ids.clone(),
+            seen_ms: now,
+        }
+    }
+
+    /// Found for an entry like `c` (the same cgroup's pod uid and runtime).
+    fn fits(&self, c: &ContainerUsage) -> bool {
+        let same_uid = match (&self.pod_uid_before, &c.pod_uid) {
+            (Some(a), Some(b)) => super::join::same(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        same_uid && self.runtime_before == c.runtime
+    }
+
+    fn apply(&self, c: &mut ContainerUsage) {
+        c.pod_name.clone_from(&self.pod_name);
+        c.namespace.clone_from(&self.namespace);
+        c.container_name.clone_from(&self.container_name);
+        c.pod_uid.clone_from(&self.pod_uid);
+        c.runtime = self.runtime;
+        c.allocated_gpus.clone_from(&self.allocated_gpus);
+        c.allocated_device_ids
+            .clone_from(&self.allocated_device_ids);
+    }
+}
+
+impl Naming {
+    /// Names the entries of `owners` (`name_and_allocate`), from what was found for the
+    /// same owner last cycle where it still holds.
+    pub(super) fn name_all(
+        &mut self,
+        containers: &mut [ContainerUsage],
+        owners: &[Option<Owner>],
+        metadata: &Metadata,
+        sample: &GpuSample,
+        names: &DeviceNames,
+    ) {
+        // Nothing named (no runtime answers): nothing to find, or to keep.
+        if metadata.names_len() == 0 {
+            self.entries.clear();
+            return;
+        }
+        let under = (metadata.generation(), devices_signature(&sample.devices));
+        if under != self.found_under {
+            self.entries.clear();
+            self.found_under = under;
+        }
+        let now = sample.taken_at_ms;
+        for (c, owner) in containers.iter_mut().zip(owners) {
+            let Some(owner) = owner else {
+                name_and_allocate(c, metadata, &sample.devices, names);
+                continue;
+            };
+            match self.entries.get_mut(owner) {
+                Some(n) if n.fits(c) => {
+                    n.apply(c);
+                    n.seen_ms = now;
+                }
+                _ => {
+                    let before = (c.pod_uid.clone(), c.runtime);
+                    name_and_allocate(c, metadata, &sample.devices, names);
+                    self.entries
+                        .insert(owner.clone(), Named::of(c, before, now));
+                }
+            }
+        }
+        // Owners gone since: their entries go (a scan only when some are gone).
+        if self.entries.len() > containers.len() {
+            self.entries.retain(|_, n| n.seen_ms == now);
+        }
+    }
+}
+
+/// What naming reads of the sample's devices: each one's index, minor number and uuid,
+/// and its MIG devices' uuids (allocations name devices by any of these).
+fn devices_signature(devices: &[DeviceSample]) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    for d in devices {
+        (d.index, d.sharing.minor_number, &d.uuid).hash(&mut h);
+        for m in &d.mig_devices {
+            m.uuid.hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// The names the runtime gave the entry's container, where the entry has none of its own
+/// (the cgroup's pod uid comes first).
+pub(super) fn name(c: &mut ContainerUsage, metadata: &Metadata) {
+    if let Some(n) = c
+        .container_id
+        .as_deref()
+        .and_then(|id| metadata.names_of(id))
+    {
+        c.pod_name = c.pod_name.take().or_else(|| n.pod_name.clone());
+        c.namespace = c.namespace.take().or_else(|| n.namespace.clone());
+        c.container_name = c.container_name.take().or_else(|| n.container_name.clone());
+        c.pod_uid = c.pod_uid.take().or_else(|| n.pod_uid.clone());
+        // The cgroupfs driver's paths do not name the runtime: the one that named it does.
+        c.runtime = c.runtime.or(n.runtime);
+    }
+}
+
+/// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
+pub(super) fn name_and_allocate(
+    c: &mut ContainerUsage,
+    metadata: &Metadata,
+    devices: &[DeviceSample],
+    names: &DeviceNames,
+) {
+    name(c, metadata);
+    let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
+        return;
+    };
+    let mut uuids = vec![];
+    for (a, refs) in metadata.allocations_of(ns, pod, name) {
+        c.allocated_device_ids.extend(a.device_ids.iter().cloned());
+        for r in refs {
+            // The sample's own name where the device is one of its: later comparisons
+            // are a pointer's.
+            let uuid = match *r {
+                DeviceRef::Uuid(ref u) => Some(
+                    names
+                        .lookup(u)
+                        .map_or_else(|| u.clone(), |(_, n)| n.clone()),
+                ),
+                DeviceRef::Index(i) => devices
+                    .iter()
+                    .position(|d| d.index == i)
+                    .map(|j| names.gpu(j).clone()),
+                DeviceRef::Minor(m) => devices
+                    .iter()
+                    .position(|d| d.sharing.minor_number == Some(m))
+                    .map(|j| names.gpu(j).clone()),
+            };
+            if let Some(u) = uuid.filter(|u| !uuids.contains(u)) {
+                uuids.push(u);
+            }
+        }
+    }
+    uuids.sort();
+    c.allocated_gpus = uuids;
+}
