@@ -202,11 +202,12 @@ pub struct ContainerUsage {
     pub gpus: Vec<ContainerGpu>,
     /// Devices the kubelet allocated to this container (GPU or MIG UUIDs), whether it uses
     /// them or not; empty when unknown or none. Shared names (the sample's own for its
-    /// devices, the metadata's otherwise): a clone per container per cycle is a count.
-    pub allocated_gpus: Vec<Name>,
+    /// devices, the metadata's otherwise), in one shared list that the join keeps from one
+    /// cycle to the next: a clone per container per cycle is one reference count.
+    pub allocated_gpus: Arc<[Name]>,
     /// The same allocation as the device plugin named it (`GPU-<uuid>::3` for a
     /// time-slicing replica): dcgm-exporter's `vgpu` label.
-    pub allocated_device_ids: Vec<Name>,
+    pub allocated_device_ids: Arc<[Name]>,
     /// Energy, peak memory, limits and accounting per device it used or was allocated.
     pub accounts: Vec<GpuAccount>,
 }

@@ -670,7 +670,7 @@ fn xid_metrics(m: &mut Metrics, xids: &[&ContainerXid]) {
 
 fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage) {
     let idle = c.idle_allocations();
-    for u in &c.allocated_gpus {
+    for u in c.allocated_gpus.iter() {
         let a = m.attrs([s(Attr::HwId, u)]);
         m.point(M::ContainerGpuAllocated, 1.0, a);
         let is_idle = idle.contains(&&**u);
@@ -1088,7 +1088,7 @@ mod tests {
             memory_used_bytes: Some(0),
             ..Default::default()
         }];
-        sn.containers[0].allocated_gpus = vec!["GPU-a".into()];
+        sn.containers[0].allocated_gpus = vec!["GPU-a".into()].into();
         sn.containers[0].accounts = vec![gpu_model::GpuAccount {
             uuid: "GPU-a".into(),
             gpu_uuid: "GPU-a".into(),

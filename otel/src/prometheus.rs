@@ -977,7 +977,7 @@ mod tests {
                     pod_name: Some("trainer".into()),
                     namespace: Some("ml".into()),
                     container_name: Some("main".into()),
-                    allocated_gpus: vec!["GPU-a".into(), "GPU-d".into()],
+                    allocated_gpus: vec!["GPU-a".into(), "GPU-d".into()].into(),
                     gpus: vec![
                         cgpu("GPU-a", "GPU-a", 3 * GIB / 2, Some(50), &[10, 11]),
                         cgpu("MIG-c", "GPU-b", 5 * GIB, None, &[12]),
@@ -1423,7 +1423,7 @@ mod allocation_tests {
                 pod_name: Some("p".into()),
                 namespace: Some("ns".into()),
                 container_name: Some("c".into()),
-                allocated_gpus: vec!["GPU-z".into()],
+                allocated_gpus: vec!["GPU-z".into()].into(),
                 ..Default::default()
             }],
             ..Default::default()

@@ -320,7 +320,7 @@ impl<'a> DeviceUsers<'a> {
                 }
             }
             // `allocated_gpus` holds each uuid once.
-            for u in &c.allocated_gpus {
+            for u in c.allocated_gpus.iter() {
                 if let Some((j, name)) = names.lookup(u) {
                     holders[j].push((i, name));
                 }

@@ -1092,7 +1092,7 @@ mod tests {
         assert_eq!(c.pod_name.as_deref(), Some("trainer-0"));
         assert_eq!(c.namespace.as_deref(), Some("ml"));
         assert_eq!(
-            c.allocated_gpus,
+            c.allocated_gpus.to_vec(),
             vec!["GPU-1".into(), "GPU-2".into()] as Vec<Name>
         );
         // Uses GPU-1, holds GPU-2 without using it.
@@ -1158,7 +1158,7 @@ mod tests {
             let c = find(&snap, Some(A));
             (
                 c.pod_name.as_deref().map(String::from),
-                c.allocated_gpus.clone(),
+                c.allocated_gpus.to_vec(),
             )
         };
         let gpu = |u: &str| vec![Name::from(u)];
@@ -1577,7 +1577,7 @@ mod sharing_tests {
         let mut s = sample(1000, 0, vec![p(100, 1, Some(1))]);
         s.devices[0].sharing.minor_number = Some(7);
         let (snap, _, _) = run(&md, &[s], &Inputs::default());
-        assert_eq!(snap.containers[0].allocated_gpus, ["GPU-1".into()]);
+        assert_eq!(snap.containers[0].allocated_gpus.to_vec(), ["GPU-1".into()]);
     }
 
     #[test]

@@ -36,8 +36,8 @@ struct Named {
     container_name: Option<Name>,
     pod_uid: Option<Name>,
     runtime: Option<&'static str>,
-    allocated_gpus: Vec<Name>,
-    allocated_device_ids: Vec<Name>,
+    allocated_gpus: std::sync::Arc<[Name]>,
+    allocated_device_ids: std::sync::Arc<[Name]>,
     seen_ms: u64,
 }
 
@@ -167,8 +167,9 @@ pub(super) fn name_and_allocate(
         return;
     };
     let mut uuids = vec![];
+    let mut ids = vec![];
     for (a, refs) in metadata.allocations_of(ns, pod, name) {
-        c.allocated_device_ids.extend(a.device_ids.iter().cloned());
+        ids.extend(a.device_ids.iter().cloned());
         for r in refs {
             // The sample's own name where the device is one of its: later comparisons
             // are a pointer's.
@@ -193,5 +194,6 @@ pub(super) fn name_and_allocate(
         }
     }
     uuids.sort();
-    c.allocated_gpus = uuids;
+    c.allocated_gpus = uuids.into();
+    c.allocated_device_ids = ids.into();
 }

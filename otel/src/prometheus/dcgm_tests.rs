@@ -174,15 +174,15 @@ fn default_mode_puts_the_allocated_pod_on_every_series_of_its_device() {
 fn a_shared_device_names_one_pod_and_sums_count_it_once() {
     let mut snap = full_snapshot();
     // A second pod holds a time-slicing replica of GPU-a and runs nothing.
-    snap.containers[0].allocated_device_ids = vec!["GPU-a::1".into(), "GPU-d".into()];
+    snap.containers[0].allocated_device_ids = vec!["GPU-a::1".into(), "GPU-d".into()].into();
     snap.containers.push(ContainerUsage {
         container_id: Some("c".repeat(64).into()),
         pod_uid: Some("uid-3".into()),
         pod_name: Some("idle".into()),
         namespace: Some("analytics".into()),
         container_name: Some("notebook".into()),
-        allocated_gpus: vec!["GPU-a".into()],
-        allocated_device_ids: vec!["GPU-a::2".into()],
+        allocated_gpus: vec!["GPU-a".into()].into(),
+        allocated_device_ids: vec!["GPU-a::2".into()].into(),
         ..Default::default()
     });
     let t = render(&snap, &stats(), &with_dcgm(Mode::Default));
@@ -204,15 +204,15 @@ fn a_shared_device_names_one_pod_and_sums_count_it_once() {
 #[test]
 fn virtual_gpus_copy_the_device_series_per_pod_and_give_pods_their_own_use() {
     let mut snap = full_snapshot();
-    snap.containers[0].allocated_device_ids = vec!["GPU-a::1".into(), "GPU-d::1".into()];
+    snap.containers[0].allocated_device_ids = vec!["GPU-a::1".into(), "GPU-d::1".into()].into();
     snap.containers.push(ContainerUsage {
         container_id: Some("c".repeat(64).into()),
         pod_uid: Some("uid-3".into()),
         pod_name: Some("idle".into()),
         namespace: Some("analytics".into()),
         container_name: Some("notebook".into()),
-        allocated_gpus: vec!["GPU-a".into()],
-        allocated_device_ids: vec!["GPU-a::2".into()],
+        allocated_gpus: vec!["GPU-a".into()].into(),
+        allocated_device_ids: vec!["GPU-a::2".into()].into(),
         ..Default::default()
     });
     let t = render(&snap, &stats(), &with_dcgm(Mode::VirtualGpus));

@@ -714,9 +714,9 @@ pub(crate) mod tests {
             uuid: "GPU-1".into(),
             ..Default::default()
         });
-        s.containers[0].allocated_gpus = vec!["GPU-0".into(), "GPU-1".into()];
+        s.containers[0].allocated_gpus = vec!["GPU-0".into(), "GPU-1".into()].into();
         let mut notebook = owner(Some(ID_B), None, vec![]);
-        notebook.allocated_gpus = vec!["GPU-1".into()];
+        notebook.allocated_gpus = vec!["GPU-1".into()].into();
         s.containers[1] = notebook;
         let rows = container_rows(&s);
         let idle: Vec<(&str, &str, bool)> = rows
