@@ -228,6 +228,24 @@ impl Metadata {
     }
 }
 
+/// The names of `n` that `seen` holds already take its copy; the others go into it.
+fn share_names(n: &mut ContainerNames, seen: &mut rustc_hash::FxHashSet<Name>) {
+    let names = [
+        &mut n.namespace,
+        &mut n.pod_name,
+        &mut n.pod_uid,
+        &mut n.container_name,
+    ];
+    for name in names.into_iter().flatten() {
+        match seen.get(&**name) {
+            Some(same) => *name = same.clone(),
+            None => {
+                seen.insert(name.clone());
+            }
+        }
+    }
+}
+
 /// A container's key among the allocations (`container_key`), where all its names are known.
 fn names_key(n: &ContainerNames) -> Option<u64> {
     Some(container_key(
@@ -478,22 +496,7 @@ impl MetadataSource {
                     .get_key_value(id.as_str())
                     .map_or_else(|| Name::from(id), |(k, _)| k.clone());
                 names.runtime = self.cri_runtime;
-                for n in [
-                    &mut names.namespace,
-                    &mut names.pod_name,
-                    &mut names.pod_uid,
-                    &mut names.container_name,
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    match interned.get(&**n) {
-                        Some(same) => *n = same.clone(),
-                        None => {
-                            interned.insert(n.clone());
-                        }
-                    }
-                }
+                share_names(&mut names, &mut interned);
                 md.learn(id.clone(), names);
                 id
             })
@@ -739,6 +742,29 @@ mod tests {
         assert_eq!(id(&md, "p2").as_deref(), Some("c"));
         md.forget("unknown");
         assert_eq!(md.names.len(), 2);
+    }
+
+    #[test]
+    fn a_listings_repeated_names_are_one_copy() {
+        let names = |c: &str| ContainerNames {
+            namespace: Some("ml".into()),
+            pod_name: Some("p".into()),
+            pod_uid: Some("u".into()),
+            container_name: Some(c.into()),
+            runtime: None,
+        };
+        let mut seen = Default::default();
+        let (mut a, mut b) = (names("main"), names("side"));
+        share_names(&mut a, &mut seen);
+        share_names(&mut b, &mut seen);
+        let same = |x: &Option<Name>, y: &Option<Name>| {
+            Arc::ptr_eq(x.as_ref().unwrap(), y.as_ref().unwrap())
+        };
+        assert!(same(&a.namespace, &b.namespace));
+        assert!(same(&a.pod_name, &b.pod_name));
+        assert!(same(&a.pod_uid, &b.pod_uid));
+        assert!(!same(&a.container_name, &b.container_name));
+        assert_eq!((a, b), (names("main"), names("side")), "the same names");
     }
 
     #[test]
