@@ -62,6 +62,11 @@ impl World {
         *self.containers.lock().unwrap() = cs;
     }
 
+    /// The containers as set last.
+    pub fn containers(&self) -> Vec<FakeContainer> {
+        self.containers.lock().unwrap().clone()
+    }
+
     pub fn set_claims(&self, cs: Vec<FakeClaim>) {
         *self.claims.lock().unwrap() = cs;
     }

@@ -158,6 +158,14 @@ fn names_allocations_and_allocated_but_idle_containers() {
     let st = agent.stats();
     assert_eq!(st["metadata"]["cri"], "ok", "{st}");
     assert_eq!(st["metadata"]["pod_resources"], "ok", "{st}");
+    // The kubelet allocates the busy container another GPU: the join, which keeps each
+    // container's allocation from one cycle to the next, follows the new listing.
+    let mut next = world.containers();
+    next[0].gpus = vec![G1.into()];
+    world.set(next);
+    wait(&agent, "the new allocation", |s| {
+        container(s, &id).is_some_and(|c| c["allocated_gpus"] == json!([G1]))
+    });
 }
 
 #[test]

@@ -600,7 +600,13 @@ impl MetadataSource {
                     tracing::debug!("{what}: {e}");
                     HashMap::new()
                 });
-                let mut md = (**self.published.read().unwrap()).clone();
+                let published = self.published.read().unwrap().clone();
+                // Unchanged (most refreshes): no copy, and the join keeps what it found.
+                if published.allocations == allocs && published.replicas == replicas {
+                    self.report_health();
+                    return;
+                }
+                let mut md = (*published).clone();
                 md.set_allocations(allocs);
                 md.set_replicas(replicas);
                 self.publish(md);
