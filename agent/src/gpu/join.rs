@@ -641,10 +641,13 @@ pub fn join_with(
     counters
         .naming
         .name_all(&mut containers, &owners, metadata, sample, &names);
-    let mut idle = allocated_but_idle(metadata, &containers);
-    for c in &mut idle {
-        naming::name_and_allocate(c, metadata, &sample.devices, &names);
-    }
+    let idle = counters.naming.idle(|| {
+        let mut idle = allocated_but_idle(metadata, &containers);
+        for c in &mut idle {
+            naming::name_and_allocate(c, metadata, &sample.devices, &names);
+        }
+        idle
+    });
     owners.extend(idle.iter().map(account::owner_key));
     containers.extend(idle);
     let pass = account::Pass {
@@ -1159,36 +1162,67 @@ mod tests {
             (
                 c.pod_name.as_deref().map(String::from),
                 c.allocated_gpus.to_vec(),
+                !c.gpus.is_empty(),
             )
         };
         let gpu = |u: &str| vec![Name::from(u)];
         assert_eq!(
             run(&md, &at(1000, "GPU-2")),
-            (Some("p".into()), gpu("GPU-2"))
+            (Some("p".into()), gpu("GPU-2"), true)
         );
         assert_eq!(
             run(&md, &at(2000, "GPU-2")),
-            (Some("p".into()), gpu("GPU-2")),
+            (Some("p".into()), gpu("GPU-2"), true),
             "kept"
         );
         // Index 1 is another GPU now (a GPU replaced): the allocation follows it.
         assert_eq!(
             run(&md, &at(3000, "GPU-3")),
-            (Some("p".into()), gpu("GPU-3"))
+            (Some("p".into()), gpu("GPU-3"), true)
         );
         // A new listing of allocations, then new names.
         md.set_allocations(vec![alloc("p", "GPU-1")]);
         assert_eq!(
             run(&md, &at(4000, "GPU-3")),
-            (Some("p".into()), gpu("GPU-1"))
+            (Some("p".into()), gpu("GPU-1"), true)
         );
         md.learn(A.into(), names("q"));
-        assert_eq!(run(&md, &at(5000, "GPU-3")), (Some("q".into()), vec![]));
+        assert_eq!(
+            run(&md, &at(5000, "GPU-3")),
+            (Some("q".into()), vec![], true)
+        );
         md.set_allocations(vec![alloc("q", "1")]);
         assert_eq!(
             run(&md, &at(6000, "GPU-3")),
-            (Some("q".into()), gpu("GPU-3"))
+            (Some("q".into()), gpu("GPU-3"), true)
         );
+        // A's process ends: still allocated, A is an idle entry (found anew, as an owner
+        // went), kept while nothing changes, then busy again.
+        let idle = |t| {
+            let mut s = at(t, "GPU-3");
+            s.devices[0].processes.clear();
+            s
+        };
+        let q3 = |busy| (Some("q".into()), gpu("GPU-3"), busy);
+        assert_eq!(run(&md, &idle(7000)), q3(false));
+        assert_eq!(run(&md, &idle(8000)), q3(false));
+        assert_eq!(run(&md, &at(9000, "GPU-3")), q3(true));
+        // Idle again, then its allocation gone: no entry.
+        assert_eq!(run(&md, &idle(10000)), q3(false));
+        md.set_allocations(vec![]);
+        let (snap, _) = join(
+            &st,
+            &md,
+            &idle(11000),
+            &SourceStatus::Ok,
+            &counters,
+            Duration::from_secs(3),
+            false,
+        );
+        assert!(snap
+            .containers
+            .iter()
+            .all(|c| c.container_id.as_deref() != Some(A)));
     }
 
     #[test]
