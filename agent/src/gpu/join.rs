@@ -474,7 +474,7 @@ fn group_processes(
             groups[g].add(uuid, names.gpu(i), p);
         }
     }
-    groups.sort_unstable_by(|a, b| (a.order.cmp(&b.order)).then_with(|| a.owner.cmp(&b.owner)));
+    groups.sort_unstable_by(|a, b| a.order.cmp(&b.order).then_with(|| a.owner.cmp(&b.owner)));
     (groups, processes, mps_servers)
 }
 
