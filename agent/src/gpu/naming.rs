@@ -1,7 +1,10 @@
 //! Names and allocated devices of the join's entries, from the metadata, and kept per
 //! owner from one cycle to the next while neither the metadata nor the sample's devices
 //! change (`Naming`).
-use std::hash::{Hash, Hasher};
+use std::{
+    hash::{Hash, Hasher},
+    sync::Arc,
+};
 
 use rustc_hash::FxHashMap;
 
@@ -41,8 +44,8 @@ struct Named {
     container_name: Option<Name>,
     pod_uid: Option<Name>,
     runtime: Option<&'static str>,
-    allocated_gpus: std::sync::Arc<[Name]>,
-    allocated_device_ids: std::sync::Arc<[Name]>,
+    allocated_gpus: Arc<[Name]>,
+    allocated_device_ids: Arc<[Name]>,
     seen_ms: u64,
 }
 

@@ -123,16 +123,13 @@ impl Metadata {
     /// scan of every id per forgotten one: a listing that finds hundreds gone on a node of
     /// thousands was quadratic.
     fn forget(&mut self, id: &str) {
-        if !self.names.contains_key(id) {
-            return;
-        }
-        self.changed();
-        let Some(n) = Arc::make_mut(&mut self.names).remove(id) else {
+        // Looked up first: an unknown id must not copy the map shared with the published one.
+        let Some(key) = self.names.get(id).map(names_key) else {
             return;
         };
-        if let Some(key) =
-            names_key(&n).filter(|k| self.allocated_ids.get(k).is_some_and(|v| &**v == id))
-        {
+        self.changed();
+        Arc::make_mut(&mut self.names).remove(id);
+        if let Some(key) = key.filter(|k| self.allocated_ids.get(k).is_some_and(|v| &**v == id)) {
             self.allocated_ids.remove(&key);
         }
     }
