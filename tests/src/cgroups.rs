@@ -129,9 +129,14 @@ fn mkdirs(mount: &Path, path: &str) -> Vec<PathBuf> {
     let mut cur = mount.to_path_buf();
     for part in Path::new(path.trim_start_matches('/')).components() {
         cur.push(part);
+        // Tests run in parallel: another may make a shared parent (kubepods.slice) between
+        // the check and the mkdir. Then it is that test's to remove.
         if !cur.exists() {
-            std::fs::create_dir(&cur).unwrap_or_else(|e| panic!("mkdir {}: {e}", cur.display()));
-            created.push(cur.clone());
+            match std::fs::create_dir(&cur) {
+                Ok(()) => created.push(cur.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => panic!("mkdir {}: {e}", cur.display()),
+            }
         }
     }
     created
