@@ -288,10 +288,14 @@ impl Receiver {
                                 },
                             ),
                         );
-                        let app = app.route(
-                            "/v1/logs",
-                            axum::routing::post(move |h, b| http_logs(l.clone(), h, b)),
-                        );
+                        let app = app
+                            .route(
+                                "/v1/logs",
+                                axum::routing::post(move |h, b| http_logs(l.clone(), h, b)),
+                            )
+                            // An OpenTelemetry Collector's HTTP receiver takes 20 MiB by
+                            // default (`max_request_body_size`); axum's own default is 2 MB.
+                            .layer(axum::extract::DefaultBodyLimit::max(20 << 20));
                         axum::serve(listener, app)
                             .with_graceful_shutdown(async {
                                 let _ = stop_rx.await;
