@@ -31,6 +31,9 @@ pub enum SendError {
     Retryable(String, Option<Duration>),
     /// The collector refused this batch: retrying would not help.
     Permanent(String),
+    /// The collector refused this batch as too large (HTTP 413, gRPC's message limit):
+    /// smaller requests would go through.
+    TooLarge(String),
 }
 
 enum Transport {
@@ -47,6 +50,9 @@ pub struct OtlpExporter {
     backoff: Duration,
     next_attempt: Instant,
     counters: Arc<ExportCounters>,
+    /// The settings' `max_request_bytes`, lowered while the collector refuses requests of
+    /// that size.
+    max_request_bytes: usize,
 }
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -118,6 +124,7 @@ impl OtlpExporter {
             Protocol::HttpProtobuf => Transport::Http(http_client(&settings, ca.as_deref())?),
         };
         Ok(OtlpExporter {
+            max_request_bytes: settings.max_request_bytes,
             settings,
             transport,
             queue: VecDeque::new(),
@@ -130,6 +137,11 @@ impl OtlpExporter {
 
     pub fn settings(&self) -> &OtlpSettings {
         &self.settings
+    }
+
+    /// How big the requests of the next export grow (`otlp::requests`).
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_request_bytes
     }
 
     /// Queues an encoded batch, dropping the oldest ones beyond the byte budget.
@@ -165,7 +177,7 @@ impl OtlpExporter {
                 self.backoff = BACKOFF_MIN;
                 true
             }
-            Err(SendError::Permanent(e)) => {
+            Err(SendError::Permanent(e) | SendError::TooLarge(e)) => {
                 tracing::warn!(url = %self.settings.redacted_url(), "OTLP export rejected, batch dropped: {e}");
                 self.counters.failures.fetch_add(1, Relaxed);
                 self.counters.dropped_batches.fetch_add(1, Relaxed);
@@ -201,6 +213,11 @@ impl OtlpExporter {
         while let Some(body) = self.queue.pop_front() {
             let len = body.len();
             let result = self.send(body.clone()).await;
+            if let Err(SendError::TooLarge(e)) = &result {
+                if self.split_refused(&body, e) {
+                    continue;
+                }
+            }
             if !self.settle(result) {
                 self.queue.push_front(body);
                 return false;
@@ -209,6 +226,30 @@ impl OtlpExporter {
             self.counters
                 .queued_bytes
                 .store(self.queued_bytes as u64, Relaxed);
+        }
+        true
+    }
+
+    /// A request the collector refused as too large goes back to the head of the queue as
+    /// pieces of at most half its size (whole resources, no copy), and the next exports'
+    /// requests are made no bigger: a proxy in front of the collector may take less than
+    /// the collector does (nginx takes 1 MiB by default). False when it holds one resource
+    /// only: then it is dropped as any refused batch.
+    fn split_refused(&mut self, body: &Bytes, e: &str) -> bool {
+        let max = (body.len() / 2).max(crate::settings::MIN_BYTES);
+        let pieces = match split_request(body, max) {
+            Some(p) if p.len() > 1 => p,
+            _ => return false,
+        };
+        self.counters.failures.fetch_add(1, Relaxed);
+        if max < self.max_request_bytes {
+            self.max_request_bytes = max;
+            tracing::warn!(url = %self.settings.redacted_url(), bytes = body.len(),
+                "OTLP request refused as too large ({e}); sent again in {} pieces, and \
+                 requests are now at most {max} bytes (otlp.max_request_bytes)", pieces.len());
+        }
+        for p in pieces.into_iter().rev() {
+            self.queue.push_front(p);
         }
         true
     }
@@ -247,11 +288,16 @@ pub(crate) fn grpc_request<T>(msg: T, settings: &OtlpSettings) -> tonic::Request
     r
 }
 
-/// A failed gRPC export: retried where OTLP says the status is transient.
+/// A failed gRPC export: retried where OTLP says the status is transient; a message over
+/// the server's limit (grpc-go: RESOURCE_EXHAUSTED "received message larger than max";
+/// tonic: OUT_OF_RANGE "message length too large") is too large, not transient.
 pub(crate) fn grpc_error(s: tonic::Status) -> SendError {
     use tonic::Code::*;
     let msg = format!("{}: {}", s.code(), s.message());
+    let m = s.message();
+    let too_large = m.contains("larger than max") || m.contains("too large");
     match s.code() {
+        ResourceExhausted | OutOfRange if too_large => SendError::TooLarge(msg),
         Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled | Unknown
         | Internal | OutOfRange | DataLoss => SendError::Retryable(msg, None),
         _ => SendError::Permanent(msg),
@@ -284,7 +330,9 @@ pub(crate) async fn post_http(
         Ok(r) => {
             let st = r.status();
             let msg = format!("HTTP {st}");
-            if matches!(st.as_u16(), 408 | 429) || st.is_server_error() {
+            if st == reqwest::StatusCode::PAYLOAD_TOO_LARGE {
+                Err(SendError::TooLarge(msg))
+            } else if matches!(st.as_u16(), 408 | 429) || st.is_server_error() {
                 Err(SendError::Retryable(msg, retry_after(&r)))
             } else {
                 Err(SendError::Permanent(msg))
@@ -293,6 +341,39 @@ pub(crate) async fn post_http(
         // Without the URL: it may carry credentials.
         Err(e) => Err(SendError::Retryable(e.without_url().to_string(), None)),
     }
+}
+
+/// An encoded request cut at its resources (each a length-delimited field 1 at the top
+/// level) into pieces of at most `max` bytes, a resource bigger than that a piece of its
+/// own. None when `body` is not such a sequence.
+fn split_request(body: &Bytes, max: usize) -> Option<Vec<Bytes>> {
+    let varint = |at: &mut usize| -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *body.get(*at)?;
+            *at += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    };
+    let (mut pieces, mut start, mut at) = (vec![], 0, 0);
+    while at < body.len() {
+        let field = at;
+        if varint(&mut at)? != u64::from(crate::pb::key(1, crate::pb::LEN)) {
+            return None;
+        }
+        let len = usize::try_from(varint(&mut at)?).ok()?;
+        at = at.checked_add(len).filter(|&end| end <= body.len())?;
+        if at - start > max && field > start {
+            pieces.push(body.slice(start..field));
+            start = field;
+        }
+    }
+    pieces.push(body.slice(start..));
+    Some(pieces)
 }
 
 /// Retry-After on a 429 or 503: seconds, or an HTTP date.
@@ -367,6 +448,142 @@ mod tests {
             // Backing off: a flush that respects the backoff does not even try.
             assert!(!ex.flush(false).await);
             assert_eq!(counters.failures.load(Relaxed), 1);
+        });
+    }
+
+    /// A request of one resource per size, each resource's bytes its index.
+    fn request_of(sizes: &[usize]) -> Vec<u8> {
+        let mut out = vec![];
+        for (i, &n) in sizes.iter().enumerate() {
+            crate::pb::bytes(&mut out, 1, &vec![i as u8; n]);
+        }
+        out
+    }
+
+    #[test]
+    fn a_grpc_message_over_the_servers_limit_is_too_large_not_transient() {
+        let kind = |s: tonic::Status| match grpc_error(s) {
+            SendError::TooLarge(_) => "too large",
+            SendError::Retryable(..) => "retryable",
+            SendError::Permanent(_) => "permanent",
+        };
+        // grpc-go's server (the OpenTelemetry Collector) and tonic's.
+        let go = "grpc: received message larger than max (5242880 vs. 4194304)";
+        assert_eq!(kind(tonic::Status::resource_exhausted(go)), "too large");
+        let tonic = "Error, decoded message length too large: found 5242880 bytes, the limit is: 4194304 bytes";
+        assert_eq!(kind(tonic::Status::out_of_range(tonic)), "too large");
+        // A collector out of memory or quota is transient.
+        let busy = "data refused due to high memory usage";
+        assert_eq!(kind(tonic::Status::resource_exhausted(busy)), "retryable");
+        assert_eq!(kind(tonic::Status::invalid_argument("bad")), "permanent");
+    }
+
+    #[test]
+    fn a_request_splits_at_its_resources() {
+        let body = Bytes::from(request_of(&[100, 200, 50, 300, 10]));
+        let pieces = split_request(&body, 320).unwrap();
+        let lens: Vec<usize> = pieces.iter().map(Bytes::len).collect();
+        // With their headers: 102 + 203 fit in 320, 52 more would not; 52 + 303 would not
+        // either; 303 + 12 fit.
+        assert_eq!(lens, [305, 52, 315]);
+        assert_eq!(pieces.concat(), body);
+        // A resource over the size is a piece of its own; one piece when all fit.
+        let lens: Vec<usize> = split_request(&body, 10)
+            .unwrap()
+            .iter()
+            .map(Bytes::len)
+            .collect();
+        assert_eq!(lens, [102, 203, 52, 303, 12]);
+        assert_eq!(split_request(&body, 1 << 20).unwrap(), std::slice::from_ref(&body));
+        // Not a request's framing: no guess.
+        assert_eq!(split_request(&Bytes::from_static(b"\x12\x01a"), 10), None);
+        assert_eq!(split_request(&Bytes::from_static(b"\x0a\x05ab"), 10), None);
+    }
+
+    /// An HTTP/1.1 collector that refuses bodies over `limit` bytes with 413 and takes the
+    /// others; the bodies it took, in order.
+    async fn limited_collector(limit: usize) -> (String, Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let taken = Arc::new(std::sync::Mutex::new(vec![]));
+        let t = taken.clone();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = listener.accept().await {
+                let t = t.clone();
+                tokio::spawn(async move {
+                    let mut c = BufReader::new(c);
+                    loop {
+                        let mut len = None;
+                        loop {
+                            let mut line = String::new();
+                            if c.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let line = line.trim_end().to_ascii_lowercase();
+                            if line.is_empty() {
+                                break;
+                            }
+                            if let Some(n) = line.strip_prefix("content-length: ") {
+                                len = Some(n.parse::<usize>().unwrap());
+                            }
+                        }
+                        let mut body = vec![0; len.expect("a length")];
+                        c.read_exact(&mut body).await.unwrap();
+                        let status = if body.len() > limit {
+                            "413 Payload Too Large"
+                        } else {
+                            t.lock().unwrap().push(body);
+                            "200 OK"
+                        };
+                        let reply = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
+                        c.get_mut().write_all(reply.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        (url, taken)
+    }
+
+    #[test]
+    fn a_request_refused_as_too_large_goes_again_in_pieces_and_later_ones_are_smaller() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // A proxy that takes 250 KB in front of the collector.
+            let (url, taken) = limited_collector(250_000).await;
+            let settings = OtlpConfig {
+                endpoint: Some(url),
+                ..Default::default()
+            }
+            .resolve(env(&[]))
+            .unwrap()
+            .unwrap();
+            let counters = Arc::new(ExportCounters::default());
+            let mut ex = OtlpExporter::new(settings, counters.clone()).unwrap();
+            assert_eq!(ex.max_request_bytes(), 8 << 20);
+            let sizes = [100_000; 7];
+            let body = request_of(&sizes);
+            ex.export(body.clone()).await;
+            // 700 KB refused; its pieces of 3, 3 and 1 resources (at most 350 KB): the two of
+            // 300 KB refused, the last taken; their pieces of one resource each taken.
+            let taken = taken.lock().unwrap().clone();
+            assert_eq!(taken.concat(), body, "every resource once, in order");
+            assert!(taken.iter().all(|b| b.len() <= 250_000));
+            assert_eq!(ex.queued(), 0);
+            assert_eq!(counters.queued_bytes.load(Relaxed), 0);
+            assert_eq!(counters.dropped_batches.load(Relaxed), 0);
+            assert_eq!(counters.failures.load(Relaxed), 3);
+            // The next exports' requests fit: half the smallest refused (300,012 bytes).
+            assert_eq!(ex.max_request_bytes(), 150_006);
+            // One resource over the limit cannot be cut: dropped, and the queue goes on.
+            ex.enqueue(request_of(&[300_000]));
+            ex.export(request_of(&[1000])).await;
+            assert_eq!(counters.dropped_batches.load(Relaxed), 1);
+            assert_eq!(ex.queued(), 0);
+            assert_eq!(ex.queued_bytes, 0);
         });
     }
 

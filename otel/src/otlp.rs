@@ -836,14 +836,9 @@ fn xids_of_gone_containers(
     }
 }
 
-/// The size of the previous whole request: the next one's buffer is made that big at once.
+/// The size of the previous whole export: a request's buffer is made that big at once, or
+/// as big as a request may grow when that is less.
 static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
-
-/// How big a request of an export grows before the next one starts: well under the 4 MiB
-/// that the OpenTelemetry Collector's gRPC receiver takes by default (a node of 2,000
-/// containers makes 4 MB a second), and the agent holds one of them at a time, not the
-/// whole export.
-pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 /// Encodes the request for one export, all of it in one (`requests` splits it). `now_ms`
 /// stamps it when the snapshot has no time yet.
@@ -861,7 +856,8 @@ pub fn encode_request(
 
 /// The requests of one export, in order: the node's resource first, then one resource per
 /// container, a request closed once it holds `max_bytes` (whole resources, so the last one
-/// in it may go past). Together they are exactly `encode_request`'s bytes: a request is
+/// in it may go past; the settings' `max_request_bytes`: the agent holds one request at a
+/// time, not the whole export). Together they are exactly `encode_request`'s bytes: a request is
 /// its resources' fields one after the other. An export with nothing to say is one empty
 /// request.
 pub fn requests<'a>(
@@ -908,19 +904,24 @@ pub fn requests<'a>(
         attrs: vec![],
         next: 0,
         out,
+        sent_bytes: 0,
         max_bytes,
         state: Batching::Filling,
     }
 }
 
-/// A request's buffer. Split requests all get the same size, so that malloc hands back the
-/// space the last one freed (a size above the last freed one is mapped afresh, its pages
-/// faulted in: 1.5 ms a cycle on the large node).
+/// A request's buffer. The requests of one export, and of one export after another, get the
+/// same size (that of the last export, or the most a request may hold), so that malloc
+/// hands back the space the last one freed (a size above the last freed one is mapped
+/// afresh, its pages faulted in: 1.5 ms a cycle on the large node).
 fn buffer(max_bytes: usize) -> Vec<u8> {
-    match max_bytes {
-        usize::MAX => Vec::with_capacity(LAST_LEN.load(Relaxed) + 4096),
-        max => Vec::with_capacity(max + (64 << 10)),
-    }
+    // Room for the resource that takes a request past its size.
+    let over = if max_bytes == usize::MAX {
+        4096
+    } else {
+        64 << 10
+    };
+    Vec::with_capacity(LAST_LEN.load(Relaxed).min(max_bytes) + over)
 }
 
 fn is_host(c: &ContainerUsage) -> bool {
@@ -939,6 +940,8 @@ pub struct Requests<'a> {
     next: usize,
     /// The request being filled.
     out: Vec<u8>,
+    /// The bytes of the requests handed out.
+    sent_bytes: usize,
     max_bytes: usize,
     state: Batching,
 }
@@ -978,6 +981,7 @@ impl Iterator for Requests<'_> {
             write_resource(&mut self.out, &self.attrs, &mut self.m);
             if self.out.len() >= self.max_bytes {
                 self.state = Batching::Sent;
+                self.sent_bytes += self.out.len();
                 return Some(std::mem::replace(&mut self.out, buffer(self.max_bytes)));
             }
         }
@@ -987,11 +991,9 @@ impl Iterator for Requests<'_> {
         }
         let first = self.state == Batching::Filling;
         self.state = Batching::Done;
+        LAST_LEN.store(self.sent_bytes + self.out.len(), Relaxed);
         if self.out.is_empty() && !first {
             return None;
-        }
-        if first {
-            LAST_LEN.store(self.out.len(), Relaxed);
         }
         Some(std::mem::take(&mut self.out))
     }

@@ -30,6 +30,11 @@ pub struct OtlpConfig {
     pub compression: Option<String>,
     /// Bytes of unsent batches kept while the collector is unreachable. Default 8 MiB.
     pub max_queue_bytes: Option<usize>,
+    /// How big an OTLP request grows (whole resources) before the next one starts. Default
+    /// 8 MiB over HTTP/protobuf (an OpenTelemetry Collector takes 20 MiB), 1 MiB over gRPC
+    /// (it takes 4 MiB a message). Lowered by itself when the collector refuses a request
+    /// as too large.
+    pub max_request_bytes: Option<usize>,
 }
 
 /// Header values are secrets (API keys, tokens): never printed.
@@ -45,6 +50,7 @@ impl fmt::Debug for OtlpConfig {
             .field("certificate", &self.certificate)
             .field("compression", &self.compression)
             .field("max_queue_bytes", &self.max_queue_bytes)
+            .field("max_request_bytes", &self.max_request_bytes)
             .finish()
     }
 }
@@ -70,6 +76,7 @@ pub struct OtlpSettings {
     pub certificate: Option<PathBuf>,
     pub gzip: bool,
     pub max_queue_bytes: usize,
+    pub max_request_bytes: usize,
 }
 
 impl OtlpSettings {
@@ -92,6 +99,7 @@ impl fmt::Debug for OtlpSettings {
             .field("certificate", &self.certificate)
             .field("gzip", &self.gzip)
             .field("max_queue_bytes", &self.max_queue_bytes)
+            .field("max_request_bytes", &self.max_request_bytes)
             .finish()
     }
 }
@@ -188,6 +196,7 @@ impl OtlpConfig {
             certificate: self.certificate(env)?,
             gzip: self.gzip(env)?,
             max_queue_bytes: self.queue_bytes()?,
+            max_request_bytes: self.request_bytes(protocol)?,
         }))
     }
 
@@ -324,16 +333,39 @@ impl OtlpConfig {
     }
 
     fn queue_bytes(&self) -> Result<usize, String> {
-        const RANGE: std::ops::RangeInclusive<usize> = (64 << 10)..=(1 << 30);
-        match self.max_queue_bytes {
-            None => Ok(8 << 20),
-            Some(b) if RANGE.contains(&b) => Ok(b),
-            Some(b) => Err(format!(
-                "otlp.max_queue_bytes: {b} is outside {}..={}",
-                RANGE.start(),
-                RANGE.end()
-            )),
-        }
+        bytes(
+            "otlp.max_queue_bytes",
+            self.max_queue_bytes,
+            8 << 20,
+            1 << 30,
+        )
+    }
+
+    /// One request per export on most nodes over HTTP: each request costs the agent about
+    /// 0.15 ms of CPU besides its bytes (measured on the large node, docs/benchmarks.md).
+    fn request_bytes(&self, protocol: Protocol) -> Result<usize, String> {
+        let default = match protocol {
+            Protocol::HttpProtobuf => 8 << 20,
+            Protocol::Grpc => 1 << 20,
+        };
+        bytes(
+            "otlp.max_request_bytes",
+            self.max_request_bytes,
+            default,
+            64 << 20,
+        )
+    }
+}
+
+/// The smallest byte budget a key takes.
+pub const MIN_BYTES: usize = 64 << 10;
+
+/// A byte budget `key` gives, `default` when unset, within `MIN_BYTES..=max`.
+fn bytes(key: &str, v: Option<usize>, default: usize, max: usize) -> Result<usize, String> {
+    match v {
+        None => Ok(default),
+        Some(b) if (MIN_BYTES..=max).contains(&b) => Ok(b),
+        Some(b) => Err(format!("{key}: {b} is outside {MIN_BYTES}..={max}")),
     }
 }
 
@@ -489,6 +521,33 @@ mod tests {
         .resolve(env(&[]))
         .unwrap_err();
         assert!(e.contains("otlp.max_queue_bytes"), "{e}");
+        let e = OtlpConfig {
+            endpoint: Some("http://c:4318".into()),
+            max_request_bytes: Some(1 << 30),
+            ..Default::default()
+        }
+        .resolve(env(&[]))
+        .unwrap_err();
+        assert!(e.contains("otlp.max_request_bytes"), "{e}");
+    }
+
+    #[test]
+    fn requests_are_bigger_over_http_than_over_grpc_unless_configured() {
+        let resolve = |protocol: &str, max: Option<usize>| {
+            OtlpConfig {
+                endpoint: Some("http://c:4318".into()),
+                protocol: Some(protocol.into()),
+                max_request_bytes: max,
+                ..Default::default()
+            }
+            .resolve(env(&[]))
+            .unwrap()
+            .unwrap()
+            .max_request_bytes
+        };
+        assert_eq!(resolve("http/protobuf", None), 8 << 20);
+        assert_eq!(resolve("grpc", None), 1 << 20);
+        assert_eq!(resolve("grpc", Some(3 << 20)), 3 << 20);
     }
 
     #[test]

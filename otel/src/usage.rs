@@ -296,7 +296,7 @@ impl LogsExporter {
                     }
                     self.backoff = BACKOFF_MIN;
                 }
-                Err(SendError::Permanent(e)) => {
+                Err(SendError::Permanent(e) | SendError::TooLarge(e)) => {
                     tracing::warn!(url = %self.redacted_url(), records = n,
                         "OTLP usage records rejected and dropped: {e}");
                     self.queue.drain(..n);

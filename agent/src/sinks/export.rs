@@ -46,7 +46,8 @@ pub async fn run(
             _ = tokio::time::sleep_until(when.deadline()) => false,
             _ = stop.cancelled() => {
                 let (snap, report) = latest(&snapshot, &stats);
-                for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), MAX) {
+                let max = ex.max_request_bytes();
+                for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), max) {
                     ex.enqueue(request);
                 }
                 match tokio::time::timeout(timeout, ex.flush(true)).await {
@@ -59,13 +60,12 @@ pub async fn run(
         when.exported(Instant::now(), on_time);
         // Request by request: each is encoded once the one before it is sent.
         let (snap, report) = latest(&snapshot, &stats);
-        for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), MAX) {
+        let max = ex.max_request_bytes();
+        for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), max) {
             ex.export(request).await;
         }
     }
 }
-
-const MAX: usize = otel::otlp::MAX_REQUEST_BYTES;
 
 /// When the next export goes out (see `run`).
 #[derive(Debug, Clone, Copy)]
