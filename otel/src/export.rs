@@ -494,7 +494,10 @@ mod tests {
             .map(Bytes::len)
             .collect();
         assert_eq!(lens, [102, 203, 52, 303, 12]);
-        assert_eq!(split_request(&body, 1 << 20).unwrap(), std::slice::from_ref(&body));
+        assert_eq!(
+            split_request(&body, 1 << 20).unwrap(),
+            std::slice::from_ref(&body)
+        );
         // Not a request's framing: no guess.
         assert_eq!(split_request(&Bytes::from_static(b"\x12\x01a"), 10), None);
         assert_eq!(split_request(&Bytes::from_static(b"\x0a\x05ab"), 10), None);
