@@ -9,7 +9,10 @@ use gpu_model::{
     UsageRecord,
 };
 
-use super::join::{same, Counters, DeviceNames, KeyRef, Owner};
+use super::{
+    join::{same, Counters, DeviceNames, KeyRef, Owner},
+    spare::Spare,
+};
 use crate::metadata::{hami::HamiLimits, Metadata};
 
 /// The largest value over a sliding window: a deque of decreasing values.
@@ -268,6 +271,7 @@ pub fn account(
     }
     let mut records = charge_accounting(containers, &owners, counters, pass, now);
     records.extend(close_ended(counters, now));
+    let mut spare = counters.spare.take_accounts();
     let accounted = accounted_devices(counters);
     let added = accounted_owners(&owners, &accounted, pass.metadata);
     let mut owners = owners;
@@ -277,9 +281,18 @@ pub fn account(
     let mut devices = vec![];
     for (c, owner) in containers.iter_mut().zip(&owners) {
         if let Some(owner) = owner {
-            fill_accounts(c, owner, counters, &accounted, pass, &mut devices);
+            fill_accounts(
+                c,
+                owner,
+                counters,
+                &accounted,
+                pass,
+                &mut devices,
+                &mut spare,
+            );
         }
     }
+    counters.spare.put_back(spare);
     records
 }
 
@@ -647,6 +660,7 @@ fn fill_accounts(
     accounted: &ChargedDevices,
     pass: &Pass,
     uuids: &mut Vec<(Name, Name)>,
+    spare: &mut Spare,
 ) {
     uuids.clear();
     uuids.extend(c.gpus.iter().map(|g| (g.uuid.clone(), g.gpu_uuid.clone())));
@@ -662,7 +676,7 @@ fn fill_accounts(
             uuids.push((u, parent));
         }
     }
-    let mut accounts = Vec::with_capacity(uuids.len());
+    let mut accounts = spare.accounts(uuids.len());
     for (uuid, gpu_uuid) in uuids.drain(..) {
         let l = counters.ledgers.get(owner, &uuid);
         let mut a = GpuAccount {

@@ -16,6 +16,7 @@ use super::{
     account::{self, Inputs, Ledgers},
     naming::{self, Naming},
     sharing::Sharing,
+    spare::Spare,
     GpuSample, ProcessSample,
 };
 use crate::{
@@ -137,6 +138,8 @@ pub struct Counters {
     pub uuids: FxHashSet<Name>,
     /// Each owner's names and allocated devices, kept while they hold.
     pub naming: Naming,
+    /// The lists of the snapshot before, to fill again.
+    pub spare: Spare,
 }
 
 /// A counters key, borrowed: it hashes and compares as the `(Owner, Name)` it stands for.
@@ -368,7 +371,7 @@ fn order_key(o: &Owner) -> (u8, u128) {
 
 impl Group {
     /// Adds one process's use of device `uuid` (of GPU `gpu_uuid`).
-    fn add(&mut self, uuid: Name, gpu_uuid: &Name, p: &ProcessSample) {
+    fn add(&mut self, uuid: Name, gpu_uuid: &Name, p: &ProcessSample, spare: &mut Spare) {
         let i = match self.gpus.iter().position(|g| same(&g.uuid, &uuid)) {
             Some(i) => i,
             None => {
@@ -382,7 +385,7 @@ impl Group {
                     mem_util: None,
                     enc_util: None,
                     dec_util: None,
-                    pids: vec![],
+                    pids: spare.pids(),
                     gpu_time_seconds: 0.0,
                     memory_byte_seconds: 0.0,
                     counters_since_ms: 0,
@@ -430,6 +433,7 @@ fn group_processes(
     sample: &GpuSample,
     names: &DeviceNames,
     process_detail: bool,
+    spare: &mut Spare,
 ) -> Grouped {
     // Every process placed first: a placement is a chain of cache misses (the process
     // cache, the cgroup registry) and, with nothing else in the loop, the CPU overlaps the
@@ -467,11 +471,11 @@ fn group_processes(
                     order: order_key(&owner),
                     owner,
                     meta: placed.and_then(meta_of),
-                    gpus: vec![],
+                    gpus: spare.gpus(),
                 });
                 groups.len() - 1
             });
-            groups[g].add(uuid, names.gpu(i), p);
+            groups[g].add(uuid, names.gpu(i), p, spare);
         }
     }
     groups.sort_unstable_by(|a, b| a.order.cmp(&b.order).then_with(|| a.owner.cmp(&b.owner)));
@@ -487,7 +491,7 @@ fn accumulate(
     dt: f64,
     taken_at_ms: u64,
 ) -> (Vec<ContainerUsage>, Vec<Option<Owner>>) {
-    let mut containers = Vec::with_capacity(groups.len());
+    let mut containers = counters.spare.containers(groups.len());
     let mut owners = Vec::with_capacity(groups.len());
     for g in groups {
         let mut gpus = g.gpus;
@@ -627,8 +631,13 @@ pub fn join_with(
         ((sample.taken_at_ms - last) as f64 / 1000.0).min(opts.max_gap.as_secs_f64())
     };
     let names = DeviceNames::new(sample, &counters.uuids);
-    let (groups, processes, mps_servers) =
-        group_processes(procs, sample, &names, opts.process_detail);
+    let (groups, processes, mps_servers) = group_processes(
+        procs,
+        sample,
+        &names,
+        opts.process_detail,
+        &mut counters.spare,
+    );
     let (mut containers, mut owners) = accumulate(groups, &mut counters, dt, sample.taken_at_ms);
     counters.uuids = names.set();
     // Ledgers go with their counters, unless charged lately (an allocated, idle GPU's
@@ -777,6 +786,11 @@ impl Joiner {
         self.sharing.after(sample, procs, metadata);
         self.sharing.emit(records);
         snap
+    }
+
+    /// A snapshot nobody holds any more: its lists are filled again by the next join.
+    pub fn recycle(&mut self, snap: Snapshot) {
+        self.counters.spare.recycle(snap);
     }
 }
 
@@ -1319,6 +1333,67 @@ mod tests {
         assert_eq!(find(&snap, None).gpus[0].pids, vec![9]);
         assert_eq!(snap.processes[0].comm.as_deref(), Some("python"));
         assert_eq!(snap.processes[1].comm, None);
+    }
+
+    #[test]
+    fn a_join_that_refills_the_lists_of_the_snapshot_before_makes_the_same_snapshots() {
+        let st = state();
+        let md = Metadata::default();
+        // Containers come and go, gain and lose processes and devices between cycles.
+        let cycles: Vec<GpuSample> = [
+            vec![
+                vec![proc(100, 10, 5), proc(101, 20, 5)],
+                vec![proc(200, 1, 1)],
+            ],
+            vec![
+                vec![proc(100, 10, 5)],
+                vec![proc(101, 5, 1), proc(300, 7, 0)],
+            ],
+            vec![vec![], vec![proc(200, 1, 1)]],
+            vec![
+                vec![
+                    proc(100, 1, 9),
+                    proc(101, 2, 9),
+                    proc(200, 3, 9),
+                    proc(300, 4, 9),
+                ],
+                vec![proc(100, 1, 1)],
+            ],
+            vec![vec![proc(200, 3, 3)], vec![]],
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(k, per_gpu)| {
+            let mut s = sample(1000 * (k as u64 + 1), vec![]);
+            s.devices = per_gpu
+                .into_iter()
+                .enumerate()
+                .map(|(i, processes)| DeviceSample {
+                    uuid: format!("GPU-{i}"),
+                    index: i as u32,
+                    status: DeviceStatus::Ok,
+                    processes,
+                    ..Default::default()
+                })
+                .collect();
+            s
+        })
+        .collect();
+        let (mut fresh, mut refilled) = (Joiner::default(), Joiner::default());
+        let ok = SourceStatus::Ok;
+        let gap = Duration::from_secs(3);
+        let mut used = 0;
+        for s in &cycles {
+            let want = fresh.join(&st, &md, s, &ok, gap, true);
+            let before = refilled.counters.spare.kept();
+            let got = refilled.join(&st, &md, s, &ok, gap, true);
+            used += before - refilled.counters.spare.kept();
+            let json = |s: &Snapshot| serde_json::to_value(s).unwrap();
+            assert_eq!(json(&got), json(&want), "at {}", s.taken_at_ms);
+            refilled.recycle(got);
+        }
+        // The later joins filled lists of the snapshots before.
+        assert!(used >= 10, "{used}");
     }
 
     #[test]

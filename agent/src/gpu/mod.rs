@@ -9,6 +9,7 @@ pub mod join;
 pub mod naming;
 pub mod nvml;
 pub mod sampler;
+pub mod spare;
 // dcgm-exporter's fields from NVML: health fields, profiling (GPM), XID errors.
 pub mod fields;
 pub mod gpm;
