@@ -451,6 +451,22 @@ mod tests {
         });
     }
 
+    /// An exporter to `url` with the default settings, and its counters.
+    fn exporter_to(url: String) -> (OtlpExporter, Arc<ExportCounters>) {
+        let settings = OtlpConfig {
+            endpoint: Some(url),
+            ..Default::default()
+        }
+        .resolve(env(&[]))
+        .unwrap()
+        .unwrap();
+        let counters = Arc::new(ExportCounters::default());
+        (
+            OtlpExporter::new(settings, counters.clone()).unwrap(),
+            counters,
+        )
+    }
+
     /// A request of one resource per size, each resource's bytes its index.
     fn request_of(sizes: &[usize]) -> Vec<u8> {
         let mut out = vec![];
@@ -557,15 +573,7 @@ mod tests {
         rt.block_on(async {
             // A proxy that takes 250 KB in front of the collector.
             let (url, taken) = limited_collector(250_000).await;
-            let settings = OtlpConfig {
-                endpoint: Some(url),
-                ..Default::default()
-            }
-            .resolve(env(&[]))
-            .unwrap()
-            .unwrap();
-            let counters = Arc::new(ExportCounters::default());
-            let mut ex = OtlpExporter::new(settings, counters.clone()).unwrap();
+            let (mut ex, counters) = exporter_to(url);
             assert_eq!(ex.max_request_bytes(), 8 << 20);
             let sizes = [100_000; 7];
             let body = request_of(&sizes);
@@ -610,15 +618,7 @@ mod tests {
                     let _ = c.write_all(reply.as_bytes()).await;
                 }
             });
-            let settings = OtlpConfig {
-                endpoint: Some(format!("http://{addr}")),
-                ..Default::default()
-            }
-            .resolve(env(&[]))
-            .unwrap()
-            .unwrap();
-            let counters = Arc::new(ExportCounters::default());
-            let mut ex = OtlpExporter::new(settings, counters.clone()).unwrap();
+            let (mut ex, counters) = exporter_to(format!("http://{addr}"));
             ex.enqueue(vec![]);
             let before = Instant::now();
             assert!(!ex.flush(true).await);
