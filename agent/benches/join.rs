@@ -1,5 +1,5 @@
 //! `cargo bench -p agent --bench join [CONTAINERS] [CYCLES]`: CPU of one join cycle (the
-//! pipeline's work per GPU sample: join, publish, drop the previous snapshot) on the large
+//! pipeline's work per GPU sample: join, publish, refill the previous snapshot) on the large
 //! node's shape: CONTAINERS (default 2,000) containers with one GPU process each, spread
 //! over 8 GPUs with 7 MIG devices each, every process placed through the real process
 //! cache and cgroup registry. With `--named`, as on a Kubernetes node: every container has
@@ -173,8 +173,9 @@ fn main() {
     let mut joiner = Joiner::default();
     let mut published = Arc::new(gpu_model::Snapshot::default());
     let mut t = 1_700_000_000_000;
-    // Per cycle, the join and the publish (which drops the snapshot before last); the
-    // sample is built outside the measured time, as NVML's thread makes it.
+    // Per cycle, the join and the publish (which hands the snapshot before last to the
+    // join for its lists, as the pipeline does); the sample is built outside the measured
+    // time, as NVML's thread makes it.
     let mut run = |n: u32| {
         let mut spent = 0;
         for _ in 0..n {
@@ -182,7 +183,10 @@ fn main() {
             let s = sample(containers, t, &migs);
             let cpu = thread_cpu_ns();
             let snap = joiner.join(&state, &metadata, &s, &SourceStatus::Ok, MAX_GAP, false);
-            published = Arc::new(snap);
+            let old = std::mem::replace(&mut published, Arc::new(snap));
+            if let Ok(old) = Arc::try_unwrap(old) {
+                joiner.recycle(old);
+            }
             spent += thread_cpu_ns() - cpu;
         }
         spent as f64 / n as f64
