@@ -234,14 +234,20 @@ impl OtlpExporter {
     /// pieces of at most half its size (whole resources, no copy), and the next exports'
     /// requests are made no bigger: a proxy in front of the collector may take less than
     /// the collector does (nginx takes 1 MiB by default). False when it holds one resource
-    /// only: then it is dropped as any refused batch.
+    /// only, or is no bigger than the smallest size a request is cut to (a collector that
+    /// refuses that is not asked again per resource): then it is dropped as any refused
+    /// batch.
     fn split_refused(&mut self, body: &Bytes, e: &str) -> bool {
-        let max = (body.len() / 2).max(crate::settings::MIN_BYTES);
-        let pieces = match split_request(body, max) {
+        let min = crate::settings::MIN_BYTES;
+        if body.len() <= min {
+            return false;
+        }
+        let pieces = match split_request(body, (body.len() / 2).max(min)) {
             Some(p) if p.len() > 1 => p,
             _ => return false,
         };
         self.counters.failures.fetch_add(1, Relaxed);
+        let max = (body.len() / 2).max(min);
         if max < self.max_request_bytes {
             self.max_request_bytes = max;
             tracing::warn!(url = %self.settings.redacted_url(), bytes = body.len(),
@@ -595,6 +601,17 @@ mod tests {
             assert_eq!(counters.dropped_batches.load(Relaxed), 1);
             assert_eq!(ex.queued(), 0);
             assert_eq!(ex.queued_bytes, 0);
+        });
+        // A collector that refuses even the smallest size a request is cut to: such a
+        // request is dropped whole, not sent again per resource.
+        rt.block_on(async {
+            let (url, taken) = limited_collector(1000).await;
+            let (mut ex, counters) = exporter_to(url);
+            ex.export(request_of(&[10_000; 6])).await;
+            assert_eq!(counters.failures.load(Relaxed), 1);
+            assert_eq!(counters.dropped_batches.load(Relaxed), 1);
+            assert_eq!(ex.max_request_bytes(), 8 << 20);
+            assert!(taken.lock().unwrap().is_empty());
         });
     }
 
