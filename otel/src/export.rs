@@ -242,12 +242,12 @@ impl OtlpExporter {
         if body.len() <= min {
             return false;
         }
-        let pieces = match split_request(body, (body.len() / 2).max(min)) {
+        let max = (body.len() / 2).max(min);
+        let pieces = match split_request(body, max) {
             Some(p) if p.len() > 1 => p,
             _ => return false,
         };
         self.counters.failures.fetch_add(1, Relaxed);
-        let max = (body.len() / 2).max(min);
         if max < self.max_request_bytes {
             self.max_request_bytes = max;
             tracing::warn!(url = %self.settings.redacted_url(), bytes = body.len(),
@@ -353,27 +353,17 @@ pub(crate) async fn post_http(
 /// level) into pieces of at most `max` bytes, a resource bigger than that a piece of its
 /// own. None when `body` is not such a sequence.
 fn split_request(body: &Bytes, max: usize) -> Option<Vec<Bytes>> {
-    let varint = |at: &mut usize| -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *body.get(*at)?;
-            *at += 1;
-            v |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Some(v);
-            }
-        }
-        None
-    };
-    let (mut pieces, mut start, mut at) = (vec![], 0, 0);
-    while at < body.len() {
-        let field = at;
-        if varint(&mut at)? != u64::from(crate::pb::key(1, crate::pb::LEN)) {
+    use prost::encoding::decode_varint;
+    let key = u64::from(crate::pb::key(1, crate::pb::LEN));
+    let (mut pieces, mut start, mut rest) = (vec![], 0, &body[..]);
+    while !rest.is_empty() {
+        let field = body.len() - rest.len();
+        if decode_varint(&mut rest).ok()? != key {
             return None;
         }
-        let len = usize::try_from(varint(&mut at)?).ok()?;
-        at = at.checked_add(len).filter(|&end| end <= body.len())?;
-        if at - start > max && field > start {
+        let len = usize::try_from(decode_varint(&mut rest).ok()?).ok()?;
+        rest = rest.get(len..)?;
+        if body.len() - rest.len() - start > max && field > start {
             pieces.push(body.slice(start..field));
             start = field;
         }
