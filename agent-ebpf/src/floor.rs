@@ -9,15 +9,16 @@
 #![no_std]
 #![no_main]
 
-use agent_common::{NewTaskRecord, ProcInfo, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL};
+use agent_common::{
+    NewTaskRecord, ProcInfo, Slot, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+};
 use aya_ebpf::{
-    bindings::BPF_ANY,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_ktime_get_boot_ns,
     },
     macros::{map, tracepoint},
-    maps::{HashMap, RingBuf},
+    maps::{Array, HashMap, RingBuf},
     programs::TracePointContext,
     EbpfContext,
 };
@@ -28,9 +29,24 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 /// The agent's default `ebpf.wakeup_bytes`.
 const WAKEUP_BYTES: u32 = 256 << 10;
 
-// Sized by the bench: PROCS as the agent sizes its own, EVENTS to hold a whole storm.
+// Sized by the bench: PROCS and SLOTS as the agent sizes its own, EVENTS to hold a whole
+// storm.
 #[map]
 static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(65536, 0);
+#[map]
+static SLOTS: Array<Slot> = Array::with_max_entries(65536, 0);
+/// `Config::slots_mask` as the agent would set it; set by the bench.
+#[no_mangle]
+static FLOOR_SLOTS_MASK: u32 = 0;
+
+#[inline(always)]
+fn procs() -> shared::Procs<'static> {
+    shared::Procs {
+        hash: &PROCS,
+        slots: &SLOTS,
+        mask: unsafe { core::ptr::read_volatile(core::ptr::addr_of!(FLOOR_SLOTS_MASK)) },
+    }
+}
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
@@ -56,7 +72,8 @@ fn fork_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
         return (info.start_ns == 1) as u32;
     }
     // 3: the parent's entry (its cgroup v1 id, where a v1 hierarchy is tracked).
-    if let Some(p) = PROCS.get_ptr(parent) {
+    let procs = procs();
+    if let Some(p) = procs.find(parent) {
         let p = unsafe { *p };
         if p.v1_known() {
             info.set_v1(p.cgroup_v1_id);
@@ -66,7 +83,7 @@ fn fork_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
         return (info.cgroup_v1_id == 1) as u32;
     }
     // 4: the child's entry.
-    let _ = PROCS.insert(r.pid as u32, info, BPF_ANY as u64);
+    let _ = procs.insert(r.pid as u32, &info, true);
     if N < 5 {
         return 0;
     }
@@ -86,7 +103,7 @@ fn exec_steps<const N: u32>() -> u32 {
         return (cgroup_id == 1 && comm[3] == 9) as u32;
     }
     // 2: its entry, updated in place (inserted when fork's was missing).
-    let (info, _) = shared::exec_entry(&PROCS, tgid, cgroup_id, comm);
+    let (info, _) = shared::exec_entry(&procs(), tgid, cgroup_id, comm);
     if N < 3 {
         return 0;
     }
@@ -107,7 +124,7 @@ fn exit_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
         return 0;
     }
     // 2: the entry removed.
-    let _ = PROCS.remove(tgid);
+    procs().remove(tgid);
     if N < 3 {
         return 0;
     }
@@ -153,7 +170,7 @@ pub fn exit_remove(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if pid_tgid as u32 == tgid {
-        let _ = PROCS.remove(tgid);
+        procs().remove(tgid);
     }
     0
 }

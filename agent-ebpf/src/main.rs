@@ -5,21 +5,20 @@
 #![no_main]
 
 use agent_common::{
-    CgroupEvent, Config, IterConfig, NewTaskRecord, ProcInfo, ABSENT, CGROUP_PATH_MAX,
+    CgroupEvent, Config, IterConfig, NewTaskRecord, ProcInfo, Slot, ABSENT, CGROUP_PATH_MAX,
     COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
     EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
     F_START_KNOWN,
 };
 use aya_ebpf::{
     bindings::seq_file,
-    bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
         generated::bpf_seq_write,
     },
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
     EbpfContext,
 };
@@ -38,6 +37,8 @@ static AGENT_CONFIG: Config = Config::zeroed();
 #[map]
 static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(65536, 0);
 #[map]
+static SLOTS: Array<Slot> = Array::with_max_entries(65536, 0);
+#[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
@@ -52,6 +53,16 @@ macro_rules! cfg {
     ($field:ident) => {
         unsafe { core::ptr::read_volatile(core::ptr::addr_of!(AGENT_CONFIG.$field)) }
     };
+}
+
+/// `PROCS` and `SLOTS`, as the loader sized them.
+#[inline(always)]
+fn procs() -> shared::Procs<'static> {
+    shared::Procs {
+        hash: &PROCS,
+        slots: &SLOTS,
+        mask: cfg!(slots_mask),
+    }
 }
 
 #[inline(always)]
@@ -98,7 +109,7 @@ fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     // The new image's name: sched_process_exec fires after the kernel set it.
     let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    let (info, stored) = shared::exec_entry(&PROCS, tgid, cgroup_id, comm);
+    let (info, stored) = shared::exec_entry(&procs(), tgid, cgroup_id, comm);
     if !stored {
         count(COUNTER_MAP_FULL);
     }
@@ -146,9 +157,10 @@ fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
     );
     // The child starts with its parent's name.
     info.comm = comm.unwrap_or_else(|| bpf_get_current_comm().unwrap_or([0; 16]));
+    let procs = procs();
     let v1: u32 = cfg!(v1_hierarchy);
     if v1 != ABSENT {
-        if let Some(p) = PROCS.get_ptr(parent) {
+        if let Some(p) = procs.find(parent) {
             let p = unsafe { *p };
             if p.v1_known() {
                 info.set_v1(p.cgroup_v1_id);
@@ -158,8 +170,8 @@ fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
     if clone_flags & CLONE_INTO_CGROUP != 0 {
         info.mark_suspect();
     }
-    // BPF_ANY: a stale entry under a reused tgid is replaced by the new process.
-    if PROCS.insert(child as u32, info, BPF_ANY as u64).is_err() {
+    // A stale entry under a reused tgid is replaced by the new process.
+    if !procs.insert(child as u32, &info, true) {
         count(COUNTER_MAP_FULL);
     }
     notify_proc(EVENT_FORK, child as u32, &info);
@@ -198,7 +210,7 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
     }
     // Userspace needs only the tgid of an exit: no lookup of the entry before removing it,
     // and a notification of 8 bytes.
-    let _ = PROCS.remove(tgid);
+    procs().remove(tgid);
     if !shared::notify_exit(&EVENTS, cfg!(wakeup_bytes), tgid) {
         count(COUNTER_RINGBUF_LOST);
     }
@@ -281,7 +293,7 @@ fn try_cgroup_event(ctx: &TracePointContext, kind: u32, f: &CgroupFields) -> Res
         let p: i32 = unsafe { ctx.read_at(pid_at as usize)? };
         pid = p as u32;
         // A missing entry is left to userspace: `pid` may be a lone thread (v1 `tasks`).
-        if let Some(e) = PROCS.get_ptr_mut(pid) {
+        if let Some(e) = procs().find(pid) {
             unsafe { (*e).set_cgroup(v2, id) };
         }
     }
@@ -318,8 +330,6 @@ macro_rules! icfg {
         unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ITER_CONFIG.$field)) } as u64
     };
 }
-
-const E2BIG: i32 = 7;
 
 /// A kernel value at `base + offset` (offsets from BTF, so read as plain addresses).
 #[inline(always)]
@@ -377,7 +387,8 @@ fn try_proc_iter(ctx: *const u64) -> Result<(), i32> {
         info.set_v1(cgroup_id(cgroup)?);
     }
     let tgid = tgid as u32;
-    match PROCS.get_ptr_mut(tgid) {
+    let procs = procs();
+    match procs.find(tgid) {
         // Written by exec (or fork) since attach: keep it, add what exec could not know.
         Some(p) => unsafe {
             if !(*p).start_known() {
@@ -390,10 +401,8 @@ fn try_proc_iter(ctx: *const u64) -> Result<(), i32> {
             }
         },
         None => {
-            if let Err(e) = PROCS.insert(tgid, info, BPF_NOEXIST as u64) {
-                if e == -E2BIG {
-                    count(COUNTER_MAP_FULL);
-                }
+            if !procs.insert(tgid, &info, false) && procs.find(tgid).is_none() {
+                count(COUNTER_MAP_FULL);
             }
         }
     }

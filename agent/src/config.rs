@@ -178,6 +178,16 @@ impl EbpfConfig {
             pid_max.clamp(1024, MAX_PROCESSES_CAP)
         })
     }
+
+    /// The SLOTS array's length: the capacity rounded up to a power of two (a process's
+    /// slot is its tgid masked), so that where pid_max is no larger every tgid has a slot
+    /// of its own; at most `MAX_PROCESSES_CAP` (64 bytes each: 8 MiB).
+    pub fn slots(&self) -> u32 {
+        self.capacity()
+            .checked_next_power_of_two()
+            .unwrap_or(MAX_PROCESSES_CAP)
+            .min(MAX_PROCESSES_CAP)
+    }
 }
 
 impl CacheConfig {

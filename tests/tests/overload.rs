@@ -199,13 +199,14 @@ fn attribution_converges_after_lost_events_at_scale() {
 }
 
 #[test]
-#[ignore = "needs root: loads the eBPF programs and creates a pod cgroup with 1,500 processes"]
+#[ignore = "needs root: loads the eBPF programs and creates a pod cgroup with 2,500 processes"]
 fn a_full_kernel_map_is_loud_and_lookups_still_fall_back() {
     let _serial = serial();
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
-    // More processes than the smallest map holds, all on the GPU.
-    let sleepers: Vec<Proc> = (0..1500).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
+    // More processes than the smallest map holds (1,024 slots and 1,024 entries beside
+    // them), all on the GPU.
+    let sleepers: Vec<Proc> = (0..2500).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
     let procs: Vec<Value> = sleepers
         .iter()
         .map(|p| json!({"pid": p.pid(), "used_memory": 1 << 20, "sm_util": 0}))

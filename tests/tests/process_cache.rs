@@ -1,7 +1,7 @@
 //! The eBPF process cache against ground truth, in the running kernel: real programs, real
 //! cgroups shaped like kubelet's (systemd and cgroupfs drivers), real processes.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader},
     process::{Command, Stdio},
     time::Duration,
@@ -224,23 +224,47 @@ fn reused_pid_is_a_new_process_in_its_new_pod() {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn ring_buffer_overflow_is_repaired_by_a_resync() {
+    overflow_then_resync("", 40);
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_resync_reads_processes_whose_slot_another_holds() {
+    // 1,024 slots for tgids up to pid_max: processes share slots, and those that find theirs
+    // held have their entries in the hash map beside it. The resync must read both, and
+    // the exits must free both.
+    let (_cg, keepers) = overflow_then_resync("max_processes = 1024\n", 120);
+    let mut by_slot: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for pid in procs_now() {
+        by_slot.entry(pid & 1023).or_default().push(pid);
+    }
+    let shared = keepers
+        .iter()
+        .filter(|p| by_slot[&(p.pid() & 1023)].len() > 1)
+        .count();
+    assert!(shared > 0, "no process shared a slot: the test proves nothing");
+}
+
+/// A storm that overflows a one-page ring; then the cache must be the pod's live processes
+/// exactly. Returns the pod's cgroup and the processes kept alive (killed when dropped).
+fn overflow_then_resync(ebpf: &str, keep_n: usize) -> (TestCgroup, Vec<Proc>) {
     // One page of ring buffer, no early wake-ups and a slow consumer: a storm must overflow.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     let agent = Agent::start(&format!(
-        "[ebpf]\nring_buffer_bytes = {page}\nwakeup_bytes = {page}\npoll_interval_ms = 1500\n"
+        "[ebpf]\n{ebpf}ring_buffer_bytes = {page}\nwakeup_bytes = {page}\npoll_interval_ms = 1500\n"
     ));
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
     // Long-lived processes to find afterwards, short-lived ones to flood the ring, and a
     // few long-lived ones killed in the storm: the resync must forget exactly those.
-    let mut keep: Vec<Proc> = (0..40).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
+    let mut keep: Vec<Proc> = (0..keep_n).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
     for _ in 0..300 {
         let mut c = Command::new("true");
         cg.spawn(&mut c).wait().unwrap();
     }
     let killed: Vec<u32> = keep.drain(..10).map(|p| p.pid()).collect(); // dropped: killed
     let truth: BTreeSet<u32> = cg.procs().into_iter().collect();
-    assert_eq!(truth.len(), 30);
+    assert_eq!(truth.len(), keep_n - 10);
     agent.wait_until("a resync", Duration::from_secs(15), || {
         agent.stats()["resyncs"].as_u64().unwrap_or(0) >= 1
     });
@@ -266,6 +290,7 @@ fn ring_buffer_overflow_is_repaired_by_a_resync() {
     for p in &keep {
         assert_attributed(&agent.process(p.pid()).unwrap(), &id, &uid);
     }
+    (cg, keep)
 }
 
 #[test]

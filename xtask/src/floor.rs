@@ -49,7 +49,7 @@ const FAMILIES: [Family; 3] = [
                 "the parent's tgid, its cgroup id, the boot time (three helpers)",
             ),
             ("fork_3", "look up the parent's entry (its cgroup v1 id)"),
-            ("fork_4", "insert the child's entry"),
+            ("fork_4", "store the child's entry (its slot)"),
             (
                 "fork_5",
                 "notify userspace: ring reserve, fill level, submit",
@@ -75,7 +75,7 @@ const FAMILIES: [Family; 3] = [
         prefixes: &[
             ("exit_0", "an empty program"),
             ("exit_1", "the tgid and the record's group_dead"),
-            ("exit_2", "remove the entry"),
+            ("exit_2", "free the entry (its slot)"),
             ("exit_3", "notify userspace"),
         ],
     },
@@ -102,11 +102,14 @@ pub(crate) fn floor(n: u32, rounds: u32, no_write: bool) -> Result<()> {
     let object = ebpf::build()?.with_file_name("floor");
     let bytes = std::fs::read(&object).with_context(|| format!("{}", object.display()))?;
     let _stats = enable_stats(Stats::RunTime).context("enabling program statistics")?;
-    let capacity = gpu_agent::config::EbpfConfig::default().capacity();
+    let ecfg = gpu_agent::config::EbpfConfig::default();
+    let (capacity, slots) = (ecfg.capacity(), ecfg.slots());
     // A whole storm's notifications fit even if the drain falls behind.
     let ring_bytes = (n as usize * 80 + (64 << 10)).next_power_of_two() as u32;
     let mut bpf = EbpfLoader::new()
         .map_max_entries("PROCS", capacity)
+        .map_max_entries("SLOTS", slots)
+        .override_global("FLOOR_SLOTS_MASK", &(slots - 1), true)
         .map_max_entries("EVENTS", ring_bytes)
         .load(&bytes)
         .context("loading the calibration object")?;

@@ -1,6 +1,6 @@
-//! The kernel's batch lookup on a hash map (Linux 5.6): thousands of entries per syscall,
-//! where aya's iterator makes two syscalls per entry. Every resync reads the whole PROCS
-//! map, 50,000 entries on a large node. Any error makes the caller fall back to aya's
+//! The kernel's batch lookup on a map with u32 keys (Linux 5.6): thousands of entries per
+//! syscall, where aya's iterator makes two syscalls per entry. Every resync reads the whole
+//! of SLOTS and PROCS, 50,000 entries on a large node. Any error makes the caller fall back to aya's
 //! iterator. (The seed cannot be batched: a batch update takes no BPF_NOEXIST, and the
 //! seed must not overwrite the kernel's fresher entries.)
 use std::{io, mem::size_of, os::fd::RawFd};
@@ -42,7 +42,8 @@ fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
     }
 }
 
-/// Every (key, value) of a hash map with u32 keys. `V` must be the map's value type.
+/// Every (key, value) of a map with u32 keys (a hash map, an array). `V` must be the map's
+/// value type.
 pub fn lookup_all<V: Copy + Default>(fd: RawFd) -> io::Result<Vec<(u32, V)>> {
     let mut keys = vec![0u32; CHUNK];
     let mut values = vec![V::default(); CHUNK];

@@ -1,5 +1,5 @@
 //! Kernel events: loads the programs, attaches them to the lifecycle tracepoints and
-//! exposes the kernel's PROCS map (the truth), the decoded notifications of the ring buffer
+//! exposes the kernel's process entries (the truth: `SLOTS`, and `PROCS` beside it), the decoded notifications of the ring buffer
 //! (`events`), when they are ready to read, and the in-kernel drop counters.
 mod batch;
 mod btf;
@@ -13,12 +13,12 @@ use std::{
 };
 
 use agent_common::{
-    Config as KernelConfig, IterConfig, ProcInfo, ABSENT, CONFIG_GLOBAL, COUNTERS_MAP,
+    Config as KernelConfig, IterConfig, ProcInfo, Slot, ABSENT, CONFIG_GLOBAL, COUNTERS_MAP,
     COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENTS_MAP, ITER_CONFIG_GLOBAL,
-    PROCS_MAP, TASK_ITER_PROGRAM,
+    PROCS_MAP, SLOTS_MAP, TASK_ITER_PROGRAM,
 };
 use aya::{
-    maps::{HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{Iter, TracePoint},
     Btf, Ebpf, EbpfLoader, Endianness,
 };
@@ -44,6 +44,10 @@ pub const PROGRAMS: [(&str, &str, &str); 6] = [
 pub struct EbpfSource {
     ebpf: Ebpf,
     procs: HashMap<MapData, u32, ProcInfo>,
+    /// The entries of processes that hold their slot (`agent_common::Slot`); userspace
+    /// reads them, updates and frees them, but never claims one (the programs do).
+    slots: Array<MapData, Slot>,
+    slots_mask: u32,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -101,6 +105,7 @@ impl EbpfSource {
         let mut kcfg: KernelConfig = tracefs::offsets(&tracefs)?;
         kcfg.v1_hierarchy = v1.map_or(ABSENT, |(id, _)| id);
         kcfg.wakeup_bytes = cfg.wakeup_bytes;
+        kcfg.slots_mask = cfg.slots() - 1;
         let stats = if cfg.program_stats {
             Some(
                 aya::sys::enable_stats(aya::sys::Stats::RunTime)
@@ -119,6 +124,7 @@ impl EbpfSource {
                 true,
             )
             .map_max_entries(PROCS_MAP, cfg.capacity())
+            .map_max_entries(SLOTS_MAP, cfg.slots())
             .map_max_entries(EVENTS_MAP, cfg.ring_buffer_bytes)
             .load(OBJECT)
             .map_err(|e| format!("loading the eBPF object: {e:#}"))?;
@@ -146,12 +152,15 @@ impl EbpfSource {
                 .ok_or_else(|| format!("map {name} missing from the object"))
         };
         let procs = HashMap::try_from(take(&mut ebpf, PROCS_MAP)?).map_err(|e| e.to_string())?;
+        let slots = Array::try_from(take(&mut ebpf, SLOTS_MAP)?).map_err(|e| e.to_string())?;
         let ring = RingBuf::try_from(take(&mut ebpf, EVENTS_MAP)?).map_err(|e| e.to_string())?;
         let counters =
             PerCpuArray::try_from(take(&mut ebpf, COUNTERS_MAP)?).map_err(|e| e.to_string())?;
         Ok(EbpfSource {
             ebpf,
             procs,
+            slots,
+            slots_mask: kcfg.slots_mask,
             ring,
             counters,
             logger,
@@ -249,16 +258,46 @@ impl EbpfSource {
     }
 
     /// Every entry of the kernel map: the state a resync restores.
-    /// The whole PROCS map: in batches (Linux 5.6), else one entry at a time.
+    /// Every entry, the slots' and the hash map's: in batches (Linux 5.6), else one entry
+    /// at a time. A tgid in both (a hash entry userspace wrote that a fork's slot outlived)
+    /// is its slot's.
     pub fn snapshot(&self) -> Vec<(u32, ProcInfo)> {
-        match batch::lookup_all(self.procs_fd()) {
-            Ok(v) => v,
-            Err(_) => self.procs.iter().filter_map(Result::ok).collect(),
+        let slots: Vec<Slot> = match batch::lookup_all::<Slot>(self.fd(self.slots.map())) {
+            Ok(v) => v.into_iter().map(|(_, s)| s).collect(),
+            Err(_) => (0..=self.slots_mask)
+                .filter_map(|i| self.slots.get(&i, 0).ok())
+                .collect(),
+        };
+        let mut all: Vec<(u32, ProcInfo)> = slots
+            .into_iter()
+            .filter(|s| s.tgid != 0)
+            .map(|s| (s.tgid, s.info))
+            .collect();
+        let in_slots = all.len();
+        match batch::lookup_all::<ProcInfo>(self.fd(self.procs.map())) {
+            Ok(v) => all.extend(v),
+            Err(_) => all.extend(self.procs.iter().filter_map(Result::ok)),
         }
+        if all.len() > in_slots {
+            // Stable: of two entries of a tgid, the slot's (first) stays.
+            all.sort_by_key(|(tgid, _)| *tgid);
+            all.dedup_by_key(|(tgid, _)| *tgid);
+        }
+        all
     }
 
-    fn procs_fd(&self) -> RawFd {
-        self.procs.map().fd().as_fd().as_raw_fd()
+    fn fd(&self, map: &MapData) -> RawFd {
+        map.fd().as_fd().as_raw_fd()
+    }
+
+    /// The slot `tgid` holds, with its index.
+    fn held_slot(&self, tgid: u32) -> Option<(u32, Slot)> {
+        let i = tgid & self.slots_mask;
+        self.slots
+            .get(&i, 0)
+            .ok()
+            .filter(|s| s.tgid == tgid)
+            .map(|s| (i, s))
     }
 
     /// Inserts each entry whose process the kernel has no (fresher) entry for. Returns how
@@ -274,12 +313,19 @@ impl EbpfSource {
     }
 
     pub fn get(&self, tgid: u32) -> Option<ProcInfo> {
-        self.procs.get(&tgid, 0).ok()
+        match self.held_slot(tgid) {
+            Some((_, s)) => Some(s.info),
+            None => self.procs.get(&tgid, 0).ok(),
+        }
     }
 
     /// Insert unless the kernel already has a (fresher) entry. Returns false if one exists.
+    /// Into the hash map: a slot is the programs' to claim.
     pub fn insert_if_absent(&mut self, tgid: u32, info: ProcInfo) -> Result<bool, MapError> {
         const BPF_NOEXIST: u64 = 1;
+        if self.held_slot(tgid).is_some() {
+            return Ok(false);
+        }
         match self.procs.insert(tgid, info, BPF_NOEXIST) {
             Ok(()) => Ok(true),
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
@@ -292,10 +338,18 @@ impl EbpfSource {
     /// Overwrite an existing entry (userspace filling in what the kernel could not know).
     pub fn update_existing(&mut self, tgid: u32, info: ProcInfo) -> Result<(), MapError> {
         const BPF_EXIST: u64 = 2;
+        if let Some((i, s)) = self.held_slot(tgid) {
+            return self.slots.set(i, Slot { info, ..s }, 0);
+        }
         self.procs.insert(tgid, info, BPF_EXIST)
     }
 
+    /// Removes the entry of a process that exited: its slot freed if it holds it, and any
+    /// hash entry of its tgid.
     pub fn remove(&mut self, tgid: u32) {
+        if let Some((i, _)) = self.held_slot(tgid) {
+            let _ = self.slots.set(i, Slot::default(), 0);
+        }
         let _ = self.procs.remove(&tgid);
     }
 
