@@ -9,9 +9,7 @@
 #![no_std]
 #![no_main]
 
-use agent_common::{
-    NewTaskRecord, ProcInfo, Slot, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
-};
+use agent_common::{NewTaskRecord, ProcInfo, Slot, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL};
 use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,

@@ -110,8 +110,9 @@ pub struct EbpfConfig {
     /// false: run in /proc mode without trying eBPF.
     pub enabled: bool,
     /// Capacity of the kernel PROCS map (processes tracked at once). Unset: the host's
-    /// kernel.pid_max (no more processes can exist), capped at 131072 (about 13 MiB of
-    /// kernel memory).
+    /// kernel.pid_max (no more processes can exist), capped at 131072 (15 MiB of kernel
+    /// memory). The SLOTS array beside it has as many slots, rounded up to a power of two
+    /// (64 bytes each: 8 MiB at 131072).
     pub max_processes: Option<u32>,
     /// Ring buffer size in bytes: a power of two, a multiple of the page size.
     pub ring_buffer_bytes: u32,

@@ -3,6 +3,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader},
+    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -224,30 +225,29 @@ fn reused_pid_is_a_new_process_in_its_new_pod() {
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn ring_buffer_overflow_is_repaired_by_a_resync() {
-    overflow_then_resync("", 40);
+    overflow_then_resync("", 40, None);
 }
 
 #[test]
-#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+#[ignore = "needs root: loads the eBPF programs, creates pod cgroups and writes ns_last_pid"]
 fn a_resync_reads_processes_whose_slot_another_holds() {
-    // 1,024 slots for tgids up to pid_max: processes share slots, and those that find theirs
-    // held have their entries in the hash map beside it. The resync must read both, and
-    // the exits must free both.
-    let (_cg, keepers) = overflow_then_resync("max_processes = 1024\n", 120);
+    // 1,024 slots: processes whose tgids are 1,024 apart share one, and the later one has
+    // its entry in the hash map beside the slots. The resync must read both, and the exits
+    // must free both.
+    let (_cg, keepers) = overflow_then_resync("max_processes = 1024\n", 40, Some(1024));
     let mut by_slot: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for pid in procs_now() {
-        by_slot.entry(pid & 1023).or_default().push(pid);
+    for p in &keepers {
+        by_slot.entry(p.pid() & 1023).or_default().push(p.pid());
     }
-    let shared = keepers
-        .iter()
-        .filter(|p| by_slot[&(p.pid() & 1023)].len() > 1)
-        .count();
-    assert!(shared > 0, "no process shared a slot: the test proves nothing");
+    let shared = by_slot.values().filter(|pids| pids.len() > 1).count();
+    assert!(shared >= 10, "{shared} slots shared: {by_slot:?}");
 }
 
 /// A storm that overflows a one-page ring; then the cache must be the pod's live processes
-/// exactly. Returns the pod's cgroup and the processes kept alive (killed when dropped).
-fn overflow_then_resync(ebpf: &str, keep_n: usize) -> (TestCgroup, Vec<Proc>) {
+/// exactly. With `slots`, 20 more long-lived processes get the tgids of the 11th to 30th
+/// plus a multiple of it (the same slot). Returns the pod's cgroup and the processes kept
+/// alive (killed when dropped).
+fn overflow_then_resync(ebpf: &str, keep_n: usize, slots: Option<u32>) -> (TestCgroup, Vec<Proc>) {
     // One page of ring buffer, no early wake-ups and a slow consumer: a storm must overflow.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     let agent = Agent::start(&format!(
@@ -257,7 +257,30 @@ fn overflow_then_resync(ebpf: &str, keep_n: usize) -> (TestCgroup, Vec<Proc>) {
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
     // Long-lived processes to find afterwards, short-lived ones to flood the ring, and a
     // few long-lived ones killed in the storm: the resync must forget exactly those.
-    let mut keep: Vec<Proc> = (0..keep_n).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
+    let mut keep: Vec<Proc> = (0..keep_n)
+        .map(|_| Proc(cg.spawn(&mut sleeper())))
+        .collect();
+    if let Some(n) = slots {
+        let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let sharers: Vec<Proc> = keep[10..30]
+            .iter()
+            .map(|p| {
+                let want = (1..pid_max / n)
+                    .flat_map(|k| [p.pid() + k * n, p.pid().saturating_sub(k * n)])
+                    .find(|w| {
+                        (301..pid_max).contains(w) && !Path::new(&format!("/proc/{w}")).exists()
+                    })
+                    .expect("a free tgid in the same slot");
+                spawn_with_pid(want, &cg).unwrap_or_else(|| panic!("no process got pid {want}"))
+            })
+            .collect();
+        keep.extend(sharers);
+    }
+    let keep_n = keep.len();
     for _ in 0..300 {
         let mut c = Command::new("true");
         cg.spawn(&mut c).wait().unwrap();

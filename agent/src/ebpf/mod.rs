@@ -147,10 +147,6 @@ impl EbpfSource {
         let task_iter = icfg
             .and_then(|_| load_task_iter(&mut ebpf, btf.as_ref().unwrap()))
             .err();
-        let take = |ebpf: &mut Ebpf, name: &str| {
-            ebpf.take_map(name)
-                .ok_or_else(|| format!("map {name} missing from the object"))
-        };
         let procs = HashMap::try_from(take(&mut ebpf, PROCS_MAP)?).map_err(|e| e.to_string())?;
         let slots = Array::try_from(take(&mut ebpf, SLOTS_MAP)?).map_err(|e| e.to_string())?;
         let ring = RingBuf::try_from(take(&mut ebpf, EVENTS_MAP)?).map_err(|e| e.to_string())?;
@@ -377,6 +373,12 @@ impl EbpfSource {
 }
 
 /// The task iterator's offsets from this kernel's BTF, or why it cannot run.
+/// A map of the loaded object, taken out of it.
+fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, String> {
+    ebpf.take_map(name)
+        .ok_or_else(|| format!("map {name} missing from the object"))
+}
+
 fn iter_config(btf: &btf::Btf, v1: Option<(u32, &str)>) -> Result<IterConfig, String> {
     let off = |s: &str, m: &str| {
         btf.offset_of(s, m)
