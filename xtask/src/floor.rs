@@ -99,7 +99,12 @@ pub(crate) fn floor(n: u32, rounds: u32, no_write: bool) -> Result<()> {
     // none (before any thread starts: unshare needs a single-threaded caller).
     gpu_agent::ebpf::tracefs::prepare_mount_namespace().map_err(anyhow::Error::msg)?;
     check_layouts()?;
-    let object = ebpf::build()?.with_file_name("floor");
+    // A machine without the toolchain (a GPU machine of the validation) is given the
+    // object built elsewhere.
+    let object = match std::env::var_os("GPU_AGENT_FLOOR_OBJECT") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => ebpf::build()?.with_file_name("floor"),
+    };
     let bytes = std::fs::read(&object).with_context(|| format!("{}", object.display()))?;
     let _stats = enable_stats(Stats::RunTime).context("enabling program statistics")?;
     let ecfg = gpu_agent::config::EbpfConfig::default();
