@@ -45,6 +45,15 @@ fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
 /// Every (key, value) of a map with u32 keys (a hash map, an array). `V` must be the map's
 /// value type.
 pub fn lookup_all<V: Copy + Default>(fd: RawFd) -> io::Result<Vec<(u32, V)>> {
+    lookup_kept(fd, |k, v| Some((k, v)))
+}
+
+/// What `keep` makes of each (key, value) of such a map, where it makes something: an
+/// array's empty elements are dropped a chunk at a time, not copied out whole first.
+pub fn lookup_kept<V: Copy + Default, T>(
+    fd: RawFd,
+    mut keep: impl FnMut(u32, V) -> Option<T>,
+) -> io::Result<Vec<T>> {
     let mut keys = vec![0u32; CHUNK];
     let mut values = vec![V::default(); CHUNK];
     let mut out = vec![];
@@ -67,7 +76,7 @@ pub fn lookup_all<V: Copy + Default>(fd: RawFd) -> io::Result<Vec<(u32, V)>> {
         };
         let r = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
         let n = (attr.count as usize).min(CHUNK);
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        out.extend((keys[..n].iter().zip(&values[..n])).filter_map(|(k, v)| keep(*k, *v)));
         match r {
             Ok(()) => {
                 token = next;

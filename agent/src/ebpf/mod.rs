@@ -1,6 +1,7 @@
 //! Kernel events: loads the programs, attaches them to the lifecycle tracepoints and
-//! exposes the kernel's process entries (the truth: `SLOTS`, and `PROCS` beside it), the decoded notifications of the ring buffer
-//! (`events`), when they are ready to read, and the in-kernel drop counters.
+//! exposes the kernel's process entries (the truth: `SLOTS`, and `PROCS` beside it), the
+//! decoded notifications of the ring buffer (`events`), when they are ready to read, and
+//! the in-kernel drop counters.
 mod batch;
 mod btf;
 pub mod caps;
@@ -253,24 +254,19 @@ impl EbpfSource {
         }
     }
 
-    /// Every entry of the kernel map: the state a resync restores.
-    /// Every entry, the slots' and the hash map's: in batches (Linux 5.6), else one entry
-    /// at a time. A tgid in both (a hash entry userspace wrote that a fork's slot outlived)
-    /// is its slot's.
+    /// Every process entry, the slots' and the hash map's: the state a resync restores. In
+    /// batches (Linux 5.6), else one entry at a time. A tgid in both (a hash entry that
+    /// userspace wrote and a fork's slot outlived) is its slot's.
     pub fn snapshot(&self) -> Vec<(u32, ProcInfo)> {
-        let slots: Vec<Slot> = match batch::lookup_all::<Slot>(self.fd(self.slots.map())) {
-            Ok(v) => v.into_iter().map(|(_, s)| s).collect(),
+        let held = |s: Slot| (s.tgid != 0).then_some((s.tgid, s.info));
+        let mut all = match batch::lookup_kept(fd(self.slots.map()), |_, s| held(s)) {
+            Ok(v) => v,
             Err(_) => (0..=self.slots_mask)
-                .filter_map(|i| self.slots.get(&i, 0).ok())
+                .filter_map(|i| self.slots.get(&i, 0).ok().and_then(held))
                 .collect(),
         };
-        let mut all: Vec<(u32, ProcInfo)> = slots
-            .into_iter()
-            .filter(|s| s.tgid != 0)
-            .map(|s| (s.tgid, s.info))
-            .collect();
         let in_slots = all.len();
-        match batch::lookup_all::<ProcInfo>(self.fd(self.procs.map())) {
+        match batch::lookup_all::<ProcInfo>(fd(self.procs.map())) {
             Ok(v) => all.extend(v),
             Err(_) => all.extend(self.procs.iter().filter_map(Result::ok)),
         }
@@ -280,10 +276,6 @@ impl EbpfSource {
             all.dedup_by_key(|(tgid, _)| *tgid);
         }
         all
-    }
-
-    fn fd(&self, map: &MapData) -> RawFd {
-        map.fd().as_fd().as_raw_fd()
     }
 
     /// The slot `tgid` holds, with its index.
@@ -373,6 +365,10 @@ impl EbpfSource {
 }
 
 /// The task iterator's offsets from this kernel's BTF, or why it cannot run.
+fn fd(map: &MapData) -> RawFd {
+    map.fd().as_fd().as_raw_fd()
+}
+
 /// A map of the loaded object, taken out of it.
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, String> {
     ebpf.take_map(name)
