@@ -27,13 +27,14 @@ MiB = 1 << 20
 CG = "/sys/fs/cgroup" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "/sys/fs/cgroup/unified"
 
 
-def cgroup(i):
+def cgroup(i, make=True):
     """A burstable pod's containerd scope (systemd driver), as kubelet makes it."""
     cid = f"{i:02x}" * 32
     uid = f"{i:08x}-0000-4000-8000-{i:012x}"
     pod = f"kubepods-burstable-pod{uid.replace('-', '_')}.slice"
     path = f"{CG}/kubepods.slice/kubepods-burstable.slice/{pod}/cri-containerd-{cid}.scope"
-    os.makedirs(path, exist_ok=True)
+    if make:
+        os.makedirs(path, exist_ok=True)
     return cid, path
 
 
@@ -174,7 +175,8 @@ def main():
     solo = {r: [*cgroup(i), None] for r, i in (("G", 5), ("K", 6), ("N", 7))}
     for r in ("G", "K"):
         solo[r][2] = Holder(solo[r][1])
-    for h in [h for hs in pods.values() for h in hs] + [solo["G"][2], solo["K"][2]]:
+    every = lambda: [h for hs in pods.values() for h in hs] + [solo["G"][2], solo["K"][2]]
+    for h in every():
         h.ready()
     print(f"{sum(map(len, pods.values())) + 2} holders ready after {time.time() - t0:.1f} s",
           flush=True)
@@ -183,10 +185,10 @@ def main():
         for i, ms in enumerate(intervals):
             phase(i, ms, 9480 + i, pods, solo)
     finally:
-        for h in [h for hs in pods.values() for h in hs] + [solo["G"][2], solo["K"][2]]:
+        for h in every():
             h.kill()
         time.sleep(1)
-        for cid, path in [cgroup(i) for i in range(1, 8)]:
+        for cid, path in [cgroup(i, make=False) for i in range(1, 8)]:
             for d in (path, os.path.dirname(path)):
                 try:
                     os.rmdir(d)
