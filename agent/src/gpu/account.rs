@@ -10,7 +10,7 @@ use gpu_model::{
 };
 
 use super::{
-    join::{same, Counters, DeviceNames, KeyRef, Owner},
+    join::{same, Accumulated, Counters, DeviceNames, KeyRef, Owner},
     spare::Spare,
 };
 use crate::metadata::{hami::HamiLimits, Metadata};
@@ -104,9 +104,12 @@ pub struct Session {
     pub names: RecordNames,
 }
 
-/// Per (owner, device): what this module carries across cycles.
+/// Per (owner, device): what this module carries across cycles, and the join's
+/// cumulative counters (`acc`: None until the owner used the device, and again once they
+/// were forgotten).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
+    pub acc: Option<Accumulated>,
     pub energy_j: f64,
     pub energy_since_ms: u64,
     /// Last cycle that charged it anything (energy, accounting), ms.
@@ -119,46 +122,132 @@ pub struct Ledger {
     pub session: Option<Session>,
 }
 
-/// Ledgers by owner, then by device: one hash lookup per owner a cycle, and a short scan
-/// of its few devices.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Ledgers(hashbrown::HashMap<Owner, Vec<(Name, Ledger)>, rustc_hash::FxBuildHasher>);
+/// An owner's ledgers: one per device.
+pub type Devices = Vec<(Name, Ledger)>;
+
+/// Where an owner's ledgers sit in `Ledgers`: stable while the owner has any, so that
+/// each pass of a cycle reaches them without a lookup.
+pub type Slot = u32;
+
+/// Ledgers by owner, then by device: one hash lookup per owner a cycle (the grouping's,
+/// which hands out each owner's `Slot`), and a short scan of its few devices. The
+/// counters were a map of their own, looked up per (owner, device) each cycle: on the
+/// large node a tenth of the agent's CPU time, each lookup a cache miss in memory gone
+/// cold since the cycle before.
+#[derive(Debug, Clone, Default)]
+pub struct Ledgers {
+    index: hashbrown::HashMap<Owner, Slot, rustc_hash::FxBuildHasher>,
+    /// (owner, its devices) by slot; a freed slot has neither and waits in `free`.
+    slots: Vec<(Option<Owner>, Devices)>,
+    free: Vec<Slot>,
+}
+
+/// The same ledgers of the same owners, wherever their slots are (an owner with none, just
+/// given its slot, counts as absent).
+impl PartialEq for Ledgers {
+    fn eq(&self, other: &Ledgers) -> bool {
+        let held = |l: &Ledgers| l.slots.iter().filter(|(_, v)| !v.is_empty()).count();
+        held(self) == held(other)
+            && self.index.iter().all(|(o, &s)| {
+                let mine = &self.slots[s as usize].1;
+                let theirs = other.index.get(o).map(|&t| &other.slots[t as usize].1);
+                mine.is_empty() || theirs == Some(mine)
+            })
+    }
+}
 
 impl Ledgers {
     pub fn get(&self, owner: &Owner, uuid: &Name) -> Option<&Ledger> {
-        self.0
-            .get(owner)?
+        let s = *self.index.get(owner)?;
+        self.slots[s as usize]
+            .1
             .iter()
             .find(|(u, _)| same(u, uuid))
             .map(|(_, l)| l)
     }
 
+    pub fn get_mut(&mut self, owner: &Owner, uuid: &Name) -> Option<&mut Ledger> {
+        let s = *self.index.get(owner)?;
+        self.slots[s as usize]
+            .1
+            .iter_mut()
+            .find(|(u, _)| same(u, uuid))
+            .map(|(_, l)| l)
+    }
+
+    /// The owner's slot, if it has one.
+    pub fn find(&self, owner: &Owner) -> Option<Slot> {
+        self.index.get(owner).copied()
+    }
+
+    /// The owner's slot, made on first use: `key` is the owner, borrowed, and `owner` makes
+    /// it (cloned, a reference count) only for a new one.
+    pub fn slot<Q>(&mut self, key: &Q, owner: impl FnOnce() -> Owner) -> Slot
+    where
+        Q: std::hash::Hash + hashbrown::Equivalent<Owner> + ?Sized,
+    {
+        if let Some(&s) = self.index.get(key) {
+            return s;
+        }
+        let owner = owner();
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize].0 = Some(owner.clone());
+                s
+            }
+            None => {
+                self.slots.push((Some(owner.clone()), vec![]));
+                (self.slots.len() - 1) as Slot
+            }
+        };
+        self.index.insert(owner, s);
+        s
+    }
+
+    /// The devices of the owner in `slot`.
+    pub fn at(&mut self, slot: Slot) -> &mut Vec<(Name, Ledger)> {
+        &mut self.slots[slot as usize].1
+    }
+
+    /// The devices of the owner in `slot`, to read.
+    pub fn read(&self, slot: Slot) -> &[(Name, Ledger)] {
+        &self.slots[slot as usize].1
+    }
+
     /// The owner's devices, made on first use.
     pub fn of(&mut self, owner: &Owner) -> &mut Vec<(Name, Ledger)> {
-        // One lookup; the key is cloned (a reference count) only for a new owner.
-        self.0.entry_ref(owner).or_default()
+        let s = self.slot(owner, || owner.clone());
+        self.at(s)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Name, &Ledger)> {
-        self.0
+        self.slots
             .iter()
+            .filter_map(|(o, v)| Some((o.as_ref()?, v)))
             .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u, l)))
     }
 
     pub fn len(&self) -> usize {
-        self.0.values().map(Vec::len).sum()
+        self.slots.iter().map(|(_, v)| v.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 
-    /// Keeps the ledgers `keep` says to.
-    pub fn retain(&mut self, mut keep: impl FnMut(&Ledger) -> bool) {
-        for v in self.0.values_mut() {
-            v.retain(|(_, l)| keep(l));
+    /// Keeps the ledgers `keep` says to (it may also change them); an owner left with none
+    /// gives its slot back.
+    pub fn retain(&mut self, mut keep: impl FnMut(&mut Ledger) -> bool) {
+        for (s, (owner, v)) in self.slots.iter_mut().enumerate() {
+            v.retain_mut(|(_, l)| keep(l));
+            if v.is_empty() {
+                if let Some(o) = owner.take() {
+                    self.index.remove(&o);
+                    *v = vec![];
+                    self.free.push(s as Slot);
+                }
+            }
         }
-        self.0.retain(|_, v| !v.is_empty());
     }
 }
 
@@ -240,15 +329,18 @@ type Charge<'a> = (usize, &'a Name, f64);
 /// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
 /// sessions advanced), accounting charged, ended sessions closed into records, and each
 /// container's `accounts` filled. `owners` are the containers' (`owner_key` of each),
-/// which the join already holds.
+/// which the join already holds, and `slots` those of the first containers' owners.
 pub fn account(
     containers: &mut Vec<ContainerUsage>,
     owners: Vec<Option<Owner>>,
+    slots: Vec<Slot>,
     counters: &mut Counters,
     pass: &Pass,
 ) -> Vec<UsageRecord> {
     debug_assert!(containers.iter().map(owner_key).eq(owners.iter().cloned()));
     let now = pass.sample.taken_at_ms;
+    let mut slots: Vec<Option<Slot>> = slots.into_iter().map(Some).collect();
+    slots_of(&mut slots, &owners, &mut counters.ledgers);
     let users = DeviceUsers::of(containers, &owners, pass.names);
     let mut split = Split::default();
     for (i, d) in pass.sample.devices.iter().enumerate() {
@@ -261,12 +353,12 @@ pub fn account(
     // held energy reads.
     charges.sort_by_key(|c| c.0);
     let mut rest = &charges[..];
-    for (i, (c, owner)) in containers.iter().zip(&owners).enumerate() {
+    for (i, (c, slot)) in containers.iter().zip(&slots).enumerate() {
         let n = rest.iter().take_while(|c| c.0 == i).count();
         let (mine, later) = rest.split_at(n);
         rest = later;
-        if let Some(owner) = owner {
-            advance(c, owner, mine, counters, pass.inputs.peak_window_ms, now);
+        if let Some(slot) = slot {
+            advance(c, *slot, mine, counters, pass.inputs.peak_window_ms, now);
         }
     }
     let mut records = charge_accounting(containers, &owners, counters, pass, now);
@@ -277,13 +369,17 @@ pub fn account(
     let mut owners = owners;
     owners.extend(added.iter().map(owner_key));
     containers.extend(added);
+    // Charged accounting, so holding a ledger: their slots are there to find.
+    let found = owners[slots.len()..].iter();
+    let found: Vec<_> = found.map(|o| counters.ledgers.find(o.as_ref()?)).collect();
+    slots.extend(found);
     // One list of each container's devices, reused (not a list made and freed per entry).
     let mut devices = vec![];
-    for (c, owner) in containers.iter_mut().zip(&owners) {
-        if let Some(owner) = owner {
+    for ((c, owner), slot) in containers.iter_mut().zip(&owners).zip(&slots) {
+        if let (Some(owner), Some(slot)) = (owner, slot) {
             fill_accounts(
                 c,
-                owner,
+                (owner, *slot),
                 counters,
                 &accounted,
                 pass,
@@ -294,6 +390,13 @@ pub fn account(
     }
     counters.spare.put_back(spare);
     records
+}
+
+/// The slots of the owners past those `slots` has, looked up (made for a new owner).
+fn slots_of(slots: &mut Vec<Option<Slot>>, owners: &[Option<Owner>], ledgers: &mut Ledgers) {
+    for o in &owners[slots.len()..] {
+        slots.push(o.as_ref().map(|o| ledgers.slot(o, || o.clone())));
+    }
 }
 
 /// The energy split's charges: this cycle's by borrowed names; those of the cycles an
@@ -566,19 +669,17 @@ fn charge_accounting(
 /// cycle's credit), energy is charged, the peak and the open session advance.
 fn advance(
     c: &ContainerUsage,
-    owner: &Owner,
+    slot: Slot,
     charges: &[Charge],
     counters: &mut Counters,
     window_ms: u64,
     now: u64,
 ) {
-    let Counters { map, ledgers, .. } = counters;
-    let devices = ledgers.of(owner);
+    let devices = counters.ledgers.at(slot);
     for g in &c.gpus {
         let l = device(devices, &g.uuid);
         if l.session.is_none() {
-            let key = (owner.clone(), g.uuid.clone());
-            let before = map.get(&key).map(|a| a.before).unwrap_or_default();
+            let before = l.acc.as_ref().map(|a| a.before).unwrap_or_default();
             l.session = Some(Session {
                 gpu_uuid: g.gpu_uuid.clone(),
                 start_ms: now,
@@ -592,7 +693,6 @@ fn advance(
                 names: RecordNames::of(c),
             });
         }
-        l.last_used_ms = now;
         l.peak.push(now, g.memory_used_bytes, window_ms);
         if let Some(s) = &mut l.session {
             s.end_ms = now;
@@ -627,14 +727,8 @@ fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
 
 /// Ends the session of `key` and returns its record.
 pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Option<UsageRecord> {
-    let acc = counters.map.get(key).cloned().unwrap_or_default();
-    let l = counters
-        .ledgers
-        .0
-        .get_mut(&key.0)?
-        .iter_mut()
-        .find(|(u, _)| same(u, &key.1))?;
-    let l = &mut l.1;
+    let l = counters.ledgers.get_mut(&key.0, &key.1)?;
+    let acc = l.acc.clone().unwrap_or_default();
     let s = l.session.take()?;
     Some(UsageRecord {
         uuid: key.1.to_string(),
@@ -655,7 +749,7 @@ pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Opti
 /// Each device the container used or was allocated: its ledger and its limits.
 fn fill_accounts(
     c: &mut ContainerUsage,
-    owner: &Owner,
+    (owner, slot): (&Owner, Slot),
     counters: &Counters,
     accounted: &ChargedDevices,
     pass: &Pass,
@@ -677,8 +771,9 @@ fn fill_accounts(
         }
     }
     let mut accounts = spare.accounts(uuids.len());
+    let ledgers = counters.ledgers.read(slot);
     for (uuid, gpu_uuid) in uuids.drain(..) {
-        let l = counters.ledgers.get(owner, &uuid);
+        let l = ledgers.iter().find(|(u, _)| same(u, &uuid)).map(|(_, l)| l);
         let mut a = GpuAccount {
             uuid,
             gpu_uuid,
@@ -811,6 +906,37 @@ mod tests {
         assert_eq!(p.max(), Some(4), "9 fell out of the window");
         p.push(1200, 2, 1000);
         assert_eq!(p.max(), Some(4));
+    }
+
+    #[test]
+    fn an_owner_keeps_its_slot_while_it_has_ledgers_and_a_freed_slot_is_taken_again() {
+        let mut l = Ledgers::default();
+        let (a, b) = (Owner::Container("a".into()), Owner::Pod("b".into()));
+        let gpu: Name = "GPU-1".into();
+        let sa = l.slot(&a, || a.clone());
+        device(l.at(sa), &gpu).energy_j = 1.0;
+        let sb = l.slot(&b, || b.clone());
+        device(l.at(sb), &gpu).energy_j = 2.0;
+        assert_ne!(sa, sb);
+        // Found by content too: an equal id in another allocation.
+        let a2 = Owner::Container("a".into());
+        assert_eq!(l.slot(&a2, || unreachable!("a has a slot")), sa);
+        l.retain(|x| x.energy_j > 1.5);
+        assert_eq!(l.get(&a, &gpu), None);
+        assert_eq!((l.len(), l.iter().count()), (1, 1));
+        assert_eq!(
+            l.slot(&Owner::Host, || Owner::Host),
+            sa,
+            "a's slot, given back"
+        );
+        assert_eq!(l.get(&b, &gpu).map(|x| x.energy_j), Some(2.0));
+        // The same ledgers of the same owners, in other slots: equal.
+        let mut m = Ledgers::default();
+        device(m.of(&Owner::Host), &gpu);
+        device(m.of(&b), &gpu).energy_j = 2.0;
+        assert_ne!(l, m, "the host has a ledger in m only");
+        device(l.of(&Owner::Host), &gpu);
+        assert_eq!(l, m);
     }
 
     /// A ledger is about 250 bytes, and a large node has 2,000 owners of one device each.

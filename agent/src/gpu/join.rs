@@ -13,7 +13,7 @@ pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
 use gpu_model::{Name, SourceStatus, UsageRecord};
 
 use super::{
-    account::{self, Inputs, Ledgers},
+    account::{self, Inputs, Ledgers, Slot},
     naming::{self, Naming},
     sharing::Sharing,
     spare::Spare,
@@ -53,35 +53,55 @@ impl From<&Owner> for Owner {
 }
 
 /// By content, as `eq` compares when the pointers differ, but only the id's tail
-/// (`id_tail`).
+/// (`id_tail`); as `OwnerKey` hashes, so that either finds an owner.
 impl std::hash::Hash for Owner {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        std::mem::discriminant(self).hash(h);
-        if let Owner::Container(s) | Owner::Pod(s) = self {
-            h.write(id_tail(s));
+        match self {
+            Owner::Container(s) => OwnerKey(Some((true, s))).hash(h),
+            Owner::Pod(s) => OwnerKey(Some((false, s))).hash(h),
+            Owner::Host => OwnerKey(None).hash(h),
         }
     }
 }
 
 /// What an owner's hash reads of its id: the last 16 bytes (all of a shorter one), which
 /// with the length the hasher needs nothing else to tell ids apart: a container id is 64
-/// hex digits of a SHA-256 and a pod uid ends in 12 random ones. An owner is hashed four
-/// times a cycle (the grouping, its counters, its ledgers twice); over all 64 bytes those
-/// hashes were a tenth of the join on the large node. Equal ids hash alike, as `eq` needs.
+/// hex digits of a SHA-256 and a pod uid ends in 12 random ones. The grouping hashes the
+/// owner of each GPU process (its slot in the ledgers); over all 64 bytes, when an owner
+/// was hashed four times a cycle, those hashes were a tenth of the join on the large node.
+/// Equal ids hash alike, as `eq` needs.
 fn id_tail(s: &str) -> &[u8] {
     let b = s.as_bytes();
     &b[b.len().saturating_sub(16)..]
 }
 
-/// The grouping's key: the owner's kind and id, borrowed; hashed as `Owner` hashes.
+/// The grouping's key: the owner's kind (a container, else a pod) and id, borrowed; None
+/// for the host.
 #[derive(PartialEq, Eq)]
 struct OwnerKey<'a>(Option<(bool, &'a str)>);
 
 impl std::hash::Hash for OwnerKey<'_> {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        if let Some((container, id)) = self.0 {
-            h.write_u8(container as u8);
-            h.write(id_tail(id));
+        match self.0 {
+            Some((container, id)) => {
+                h.write_u8(container as u8);
+                h.write(id_tail(id));
+            }
+            None => h.write_u8(2),
+        }
+    }
+}
+
+/// By pointer first: the key borrows the very name the owner holds, mostly.
+impl hashbrown::Equivalent<Owner> for OwnerKey<'_> {
+    fn equivalent(&self, o: &Owner) -> bool {
+        let eq = |a: &str, b: &Name| std::ptr::eq(a, &**b) || a == &**b;
+        match (self.0, o) {
+            (Some((true, id)), Owner::Container(n)) | (Some((false, id)), Owner::Pod(n)) => {
+                eq(id, n)
+            }
+            (None, Owner::Host) => true,
+            _ => false,
         }
     }
 }
@@ -105,12 +125,12 @@ where
         .or_else(|| names.into_iter().position(|n| n == name))
 }
 
+/// The cumulative counters of one (owner, device), in its ledger; forgotten (and started
+/// again) when the owner has not used the device for `FORGET_AFTER_MS`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Accumulated {
     pub gpu_seconds: f64,
     pub byte_seconds: f64,
-    /// Last sample that saw this (owner, device), ms; stale ones are dropped.
-    pub last_seen_ms: u64,
     /// First sample that saw it: when its counters started.
     pub since_ms: u64,
     /// The totals before the last credit (seconds, byte-seconds): where a session that
@@ -118,14 +138,12 @@ pub struct Accumulated {
     pub before: (f64, f64),
 }
 
-/// Cumulative counters per (owner, device uuid), updated in place each cycle.
+/// What the join carries from one cycle to the next, updated in place.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counters {
-    /// Fx, not SipHash: the keys are 64-character container ids, hashed thousands of times
-    /// a cycle on a large node.
-    pub map: hashbrown::HashMap<(Owner, Name), Accumulated, rustc_hash::FxBuildHasher>,
     pub last_sample_ms: u64,
-    /// Energy, peaks, accounting and open sessions per (owner, device): see `account`.
+    /// Cumulative counters, energy, peaks, accounting and open sessions per (owner,
+    /// device): see `account`.
     pub ledgers: Ledgers,
     /// Per GPU uuid: its energy counter at the last sample, mJ.
     pub energy_mj: HashMap<String, u64>,
@@ -274,6 +292,8 @@ impl DeviceNames {
 
 struct Group {
     owner: Owner,
+    /// Where the owner's ledgers are.
+    slot: Slot,
     /// `order_key` of the owner, read once: the sort compared the owners' ids, each a
     /// cache miss, about 11 times per group.
     order: (u8, u128),
@@ -433,8 +453,9 @@ fn group_processes(
     sample: &GpuSample,
     names: &DeviceNames,
     process_detail: bool,
-    spare: &mut Spare,
+    counters: &mut Counters,
 ) -> Grouped {
+    let Counters { ledgers, spare, .. } = counters;
     // Every process placed first: a placement is a chain of cache misses (the process
     // cache, the cgroup registry) and, with nothing else in the loop, the CPU overlaps the
     // chains of several processes. The grouping below bumps reference counts, atomic
@@ -445,8 +466,9 @@ fn group_processes(
         .flat_map(|d| &d.processes)
         .map(|p| procs.place(p.pid))
         .collect();
-    // By the owner's name, borrowed: a group's owner is cloned once, when it is made.
-    let mut index: FxHashMap<OwnerKey, usize> = FxHashMap::default();
+    // Each owner's group by its slot: the slot is the one lookup of the owner this cycle,
+    // by its name, borrowed (cloned only for an owner new to the ledgers).
+    let mut group_of: Vec<u32> = vec![];
     let mut groups: Vec<Group> = vec![];
     let mut processes = vec![];
     let mut mps_servers = vec![];
@@ -465,16 +487,22 @@ fn group_processes(
                 continue;
             }
             let key = OwnerKey(owner_name(placed).map(|(c, n)| (c, &**n)));
-            let g = *index.entry(key).or_insert_with(|| {
+            let slot = ledgers.slot(&key, || owner(placed));
+            if group_of.len() <= slot as usize {
+                group_of.resize(slot as usize + 1, u32::MAX);
+            }
+            if group_of[slot as usize] == u32::MAX {
+                group_of[slot as usize] = groups.len() as u32;
                 let owner = owner(placed);
                 groups.push(Group {
                     order: order_key(&owner),
                     owner,
+                    slot,
                     meta: placed.and_then(meta_of),
                     gpus: spare.gpus(),
                 });
-                groups.len() - 1
-            });
+            }
+            let g = group_of[slot as usize] as usize;
             groups[g].add(uuid, names.gpu(i), p, spare);
         }
     }
@@ -484,28 +512,28 @@ fn group_processes(
 
 /// One entry per owner, its cumulative counters advanced by `dt` seconds in place; the
 /// counters of owners idle this cycle are kept (they must not reset) until forgotten. The
-/// owners come back beside their entries, for the account pass.
+/// owners and their slots come back beside their entries, for the account pass.
 fn accumulate(
     groups: Vec<Group>,
     counters: &mut Counters,
     dt: f64,
     taken_at_ms: u64,
-) -> (Vec<ContainerUsage>, Vec<Option<Owner>>) {
+) -> (Vec<ContainerUsage>, Vec<Option<Owner>>, Vec<Slot>) {
     let mut containers = counters.spare.containers(groups.len());
     let mut owners = Vec::with_capacity(groups.len());
+    let slots = groups.iter().map(|g| g.slot).collect();
     for g in groups {
         let mut gpus = g.gpus;
         gpus.sort_unstable_by(|a, b| a.uuid.cmp(&b.uuid));
+        let devices = counters.ledgers.at(g.slot);
         for cg in &mut gpus {
-            // The key is cloned (two reference counts) only for a new entry.
-            let acc = counters
-                .map
-                .entry_ref(&KeyRef(&g.owner, &cg.uuid))
-                .or_default();
+            let l = account::device(devices, &cg.uuid);
+            // Used now: neither its counters nor its ledger are forgotten this cycle.
+            l.last_used_ms = taken_at_ms;
+            let acc = l.acc.get_or_insert_with(Accumulated::default);
             acc.before = (acc.gpu_seconds, acc.byte_seconds);
             acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
-            acc.last_seen_ms = taken_at_ms;
             if acc.since_ms == 0 {
                 acc.since_ms = taken_at_ms;
             }
@@ -529,11 +557,8 @@ fn accumulate(
             ..Default::default()
         });
     }
-    counters
-        .map
-        .retain(|_, acc| taken_at_ms.saturating_sub(acc.last_seen_ms) < FORGET_AFTER_MS);
     counters.last_sample_ms = taken_at_ms;
-    (containers, owners)
+    (containers, owners, slots)
 }
 
 /// Containers the kubelet gave a GPU that run no GPU process at all: allocated, idle.
@@ -631,19 +656,19 @@ pub fn join_with(
         ((sample.taken_at_ms - last) as f64 / 1000.0).min(opts.max_gap.as_secs_f64())
     };
     let names = DeviceNames::new(sample, &counters.uuids);
-    let (groups, processes, mps_servers) = group_processes(
-        procs,
-        sample,
-        &names,
-        opts.process_detail,
-        &mut counters.spare,
-    );
-    let (mut containers, mut owners) = accumulate(groups, &mut counters, dt, sample.taken_at_ms);
+    let (groups, processes, mps_servers) =
+        group_processes(procs, sample, &names, opts.process_detail, &mut counters);
+    let (mut containers, mut owners, slots) =
+        accumulate(groups, &mut counters, dt, sample.taken_at_ms);
     counters.uuids = names.set();
-    // Ledgers go with their counters, unless charged lately (an allocated, idle GPU's
-    // energy) or in the middle of a session.
+    // Counters unused for a while are forgotten; their ledger goes with them, unless
+    // charged lately (an allocated, idle GPU's energy) or in the middle of a session.
     let now = sample.taken_at_ms;
     counters.ledgers.retain(|l| {
+        // An open session's record still needs them (no cycle ran for that long).
+        if now.saturating_sub(l.last_used_ms) >= FORGET_AFTER_MS && l.session.is_none() {
+            l.acc = None;
+        }
         l.session.is_some()
             || now.saturating_sub(l.last_used_ms.max(l.last_charged_ms)) < FORGET_AFTER_MS
     });
@@ -665,7 +690,7 @@ pub fn join_with(
         metadata,
         inputs,
     };
-    let records = account::account(&mut containers, owners, &mut counters, &pass);
+    let records = account::account(&mut containers, owners, slots, &mut counters, &pass);
     let devices = sample
         .devices
         .iter()
@@ -1580,6 +1605,52 @@ mod sharing_tests {
             claim: claim.map(String::from),
         }]);
         md
+    }
+
+    /// Ten minutes without a process on the GPU: A's counters are forgotten and start again
+    /// when it comes back, but its ledger stays, charged the allocated, idle GPU's energy
+    /// all along; B, charged nothing since, loses its ledger too.
+    #[test]
+    fn unused_counters_are_forgotten_and_a_charged_ledger_stays() {
+        let md = allocated_to_a("nvidia.com/gpu", "GPU-1", None);
+        let both = || vec![p(100, 10, Some(50)), p(200, 10, Some(50))];
+        let gone = 2000 + FORGET_AFTER_MS;
+        let samples = [
+            sample(1000, 1_000_000, both()),
+            sample(2000, 1_100_000, both()),
+            sample(3000, 1_200_000, vec![]),
+            sample(gone, 1_300_000, vec![]),
+            sample(gone + 1000, 1_400_000, both()),
+        ];
+        let a = Owner::Container(A.into());
+        let b = Owner::Container(B.into());
+        let gpu: Name = "GPU-1".into();
+        let (_, c, _) = run(&md, &samples[..3], &Inputs::default());
+        assert!(c.ledgers.get(&a, &gpu).unwrap().acc.is_some());
+        assert!(c.ledgers.get(&b, &gpu).unwrap().acc.is_some());
+        let (_, c, _) = run(&md, &samples[..4], &Inputs::default());
+        let la = c.ledgers.get(&a, &gpu).expect("charged: kept");
+        assert_eq!(la.acc, None, "unused for ten minutes: forgotten");
+        assert_eq!(c.ledgers.get(&b, &gpu), None);
+        let (snap, _, _) = run(&md, &samples, &Inputs::default());
+        let g = &snap
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(A));
+        let g = &g.unwrap().gpus[0];
+        assert_eq!(g.counters_since_ms, gone + 1000, "started again");
+        assert!(
+            (g.gpu_time_seconds - 0.5).abs() < 1e-9,
+            "{}",
+            g.gpu_time_seconds
+        );
+        // 100 J a cycle: at 2 s half A's, at 3 s and at `gone` all A's (idle, and allocated
+        // to A), at the end half A's.
+        assert!(
+            (energy(&snap, A) - 300.0).abs() < 1e-9,
+            "{}",
+            energy(&snap, A)
+        );
     }
 
     #[test]
