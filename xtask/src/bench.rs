@@ -265,15 +265,19 @@ pub(crate) fn storm_with(bin: &Path, n: u32, rounds: u32) -> Result<StormFigures
     eprintln!("bench storm: {n} fork+exec in {path}, {rounds} rounds");
     run_storm(&cg, n / 10)?; // warm the page cache
 
-    let (mut base, mut with, mut cpu_per_event, mut lost, mut events) =
-        (vec![], vec![], vec![], 0u64, 0u64);
+    let (mut base, mut with, mut ratios, mut cpu_per_event, mut lost, mut events) =
+        (vec![], vec![], vec![], vec![], 0u64, 0u64);
     let mut rss = 0;
     for round in 0..rounds {
-        let b = run_storm(&cg, n)?;
+        // Without, with, with, without: this VM's speed drifts by 10-30 % over minutes,
+        // and a drift within the round cancels out of the sums (one storm each way had the
+        // agent's always second, and gave 0.96x to 1.09x for one build).
+        let b1 = run_storm(&cg, n)?;
         let agent = Agent::start_binary(bin, "", &[]);
         let s0 = settle(&agent);
         let c0 = cpu_ns(agent.pid())?;
-        let w = run_storm(&cg, n)?;
+        let w1 = run_storm(&cg, n)?;
+        let w2 = run_storm(&cg, n)?;
         let s1 = settle(&agent);
         let c1 = cpu_ns(agent.pid())?;
         rss = rss.max(rss_kib(agent.pid())?);
@@ -283,14 +287,21 @@ pub(crate) fn storm_with(bin: &Path, n: u32, rounds: u32) -> Result<StormFigures
             bail!("agent not in eBPF mode: {s1}");
         }
         drop(agent);
+        let b2 = run_storm(&cg, n)?;
+        let secs = |d: [Duration; 2]| d.iter().map(Duration::as_secs_f64).sum::<f64>() / 2.0;
+        let (b, w) = (secs([b1, b2]), secs([w1, w2]));
         eprintln!(
-            "round {round}: without {:.2}s, with {:.2}s, {ev} events, {l} lost, agent {:.1} ms CPU",
-            b.as_secs_f64(),
-            w.as_secs_f64(),
+            "round {round}: without {:.2}s and {:.2}s, with {:.2}s and {:.2}s ({:.3}x), {ev} events, {l} lost, agent {:.1} ms CPU",
+            b1.as_secs_f64(),
+            b2.as_secs_f64(),
+            w1.as_secs_f64(),
+            w2.as_secs_f64(),
+            w / b,
             (c1 - c0) as f64 / 1e6
         );
-        base.push(b.as_secs_f64());
-        with.push(w.as_secs_f64());
+        base.push(b);
+        with.push(w);
+        ratios.push(w / b);
         cpu_per_event.push((c1 - c0) as f64 / ev.max(1) as f64 / 1000.0);
         lost += l;
         events += ev;
@@ -298,7 +309,7 @@ pub(crate) fn storm_with(bin: &Path, n: u32, rounds: u32) -> Result<StormFigures
 
     let programs = program_stats(bin, &cg, n)?;
     let (tb, tw) = (median(&mut base), median(&mut with));
-    let slowdown = tw / tb;
+    let slowdown = median(&mut ratios);
     let cpu_us = median(&mut cpu_per_event);
     let total_runs: u64 = programs.iter().map(|p| p.runs).sum();
     let mean_ns = programs
@@ -310,7 +321,8 @@ pub(crate) fn storm_with(bin: &Path, n: u32, rounds: u32) -> Result<StormFigures
     let mut md = String::new();
     md.push_str(&format!(
         "Measured by `cargo xtask bench storm` ({n} fork+exec of /bin/true from a shell in a \
-         pod cgroup; {rounds} rounds, medians) on {}.\n\n",
+         pod cgroup; {rounds} rounds, each without, with, with and without the agent; the \
+         slowdown is the median of the rounds' ratios, the times medians of their means) on {}.\n\n",
         machine()
     ));
     md.push_str("| figure | value | goal |\n| --- | --- | --- |\n");
