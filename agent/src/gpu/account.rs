@@ -355,8 +355,10 @@ pub fn account(
     slots_of(&mut slots, &owners, &mut counters.ledgers);
     let users = DeviceUsers::of(containers, &owners, pass.names);
     let mut split = Split::default();
+    let mut index = None;
     for (i, d) in pass.sample.devices.iter().enumerate() {
-        split_energy(d, &users, &owners, i, counters, &mut split, now);
+        let owners = (&owners[..], &mut index);
+        split_energy(d, &users, owners, i, counters, &mut split, now);
     }
     let Split { this_cycle, held } = split;
     let mut charges = this_cycle;
@@ -418,6 +420,9 @@ struct Split<'a> {
     this_cycle: Vec<Charge<'a>>,
     held: Vec<(usize, Name, f64)>,
 }
+
+/// Each present owner's container index.
+type OwnerIndex<'o> = rustc_hash::FxHashMap<&'o Owner, usize>;
 
 /// A container's use of a device: (its index, the device, SM utilization, memory).
 type Use<'a> = (usize, &'a Name, Option<u32>, u64);
@@ -568,10 +573,10 @@ type CycleShares<'a> = (Vec<(usize, &'a Name, f64)>, f64);
 /// GPU is allocated to, in equal parts, else to the GPU's idle entry. Every joule of each
 /// increase lands somewhere: by this cycle's shares when the counter was read last cycle
 /// too, else by the mean of the cycles since (`EnergyShares`).
-fn split_energy<'a>(
+fn split_energy<'a, 'o>(
     d: &DeviceSample,
     users: &DeviceUsers<'a>,
-    owners: &[Option<Owner>],
+    (owners, index): (&'o [Option<Owner>], &mut Option<OwnerIndex<'o>>),
     i: usize,
     counters: &mut Counters,
     charges: &mut Split<'a>,
@@ -619,11 +624,11 @@ fn split_energy<'a>(
     let pending = counters.energy_shares.remove(&d.uuid).unwrap_or_default();
     let per_cycle = delta / pending.cycles.max(1) as f64;
     *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += per_cycle * pending.idle;
-    let index: rustc_hash::FxHashMap<&Owner, usize> = owners
-        .iter()
-        .enumerate()
-        .filter_map(|(c, o)| o.as_ref().map(|o| (o, c)))
-        .collect();
+    // Made once a cycle, for the first GPU whose held energy moved.
+    let index = index.get_or_insert_with(|| {
+        let owners = owners.iter().enumerate();
+        owners.filter_map(|(c, o)| Some((o.as_ref()?, c))).collect()
+    });
     for (owner, name, f) in pending.owners.entries {
         match index.get(&owner) {
             Some(c) => charges.held.push((*c, name, per_cycle * f)),
