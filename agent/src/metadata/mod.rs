@@ -651,20 +651,34 @@ pub struct NameRequests {
     /// container is looked up here every cycle (with SipHash over 64-character ids, 1.8 %
     /// of the large node's agent).
     asked: rustc_hash::FxHashMap<Name, Instant>,
+    /// When the ids asked about more than a minute ago were last let go: a walk of all of
+    /// them every cycle was 1 % of that node's agent, and an id is asked again once its
+    /// minute is up whether or not it was let go.
+    swept: Option<Instant>,
 }
+
+/// How long an id asked about is not asked about again.
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(60);
 
 impl NameRequests {
     pub fn new(tx: tokio::sync::mpsc::Sender<NameRequest>) -> NameRequests {
         NameRequests {
             tx,
             asked: Default::default(),
+            swept: None,
         }
     }
 
     pub fn ask(&mut self, snap: &gpu_model::Snapshot) {
-        let now = Instant::now();
-        self.asked
-            .retain(|_, t| now.duration_since(*t) < Duration::from_secs(60));
+        self.ask_at(snap, Instant::now())
+    }
+
+    fn ask_at(&mut self, snap: &gpu_model::Snapshot, now: Instant) {
+        let recent = |t: &Instant| now.duration_since(*t) < ASK_AGAIN_AFTER;
+        if !self.swept.as_ref().is_some_and(recent) {
+            self.asked.retain(|_, t| recent(t));
+            self.swept = Some(now);
+        }
         let mut unknown = vec![];
         let ids = snap
             .containers
@@ -672,10 +686,12 @@ impl NameRequests {
             .filter(|c| c.pod_name.is_none() && c.container_name.is_none())
             .filter_map(|c| c.container_id.as_ref());
         for id in ids {
-            if !self.asked.contains_key(id) {
-                self.asked.insert(id.clone(), now);
-                unknown.push(id.to_string());
+            match self.asked.get_mut(id) {
+                Some(t) if recent(t) => continue,
+                Some(t) => *t = now,
+                None => _ = self.asked.insert(id.clone(), now),
             }
+            unknown.push(id.to_string());
         }
         if unknown.is_empty() {
             return;
@@ -717,6 +733,45 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unnamed_container_is_asked_about_once_a_minute() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        let mut r = NameRequests::new(tx);
+        let unnamed = |ids: &[&str]| gpu_model::Snapshot {
+            containers: ids
+                .iter()
+                .map(|id| gpu_model::ContainerUsage {
+                    container_id: Some((*id).into()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut asked = || match rx.try_recv() {
+            Ok(NameRequest::Unknown(ids)) => ids,
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => vec![],
+        };
+        let t0 = Instant::now();
+        let s = |secs| t0 + Duration::from_secs(secs);
+        r.ask_at(&unnamed(&["a", "b"]), t0);
+        assert_eq!(asked(), ["a", "b"]);
+        r.ask_at(&unnamed(&["a", "b", "c"]), s(30));
+        assert_eq!(asked(), ["c"]);
+        r.ask_at(&unnamed(&["a", "b", "c"]), s(59));
+        assert!(asked().is_empty());
+        // a and b's minute is up, not c's.
+        r.ask_at(&unnamed(&["a", "b", "c"]), s(61));
+        assert_eq!(asked(), ["a", "b"]);
+        r.ask_at(&unnamed(&["a", "b", "c"]), s(91));
+        assert_eq!(asked(), ["c"]);
+        // A named container is not asked about.
+        let mut named = unnamed(&["d"]);
+        named.containers[0].pod_name = Some("p".into());
+        r.ask_at(&named, s(92));
+        assert!(asked().is_empty());
+    }
 
     #[test]
     fn a_forgotten_container_takes_its_allocated_id_unless_a_new_id_holds_it() {
