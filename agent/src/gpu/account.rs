@@ -217,7 +217,7 @@ impl Ledgers {
     }
 
     /// The devices of the owner in `slot`.
-    pub fn at(&mut self, slot: Slot) -> &mut Vec<(Name, Ledger)> {
+    pub fn at(&mut self, slot: Slot) -> &mut Devices {
         &mut self.slots[slot as usize].1
     }
 
@@ -227,7 +227,7 @@ impl Ledgers {
     }
 
     /// The owner's devices, made on first use.
-    pub fn of(&mut self, owner: &Owner) -> &mut Vec<(Name, Ledger)> {
+    pub fn of(&mut self, owner: &Owner) -> &mut Devices {
         let s = self.slot(owner, || owner.clone());
         self.at(s)
     }

@@ -487,8 +487,9 @@ fn group_processes(
     let mut placed: Vec<Option<Placement<'_>>> = Vec::with_capacity(n);
     let all = sample.devices.iter().flat_map(|d| &d.processes);
     placed.extend(all.map(|p| procs.place(p.pid)));
-    // Each owner's group by its slot: the slot is the one lookup of the owner this cycle,
-    // by its name, borrowed (cloned only for an owner new to the ledgers).
+    // Each owner's group by its slot: the process's hint from the cycle before, else the
+    // owner's one lookup this cycle, by its name, borrowed (cloned only for an owner new
+    // to the ledgers).
     let mut group_of: Vec<u32> = vec![];
     let last = std::mem::replace(hints, Vec::with_capacity(n));
     // As many as the cycle before, mostly.
