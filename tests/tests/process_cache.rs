@@ -178,6 +178,10 @@ fn process_only_in_a_cgroup_v1_hierarchy_is_attributed() {
 /// Forces the next PID to be `want` through ns_last_pid; retries while other forks race.
 fn spawn_with_pid(want: u32, cg: &TestCgroup) -> Option<Proc> {
     for _ in 0..200 {
+        // Another process has it (another test's, forked meanwhile): it cannot be had.
+        if Path::new(&format!("/proc/{want}")).exists() {
+            return None;
+        }
         std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string()).ok()?;
         let p = Proc(cg.spawn(&mut sleeper()));
         if p.pid() == want {
@@ -269,13 +273,16 @@ fn overflow_then_resync(ebpf: &str, keep_n: usize, slots: Option<u32>) -> (TestC
         let sharers: Vec<Proc> = keep[10..30]
             .iter()
             .map(|p| {
-                let want = (1..pid_max / n)
+                let free = (1..pid_max / n)
                     .flat_map(|k| [p.pid() + k * n, p.pid().saturating_sub(k * n)])
-                    .find(|w| {
+                    .filter(|w| {
                         (301..pid_max).contains(w) && !Path::new(&format!("/proc/{w}")).exists()
-                    })
-                    .expect("a free tgid in the same slot");
-                spawn_with_pid(want, &cg).unwrap_or_else(|| panic!("no process got pid {want}"))
+                    });
+                // The tests beside this one fork too: a free tgid may go to one of theirs
+                // first, and then the next free one of the slot is tried.
+                free.take(5)
+                    .find_map(|want| spawn_with_pid(want, &cg))
+                    .unwrap_or_else(|| panic!("no process got a tgid in {}'s slot", p.pid()))
             })
             .collect();
         keep.extend(sharers);
