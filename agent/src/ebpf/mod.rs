@@ -364,7 +364,7 @@ impl EbpfSource {
     }
 }
 
-/// The task iterator's offsets from this kernel's BTF, or why it cannot run.
+/// A map's file descriptor, for the batched lookups.
 fn fd(map: &MapData) -> RawFd {
     map.fd().as_fd().as_raw_fd()
 }
@@ -375,6 +375,7 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, String> {
         .ok_or_else(|| format!("map {name} missing from the object"))
 }
 
+/// The task iterator's offsets from this kernel's BTF, or why it cannot run.
 fn iter_config(btf: &btf::Btf, v1: Option<(u32, &str)>) -> Result<IterConfig, String> {
     let off = |s: &str, m: &str| {
         btf.offset_of(s, m)
