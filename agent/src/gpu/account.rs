@@ -158,21 +158,14 @@ impl PartialEq for Ledgers {
 
 impl Ledgers {
     pub fn get(&self, owner: &Owner, uuid: &Name) -> Option<&Ledger> {
-        let s = *self.index.get(owner)?;
-        self.slots[s as usize]
-            .1
-            .iter()
-            .find(|(u, _)| same(u, uuid))
-            .map(|(_, l)| l)
+        let devices = &self.slots[*self.index.get(owner)? as usize].1;
+        Some(&devices[position(devices, uuid)?].1)
     }
 
     pub fn get_mut(&mut self, owner: &Owner, uuid: &Name) -> Option<&mut Ledger> {
-        let s = *self.index.get(owner)?;
-        self.slots[s as usize]
-            .1
-            .iter_mut()
-            .find(|(u, _)| same(u, uuid))
-            .map(|(_, l)| l)
+        let devices = &mut self.slots[*self.index.get(owner)? as usize].1;
+        let i = position(devices, uuid)?;
+        Some(&mut devices[i].1)
     }
 
     /// Whether `slot` is that of the owner named (`join::owner_name`: a container, else a
@@ -263,9 +256,14 @@ impl Ledgers {
     }
 }
 
+/// Where the device's ledger is in an owner's list.
+fn position(devices: &[(Name, Ledger)], uuid: &Name) -> Option<usize> {
+    devices.iter().position(|(u, _)| same(u, uuid))
+}
+
 /// The device's ledger in an owner's list, made on first use.
 pub fn device<'a>(devices: &'a mut Vec<(Name, Ledger)>, uuid: &Name) -> &'a mut Ledger {
-    let i = match devices.iter().position(|(u, _)| same(u, uuid)) {
+    let i = match position(devices, uuid) {
         Some(i) => i,
         None => {
             // Most owners use one device: room for one, not the four (a KiB) a push makes.
@@ -824,7 +822,7 @@ fn fill_accounts(
     let mut accounts = spare.accounts(uuids.len());
     let ledgers = counters.ledgers.read(slot);
     for (uuid, gpu_uuid) in uuids.drain(..) {
-        let l = ledgers.iter().find(|(u, _)| same(u, &uuid)).map(|(_, l)| l);
+        let l = position(ledgers, &uuid).map(|i| &ledgers[i].1);
         let mut a = GpuAccount {
             uuid,
             gpu_uuid,
