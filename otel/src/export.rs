@@ -53,6 +53,9 @@ pub struct OtlpExporter {
     /// The settings' `max_request_bytes`, lowered while the collector refuses requests of
     /// that size.
     max_request_bytes: usize,
+    /// The last request that left the queue (sent, or refused for good), when nothing else
+    /// held it: the encoder patches it into the next one (`otlp::Reuse`).
+    sent: Option<Vec<u8>>,
 }
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -132,7 +135,14 @@ impl OtlpExporter {
             backoff: BACKOFF_MIN,
             next_attempt: Instant::now(),
             counters,
+            sent: None,
         })
+    }
+
+    /// The request that left the queue last, if nothing else holds it and no other is
+    /// queued: for `otlp::Reuse::give_back`.
+    pub fn take_sent(&mut self) -> Option<Vec<u8>> {
+        self.sent.take()
     }
 
     pub fn settings(&self) -> &OtlpSettings {
@@ -226,6 +236,9 @@ impl OtlpExporter {
             self.counters
                 .queued_bytes
                 .store(self.queued_bytes as u64, Relaxed);
+            // The client dropped its reference once the response came: the buffer is
+            // this one's alone, and goes back as a `Vec` without a copy.
+            self.sent = body.try_into_mut().ok().map(Vec::from);
         }
         true
     }
@@ -558,6 +571,35 @@ mod tests {
             }
         });
         (url, taken)
+    }
+
+    #[test]
+    fn a_sent_request_comes_back_without_a_copy_and_a_queued_one_does_not() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (url, taken) = limited_collector(1 << 20).await;
+            let (mut ex, _) = exporter_to(url);
+            let body = request_of(&[1000, 2000]);
+            let ptr = body.as_ptr();
+            ex.export(body).await;
+            let back = ex.take_sent().expect("the sent request comes back");
+            assert_eq!(back.as_ptr(), ptr, "the same buffer");
+            assert_eq!(back, taken.lock().unwrap()[0]);
+            assert!(ex.take_sent().is_none(), "once");
+        });
+        rt.block_on(async {
+            // Nobody listens: the request stays queued for a retry, and is not handed out.
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            drop(listener);
+            let (mut ex, _) = exporter_to(url);
+            ex.export(request_of(&[1000])).await;
+            assert_eq!(ex.queued(), 1);
+            assert!(ex.take_sent().is_none());
+        });
     }
 
     #[test]
