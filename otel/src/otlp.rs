@@ -21,6 +21,9 @@ use opentelemetry_proto::tonic::{
 };
 use prost::Message;
 
+mod reuse;
+pub use reuse::Reuse;
+
 use crate::{
     catalogue::{
         Attr, Dropped, Kind, MetricId as M, MetricId, CLOCKS, DIRECTIONS, ECC_ERROR_TYPES,
@@ -94,6 +97,15 @@ struct Metrics {
     start_ns: u64,
     time_ns: u64,
     drop: Dropped,
+    /// Replaying a resource kept from the last export: the points only give their
+    /// numbers, to `values`, and nothing is encoded.
+    replay: bool,
+    /// Each point's start time (0 for gauges) and value, in the order they came.
+    values: Vec<(u64, f64)>,
+    /// Each point's place in `list` (metric, point), in the order they came.
+    order: Vec<(u16, u16)>,
+    /// Where `write_scope` wrote each point's fixed fields, in the order written.
+    written: Vec<usize>,
 }
 
 impl Metrics {
@@ -107,6 +119,10 @@ impl Metrics {
             start_ns,
             time_ns,
             drop,
+            replay: false,
+            values: vec![],
+            order: vec![],
+            written: vec![],
         }
     }
 
@@ -117,6 +133,9 @@ impl Metrics {
             self.spare.push(points);
         }
         self.arena.clear();
+        self.values.clear();
+        self.order.clear();
+        self.written.clear();
     }
 
     /// Appends the attributes that are not configured away to the arena.
@@ -133,6 +152,9 @@ impl Metrics {
 
     /// Data-point attributes, encoded once for the points that share them.
     fn attrs<'a>(&mut self, attributes: impl IntoIterator<Item = Attribute<'a>>) -> Attrs {
+        if self.replay {
+            return NO_ATTRS;
+        }
         let start = self.arena.len();
         let set = self.encode(attributes);
         Attrs {
@@ -144,6 +166,9 @@ impl Metrics {
 
     /// `base` and more attributes.
     fn with<'a>(&mut self, base: Attrs, extra: impl IntoIterator<Item = Attribute<'a>>) -> Attrs {
+        if self.replay {
+            return NO_ATTRS;
+        }
         let start = self.arena.len();
         let b = base.start as usize;
         self.arena.extend_from_within(b..b + base.len as usize);
@@ -174,6 +199,10 @@ impl Metrics {
             Kind::Gauge => 0,
             Kind::UpDownCounter | Kind::Counter => start_ns,
         };
+        if self.replay {
+            self.values.push((start_ns, value));
+            return;
+        }
         let p = Point {
             attrs,
             start_ns,
@@ -185,8 +214,13 @@ impl Metrics {
                 points.push(p);
                 self.list.push((id, points));
                 self.slot[id as usize] = self.list.len() as u16;
+                self.order.push((self.list.len() as u16 - 1, 0));
             }
-            i => self.list[i as usize - 1].1.push(p),
+            i => {
+                let points = &mut self.list[i as usize - 1].1;
+                points.push(p);
+                self.order.push((i - 1, points.len() as u16 - 1));
+            }
         }
     }
 
@@ -209,7 +243,40 @@ impl Metrics {
     fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
+
+    /// Each point's offset from `base` (where its resource starts) in the order the points
+    /// came, with the fixed fields it has: a kept resource's places to patch
+    /// (`reuse::patch`). After `write_scope`.
+    fn offsets(&self, base: usize) -> Vec<u32> {
+        let mut first = Vec::with_capacity(self.list.len());
+        let mut n = 0;
+        for (_, points) in &self.list {
+            first.push(n);
+            n += points.len();
+        }
+        let time = if self.time_ns != 0 {
+            reuse::HAS_TIME
+        } else {
+            0
+        };
+        let offset = |&(i, k): &(u16, u16)| {
+            let (i, k) = (i as usize, k as usize);
+            let start = match self.list[i].1[k].start_ns {
+                0 => 0,
+                _ => reuse::HAS_START,
+            };
+            (self.written[first[i] + k] - base) as u32 | start | time
+        };
+        self.order.iter().map(offset).collect()
+    }
 }
+
+/// What a replayed point's attributes are: none are encoded.
+const NO_ATTRS: Attrs = Attrs {
+    start: 0,
+    len: 0,
+    set: 0,
+};
 
 /// The encoding of `Metrics` as a `ScopeMetrics`. Lengths come first in protobuf, so each
 /// is computed from the points (cheap arithmetic) before the bytes are written: each
@@ -242,8 +309,10 @@ impl Metrics {
     }
 
     /// Writes the scope `scope_len` measured.
-    fn write_scope(&self, out: &mut Vec<u8>) {
+    fn write_scope(&mut self, out: &mut Vec<u8>) {
         debug_assert_eq!(self.data_lens.len(), self.list.len());
+        let mut written = std::mem::take(&mut self.written);
+        written.clear();
         out.extend_from_slice(scope_bytes());
         for ((id, points), &data) in self.list.iter().zip(&self.data_lens) {
             pb::len_header(out, 2, metric_header(*id).len() + pb::len_field(data));
@@ -253,6 +322,7 @@ impl Metrics {
             pb::len_header(out, field, data);
             for p in points {
                 pb::len_header(out, 1, self.point_len(p));
+                written.push(out.len());
                 if p.start_ns != 0 {
                     pb::fixed64(out, 2, p.start_ns);
                 }
@@ -265,6 +335,7 @@ impl Metrics {
             }
             out.extend_from_slice(sum_trailer(*id));
         }
+        self.written = written;
     }
 }
 
@@ -768,6 +839,10 @@ struct ByOwner<'a> {
 }
 
 impl<'a> ByOwner<'a> {
+    fn has_xids(&self, c: &ContainerUsage) -> bool {
+        !self.xids.is_empty() && self.xids.contains_key(&owner(&c.container_id, &c.pod_uid))
+    }
+
     fn of(snap: &'a Snapshot) -> ByOwner<'a> {
         let mut by = ByOwner::default();
         for x in &snap.container_xids {
@@ -848,7 +923,7 @@ pub fn encode_request(
     ctx: &ExportContext,
     now_ms: u64,
 ) -> Vec<u8> {
-    let mut all = requests(snap, stats, ctx, now_ms, usize::MAX);
+    let mut all = encode(snap, stats, ctx, now_ms, usize::MAX, None);
     let out = all.next().unwrap_or_default();
     debug_assert!(all.next().is_none());
     out
@@ -860,12 +935,27 @@ pub fn encode_request(
 /// time, not the whole export). Together they are exactly `encode_request`'s bytes: a
 /// request is its resources' fields one after the other. An export with nothing to say is
 /// one empty request.
+///
+/// An export that is one request patches the last one, handed back to `reuse` once sent,
+/// where its containers are unchanged but for their numbers (see [`Reuse`]).
 pub fn requests<'a>(
     snap: &'a Snapshot,
     stats: &AgentStats,
     ctx: &'a ExportContext,
     now_ms: u64,
     max_bytes: usize,
+    reuse: &'a mut Reuse,
+) -> Requests<'a> {
+    encode(snap, stats, ctx, now_ms, max_bytes, Some(reuse))
+}
+
+fn encode<'a>(
+    snap: &'a Snapshot,
+    stats: &AgentStats,
+    ctx: &'a ExportContext,
+    now_ms: u64,
+    max_bytes: usize,
+    reuse: Option<&'a mut Reuse>,
 ) -> Requests<'a> {
     let t = if snap.taken_at_ms > 0 {
         snap.taken_at_ms
@@ -890,10 +980,51 @@ pub fn requests<'a>(
         container_group(&mut node, c, ctx, &by);
     }
     let node_attrs = node_resource_bytes(ctx, drop);
-    let mut out = buffer(max_bytes);
+    // Per-process detail is not kept: its processes come and go too often.
+    let mut reuse = reuse.filter(|_| ctx.groups.container && !ctx.groups.process);
+    let last = reuse.as_deref_mut().map(|r| r.start(&node_attrs, drop));
+    // Kept only when the export is likely one request, as the last one was.
+    let record = reuse.is_some() && LAST_LEN.load(Relaxed) < max_bytes;
+    let last = last.filter(|_| record);
+    let mut node_bytes = vec![];
     if !node.is_empty() {
-        write_resource(&mut out, &node_attrs, &mut node);
+        write_resource(&mut node_bytes, &node_attrs, &mut node);
     }
+    let mut kept = Kept {
+        record,
+        in_place: false,
+        w: 0,
+        shift: 0,
+        moves: 0,
+        patched: 0,
+        scratch: vec![],
+        node_len: node_bytes.len(),
+        old_entries: vec![],
+        hint: 0,
+        lookup: reuse::Lookup::new(),
+        entries: vec![],
+    };
+    let out = match last {
+        Some(reuse::Last {
+            buffer: Some(mut old),
+            entries,
+            node_len,
+        }) if old.len() >= node_len => {
+            // Patched in place, from the node's resource on (its length may change).
+            replace(&mut old, 0..node_len, &node_bytes);
+            kept.shift = node_bytes.len() as isize - node_len as isize;
+            (kept.in_place, kept.w) = (true, node_bytes.len());
+            // This export's list takes the last one's room.
+            kept.entries = Vec::with_capacity(entries.len());
+            kept.old_entries = entries;
+            old
+        }
+        _ => {
+            let mut out = buffer(max_bytes);
+            out.extend_from_slice(&node_bytes);
+            out
+        }
+    };
     Requests {
         snap,
         ctx,
@@ -907,6 +1038,8 @@ pub fn requests<'a>(
         sent_bytes: 0,
         max_bytes,
         state: Batching::Filling,
+        reuse,
+        kept,
     }
 }
 
@@ -944,6 +1077,37 @@ pub struct Requests<'a> {
     sent_bytes: usize,
     max_bytes: usize,
     state: Batching,
+    reuse: Option<&'a mut Reuse>,
+    kept: Kept,
+}
+
+/// What an export takes from the last one's request, and keeps of its own.
+struct Kept {
+    /// This export's resources are kept for the next.
+    record: bool,
+    /// `out` is the last request, patched in place up to `w`, where the next container's
+    /// resource goes. Past too many changes (`MAX_MOVES`) the rest of it is let go and
+    /// encoded afresh: a second buffer to copy into would hold the agent's largest
+    /// allocation twice.
+    in_place: bool,
+    w: usize,
+    /// How far the last request's resources not yet reached moved: where `old_entries`
+    /// put one at `start`, it is at `start + shift`.
+    shift: isize,
+    /// Resources put in or taken out in place so far.
+    moves: u32,
+    /// Resources patched so far.
+    patched: usize,
+    /// A resource put in place is written here first.
+    scratch: Vec<u8>,
+    node_len: usize,
+    /// The last request's resources, taken as they are found.
+    old_entries: Vec<Option<reuse::Entry>>,
+    /// Where the next container's is likely to be.
+    hint: usize,
+    lookup: reuse::Lookup,
+    /// This request's resources.
+    entries: Vec<Option<reuse::Entry>>,
 }
 
 #[derive(PartialEq)]
@@ -952,6 +1116,138 @@ enum Batching {
     /// At least one request was handed out.
     Sent,
     Done,
+}
+
+/// In place, at most this many resources are put in or taken out of the last request in
+/// one export (each moves the rest of it); past them the request is built in a buffer of
+/// its own.
+const MAX_MOVES: u32 = 8;
+
+/// Puts `bytes` in place of `out[range]`, moving the rest once. Room the buffer's slack does
+/// not cover is made exactly: doubling a buffer of megabytes would double the agent's
+/// largest allocation.
+fn replace(out: &mut Vec<u8>, range: std::ops::Range<usize>, bytes: &[u8]) {
+    let more = bytes.len().saturating_sub(range.len());
+    if out.capacity() - out.len() < more {
+        out.reserve_exact(more + (64 << 10));
+    }
+    out.splice(range, bytes.iter().copied());
+}
+
+impl Kept {
+    /// The next container's entry is likely the one after this one's: its lists arrive
+    /// while this one is patched.
+    fn prefetch_next(&self) {
+        if let Some(Some(e)) = self.old_entries.get(self.hint + 2) {
+            e.prefetch();
+        }
+        if let Some(Some(e)) = self.old_entries.get(self.hint + 1) {
+            e.prefetch_lists();
+        }
+    }
+}
+
+impl Requests<'_> {
+    /// Encodes one container's resource, or patches the last request's.
+    fn container(&mut self, c: &ContainerUsage) {
+        let keep = self.kept.record && !self.by.has_xids(c);
+        if keep && !self.kept.old_entries.is_empty() {
+            let k = &mut self.kept;
+            if let Some((i, e)) = k.lookup.find(&mut k.old_entries, k.hint, c) {
+                if self.patched(c, i, e) {
+                    return;
+                }
+            }
+        }
+        self.m.clear();
+        container_group(&mut self.m, c, self.ctx, &self.by);
+        if self.m.is_empty() {
+            return;
+        }
+        container_resource_bytes(&mut self.attrs, &self.node_attrs, c, self.m.drop);
+        let k = &mut self.kept;
+        let (start, len, points) = if k.in_place && k.moves < MAX_MOVES {
+            // Written aside, then put in at `w`: the rest of the request moves once.
+            k.scratch.clear();
+            write_resource(&mut k.scratch, &self.attrs, &mut self.m);
+            let (start, len) = (k.w, k.scratch.len());
+            replace(&mut self.out, start..start, &k.scratch);
+            k.moves += 1;
+            k.w += len;
+            k.shift += len as isize;
+            (start, len, keep.then(|| self.m.offsets(0)))
+        } else {
+            self.close_in_place();
+            let start = self.out.len();
+            write_resource(&mut self.out, &self.attrs, &mut self.m);
+            let len = self.out.len() - start;
+            (start, len, keep.then(|| self.m.offsets(start)))
+        };
+        if let Some(points) = points {
+            let e = reuse::Entry::new(start, len, points, c);
+            self.kept.entries.push(Some(e));
+        }
+    }
+
+    /// The last request's resource `e` (its `i`th), patched in place with `c`'s numbers.
+    /// False when it cannot be (nothing is kept of it then).
+    fn patched(&mut self, c: &ContainerUsage, i: usize, mut e: reuse::Entry) -> bool {
+        self.m.clear();
+        self.m.replay = true;
+        container_group(&mut self.m, c, self.ctx, &self.by);
+        self.m.replay = false;
+        let k = &mut self.kept;
+        debug_assert!(k.in_place, "entries are looked up in place only");
+        // Where its bytes are now.
+        let at = e.start.wrapping_add_signed(k.shift);
+        if at > k.w && k.moves < MAX_MOVES {
+            // The resources before it are of containers gone (or that come later): out.
+            replace(&mut self.out, k.w..at, &[]);
+            k.shift -= (at - k.w) as isize;
+            k.moves += 1;
+            for gone in &mut k.old_entries[k.hint.min(i)..i] {
+                *gone = None;
+            }
+        } else if at != k.w {
+            self.close_in_place();
+            return false;
+        }
+        k.hint = i + 1;
+        let (points, values) = (&e.layout.points, &self.m.values);
+        if !reuse::patch(&mut self.out, k.w, points, values, self.m.time_ns) {
+            return false;
+        }
+        e.start = k.w;
+        k.w += e.len;
+        k.patched += 1;
+        self.check(c, &e);
+        self.kept.entries.push(Some(e));
+        true
+    }
+
+    /// Debug builds encode every patched resource afresh too, and compare.
+    fn check(&self, c: &ContainerUsage, e: &reuse::Entry) {
+        if cfg!(debug_assertions) {
+            let mut m = Metrics::new(self.m.start_ns, self.m.time_ns, self.m.drop);
+            container_group(&mut m, c, self.ctx, &self.by);
+            let (mut attrs, mut want) = (vec![], vec![]);
+            container_resource_bytes(&mut attrs, &self.node_attrs, c, m.drop);
+            write_resource(&mut want, &attrs, &mut m);
+            let got = &self.out[e.start..e.start + e.len];
+            assert!(got == want, "a patched resource differs from its encoding");
+        }
+    }
+
+    /// The request ends at `w`: the last one's resources past it are of containers gone,
+    /// or (too many changes) encoded afresh from here on.
+    fn close_in_place(&mut self) {
+        let k = &mut self.kept;
+        if k.in_place {
+            self.out.truncate(k.w);
+            k.in_place = false;
+            k.old_entries.clear();
+        }
+    }
 }
 
 impl Iterator for Requests<'_> {
@@ -972,19 +1268,23 @@ impl Iterator for Requests<'_> {
             if is_host(c) {
                 continue;
             }
-            self.m.clear();
-            container_group(&mut self.m, c, self.ctx, &self.by);
-            if self.m.is_empty() {
-                continue;
-            }
-            container_resource_bytes(&mut self.attrs, &self.node_attrs, c, self.m.drop);
-            write_resource(&mut self.out, &self.attrs, &mut self.m);
-            if self.out.len() >= self.max_bytes {
+            self.kept.prefetch_next();
+            self.container(c);
+            let len = match self.kept.in_place {
+                true => self.kept.w,
+                false => self.out.len(),
+            };
+            if len >= self.max_bytes {
+                // More than one request: none is kept.
+                self.close_in_place();
+                self.kept.record = false;
+                self.kept.entries.clear();
                 self.state = Batching::Sent;
                 self.sent_bytes += self.out.len();
                 return Some(std::mem::replace(&mut self.out, buffer(self.max_bytes)));
             }
         }
+        self.close_in_place();
         if self.ctx.groups.container {
             let (by, node) = (&self.by, &self.node_attrs);
             xids_of_gone_containers(snap, by, node, &mut self.m, &mut self.out);
@@ -994,6 +1294,10 @@ impl Iterator for Requests<'_> {
         LAST_LEN.store(self.sent_bytes + self.out.len(), Relaxed);
         if self.out.is_empty() && !first {
             return None;
+        }
+        if let (Some(r), true, true) = (&mut self.reuse, first, self.kept.record) {
+            let entries = std::mem::take(&mut self.kept.entries);
+            r.finish(&self.out, self.kept.node_len, entries, self.kept.patched);
         }
         Some(std::mem::take(&mut self.out))
     }
@@ -1032,7 +1336,8 @@ mod tests {
         let stats = AgentStats::default();
         let whole = encode_request(&sn, &stats, &ctx(), 1);
         let max = whole.len() / 5;
-        let parts: Vec<Vec<u8>> = requests(&sn, &stats, &ctx(), 1, max).collect();
+        let parts: Vec<Vec<u8>> =
+            requests(&sn, &stats, &ctx(), 1, max, &mut Reuse::default()).collect();
         assert!(parts.len() >= 5, "{} requests", parts.len());
         assert_eq!(
             parts.concat(),
@@ -1065,7 +1370,15 @@ mod tests {
             },
             ..ctx()
         };
-        let empty: Vec<Vec<u8>> = requests(&Snapshot::default(), &stats, &quiet, 1, max).collect();
+        let empty: Vec<Vec<u8>> = requests(
+            &Snapshot::default(),
+            &stats,
+            &quiet,
+            1,
+            max,
+            &mut Reuse::default(),
+        )
+        .collect();
         assert_eq!(
             empty,
             [encode_request(&Snapshot::default(), &stats, &quiet, 1)]
@@ -1408,5 +1721,244 @@ mod tests {
             ("xid", "43"),
             1.0
         ));
+    }
+
+    /// A container of the kept-request test: `i` picks its devices and figures.
+    fn kept_container(i: u32, names: &[gpu_model::Name]) -> ContainerUsage {
+        use gpu_model::{GpuAccount, LimitSource};
+        let n = |k: usize| names[k % names.len()].clone();
+        let mig = !i.is_multiple_of(3);
+        let (uuid, gpu) = if mig { (n(1), n(0)) } else { (n(0), n(0)) };
+        ContainerUsage {
+            container_id: Some(format!("{i:064x}").into()),
+            pod_uid: Some(format!("pod-{i}").into()),
+            pod_name: (!i.is_multiple_of(4)).then(|| format!("trainer-{i}").into()),
+            namespace: Some(n(2)),
+            container_name: Some(n(3)),
+            runtime: Some("containerd"),
+            gpus: vec![ContainerGpu {
+                uuid: uuid.clone(),
+                gpu_uuid: gpu.clone(),
+                memory_used_bytes: 1 << 30,
+                sm_util: Some(10),
+                mem_util: (i.is_multiple_of(2)).then_some(5),
+                enc_util: None,
+                dec_util: None,
+                pids: vec![i, i + 1],
+                gpu_time_seconds: 1.0,
+                memory_byte_seconds: 2.0,
+                counters_since_ms: 1_000 + i as u64,
+            }],
+            allocated_gpus: if i.is_multiple_of(5) {
+                vec![uuid.clone()].into()
+            } else {
+                Default::default()
+            },
+            accounts: vec![GpuAccount {
+                uuid,
+                gpu_uuid: gpu,
+                energy_joules: 3.0,
+                energy_since_ms: if i.is_multiple_of(2) { 900 } else { 0 },
+                memory_peak_bytes: Some(1 << 31),
+                memory_limit_bytes: (i % 3 == 1).then_some(10 << 30),
+                memory_limit_source: (i % 3 == 1).then_some(LimitSource::Mig),
+                sm_limit_percent: None,
+                accounted_processes: 0,
+                accounted_gpu_seconds: 0.0,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_request_patched_from_the_last_is_what_a_fresh_encoding_writes() {
+        use gpu_model::LimitSource;
+        let names: Vec<gpu_model::Name> = ["GPU-a", "MIG-b", "ml", "main"]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        let mut sn = snap();
+        sn.containers = (0..12).map(|i| kept_container(i, &names)).collect();
+        sn.containers.insert(3, ContainerUsage::default());
+        let stats = AgentStats {
+            started_ms: 5,
+            ..Default::default()
+        };
+        let (cx, max) = (ctx(), 8 << 20);
+        let mut reuse = Reuse::default();
+        // The request's address, and how many resources it patched.
+        let export = |sn: &Snapshot, reuse: &mut Reuse, what: &str| -> (usize, usize) {
+            let mut all: Vec<Vec<u8>> = requests(sn, &stats, &cx, 1, max, reuse).collect();
+            assert_eq!(all.len(), 1);
+            let got = all.pop().unwrap();
+            let want = encode_request(sn, &stats, &cx, 1);
+            assert!(
+                got == want,
+                "{what}: the request is what a fresh encoding writes"
+            );
+            let ptr = got.as_ptr() as usize;
+            reuse.give_back(got);
+            assert!(reuse.holds(), "{what}: the request is taken back");
+            (ptr, reuse.patched)
+        };
+        let (mut last, none) = export(&sn, &mut reuse, "first");
+        assert_eq!(none, 0);
+        // Each change, and the request after it: the last one patched, in its buffer (past
+        // more changes than are moved in place, the rest of it is encoded afresh there).
+        type Change = fn(&mut Snapshot);
+        let changes: [(&str, Change); 14] = [
+            ("numbers", |s| {
+                s.taken_at_ms += 1_000;
+                for (k, c) in s.containers.iter_mut().enumerate() {
+                    for g in &mut c.gpus {
+                        g.memory_used_bytes += k as u64;
+                        g.sm_util = Some(g.sm_util.unwrap_or(0) + 1);
+                        g.gpu_time_seconds += 0.5;
+                        g.counters_since_ms += 1;
+                        g.pids.push(7);
+                    }
+                    for a in &mut c.accounts {
+                        a.energy_joules += 1.0;
+                        a.memory_peak_bytes = Some(k as u64);
+                    }
+                }
+            }),
+            ("a name the same, in another string", |s| {
+                s.containers[5].namespace = Some("ml".into());
+            }),
+            ("a utilization now known", |s| {
+                s.containers[2].gpus[0].enc_util = Some(1)
+            }),
+            ("a pod named", |s| {
+                s.containers[5].pod_name = Some("named".into())
+            }),
+            ("a limit from another source", |s| {
+                s.containers[2].accounts[0].memory_limit_bytes = Some(1);
+                s.containers[2].accounts[0].memory_limit_source = Some(LimitSource::Hami);
+            }),
+            ("a container gone", |s| {
+                s.containers.remove(6);
+            }),
+            ("nothing", |_| {}),
+            ("a container come", |s| {
+                let names = ["GPU-a", "MIG-b", "ml", "main"].map(Into::into);
+                s.containers.insert(1, kept_container(40, &names));
+            }),
+            ("an allocation", |s| {
+                s.containers[9].allocated_gpus = vec!["GPU-z".into()].into()
+            }),
+            ("the same two containers swapped", |s| {
+                s.containers.swap(10, 11)
+            }),
+            ("the last container gone", |s| {
+                s.containers.pop();
+            }),
+            ("an XID charged", |s| {
+                let c = &s.containers[8];
+                s.container_xids.push(ContainerXid {
+                    container_id: c.container_id.as_deref().map(Into::into),
+                    pod_uid: c.pod_uid.as_deref().map(Into::into),
+                    uuid: "MIG-b".into(),
+                    gpu_uuid: "GPU-a".into(),
+                    xid: 79,
+                    count: 1,
+                    ..Default::default()
+                });
+            }),
+            ("most containers changed", |s| {
+                for c in &mut s.containers {
+                    for g in &mut c.gpus {
+                        g.dec_util = Some(g.dec_util.unwrap_or(0) + 1);
+                    }
+                }
+            }),
+            ("nothing", |_| {}),
+        ];
+        for (what, change) in changes {
+            change(&mut sn);
+            let (now, patched) = export(&sn, &mut reuse, what);
+            assert_eq!(now, last, "{what}: the same buffer");
+            // Each change touches two containers at most, but the last one's.
+            let kept = sn.containers.iter().filter(|c| !is_host(c)).count();
+            match what {
+                "most containers changed" => assert!(patched < MAX_MOVES as usize, "{what}"),
+                _ => assert!(patched + 2 >= kept, "{what}: {patched} of {kept} patched"),
+            }
+            last = now;
+        }
+    }
+
+    #[test]
+    fn requests_patched_through_random_changes_are_what_fresh_encodings_write() {
+        let names: Vec<gpu_model::Name> = ["GPU-a", "MIG-b", "ml", "main"]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        let mut sn = snap();
+        sn.containers = (0..30).map(|i| kept_container(i, &names)).collect();
+        let stats = AgentStats {
+            started_ms: 5,
+            ..Default::default()
+        };
+        let (cx, mut reuse) = (ctx(), Reuse::default());
+        // xorshift: the same sequence every run.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n.max(1) as u64) as usize
+        };
+        let mut next_id = 100;
+        for round in 0..300 {
+            sn.taken_at_ms += 1_000;
+            for c in &mut sn.containers {
+                for g in &mut c.gpus {
+                    g.memory_used_bytes += 1;
+                    g.gpu_time_seconds += 0.25;
+                }
+            }
+            for _ in 0..rand(4) {
+                let n = sn.containers.len();
+                let i = rand(n);
+                match rand(7) {
+                    0 if n > 2 => drop(sn.containers.remove(i)),
+                    1 => {
+                        next_id += 1;
+                        sn.containers.insert(i, kept_container(next_id, &names));
+                    }
+                    2 => sn.containers.swap(i, rand(n)),
+                    3 => {
+                        let g = &mut sn.containers[i].gpus[0];
+                        g.enc_util = g.enc_util.xor(Some(3));
+                    }
+                    4 => sn.containers[i].pod_name = Some(format!("p{round}").into()),
+                    5 => {
+                        let a = &mut sn.containers[i].accounts[0];
+                        a.sm_limit_percent = a.sm_limit_percent.xor(Some(50));
+                    }
+                    _ if sn.container_xids.is_empty() => {
+                        let c = &sn.containers[i];
+                        sn.container_xids.push(ContainerXid {
+                            container_id: c.container_id.as_deref().map(Into::into),
+                            pod_uid: c.pod_uid.as_deref().map(Into::into),
+                            uuid: "MIG-b".into(),
+                            gpu_uuid: "GPU-a".into(),
+                            xid: 79,
+                            count: 1,
+                            ..Default::default()
+                        });
+                    }
+                    _ => sn.container_xids.clear(),
+                }
+            }
+            let mut all: Vec<Vec<u8>> =
+                requests(&sn, &stats, &cx, 1, 8 << 20, &mut reuse).collect();
+            assert_eq!(all.len(), 1);
+            let got = all.pop().unwrap();
+            assert!(got == encode_request(&sn, &stats, &cx, 1), "round {round}");
+            reuse.give_back(got);
+            assert!(reuse.holds());
+        }
     }
 }

@@ -32,6 +32,8 @@ pub async fn run(
     let mut when = Schedule::new(Instant::now(), ex.settings().interval, collect);
     // False once the pipeline is gone: the timer alone then.
     let mut open = true;
+    // Each export's request, patched into the next one's.
+    let mut reuse = otel::otlp::Reuse::default();
     loop {
         let on_time = tokio::select! {
             // A snapshot that arrives with the deadline goes out.
@@ -47,7 +49,7 @@ pub async fn run(
             _ = stop.cancelled() => {
                 let (snap, report) = latest(&snapshot, &stats);
                 let max = ex.max_request_bytes();
-                for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), max) {
+                for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), max, &mut reuse) {
                     ex.enqueue(request);
                 }
                 match tokio::time::timeout(timeout, ex.flush(true)).await {
@@ -61,8 +63,11 @@ pub async fn run(
         // Request by request: each is encoded once the one before it is sent.
         let (snap, report) = latest(&snapshot, &stats);
         let max = ex.max_request_bytes();
-        for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), max) {
+        for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), max, &mut reuse) {
             ex.export(request).await;
+        }
+        if let Some(sent) = ex.take_sent() {
+            reuse.give_back(sent);
         }
     }
 }
