@@ -1770,20 +1770,39 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_request_patched_from_the_last_is_what_a_fresh_encoding_writes() {
-        use gpu_model::LimitSource;
+    /// `n` containers of the kept-request tests, the names they share, and the stats.
+    fn kept_snapshot(n: u32) -> (Snapshot, Vec<gpu_model::Name>, AgentStats) {
         let names: Vec<gpu_model::Name> = ["GPU-a", "MIG-b", "ml", "main"]
             .into_iter()
             .map(Into::into)
             .collect();
         let mut sn = snap();
-        sn.containers = (0..12).map(|i| kept_container(i, &names)).collect();
-        sn.containers.insert(3, ContainerUsage::default());
+        sn.containers = (0..n).map(|i| kept_container(i, &names)).collect();
         let stats = AgentStats {
             started_ms: 5,
             ..Default::default()
         };
+        (sn, names, stats)
+    }
+
+    /// An XID charged to `c`.
+    fn xid_of(c: &ContainerUsage) -> ContainerXid {
+        ContainerXid {
+            container_id: c.container_id.as_deref().map(Into::into),
+            pod_uid: c.pod_uid.as_deref().map(Into::into),
+            uuid: "MIG-b".into(),
+            gpu_uuid: "GPU-a".into(),
+            xid: 79,
+            count: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_request_patched_from_the_last_is_what_a_fresh_encoding_writes() {
+        use gpu_model::LimitSource;
+        let (mut sn, _, stats) = kept_snapshot(12);
+        sn.containers.insert(3, ContainerUsage::default());
         let (cx, max) = (ctx(), 8 << 20);
         let mut reuse = Reuse::default();
         // The request's address, and how many resources it patched.
@@ -1854,16 +1873,8 @@ mod tests {
                 s.containers.pop();
             }),
             ("an XID charged", |s| {
-                let c = &s.containers[8];
-                s.container_xids.push(ContainerXid {
-                    container_id: c.container_id.as_deref().map(Into::into),
-                    pod_uid: c.pod_uid.as_deref().map(Into::into),
-                    uuid: "MIG-b".into(),
-                    gpu_uuid: "GPU-a".into(),
-                    xid: 79,
-                    count: 1,
-                    ..Default::default()
-                });
+                let x = xid_of(&s.containers[8]);
+                s.container_xids.push(x);
             }),
             ("most containers changed", |s| {
                 for c in &mut s.containers {
@@ -1890,16 +1901,7 @@ mod tests {
 
     #[test]
     fn requests_patched_through_random_changes_are_what_fresh_encodings_write() {
-        let names: Vec<gpu_model::Name> = ["GPU-a", "MIG-b", "ml", "main"]
-            .into_iter()
-            .map(Into::into)
-            .collect();
-        let mut sn = snap();
-        sn.containers = (0..30).map(|i| kept_container(i, &names)).collect();
-        let stats = AgentStats {
-            started_ms: 5,
-            ..Default::default()
-        };
+        let (mut sn, names, stats) = kept_snapshot(30);
         let (cx, mut reuse) = (ctx(), Reuse::default());
         // xorshift: the same sequence every run.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -1938,16 +1940,8 @@ mod tests {
                         a.sm_limit_percent = a.sm_limit_percent.xor(Some(50));
                     }
                     _ if sn.container_xids.is_empty() => {
-                        let c = &sn.containers[i];
-                        sn.container_xids.push(ContainerXid {
-                            container_id: c.container_id.as_deref().map(Into::into),
-                            pod_uid: c.pod_uid.as_deref().map(Into::into),
-                            uuid: "MIG-b".into(),
-                            gpu_uuid: "GPU-a".into(),
-                            xid: 79,
-                            count: 1,
-                            ..Default::default()
-                        });
+                        let x = xid_of(&sn.containers[i]);
+                        sn.container_xids.push(x);
                     }
                     _ => sn.container_xids.clear(),
                 }
