@@ -6,6 +6,20 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 /// the sinks: a clone is a reference count.
 pub type Name = Arc<str>;
 
+/// Equal names: by pointer first (the same shared name), by content otherwise. `Arc<str>`
+/// compares the bytes even for one pointer (std's pointer shortcut needs a sized type).
+pub fn same(a: &Name, b: &Name) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+/// `same` for names that may be missing: both missing, or both there and the same.
+pub fn same_opt(a: &Option<Name>, b: &Option<Name>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => same(a, b),
+        (a, b) => a.is_none() && b.is_none(),
+    }
+}
+
 use serde::{Deserialize, Serialize, Serializer};
 
 /// Asks the CPU to start loading the memory at `p` (a hint: it never faults). A cycle on a

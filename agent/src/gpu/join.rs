@@ -119,11 +119,7 @@ impl hashbrown::Equivalent<Owner> for OwnerKey<'_> {
     }
 }
 
-/// Equal names: by pointer first (the same shared name), by content otherwise. `Arc<str>`
-/// compares the bytes even for one pointer (std's pointer shortcut needs a sized type).
-pub fn same(a: &Name, b: &Name) -> bool {
-    std::sync::Arc::ptr_eq(a, b) || a == b
-}
+pub use gpu_model::same;
 
 /// Where `name` is in `names`: by pointer first, by content only where no pointer matches.
 /// `same` in a scan compares the bytes of every name before the match; where the names

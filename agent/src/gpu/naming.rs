@@ -67,11 +67,7 @@ impl Named {
 
     /// Found for an entry like `c` (the same cgroup's pod uid and runtime).
     fn fits(&self, c: &ContainerUsage) -> bool {
-        let same_uid = match (&self.pod_uid_before, &c.pod_uid) {
-            (Some(a), Some(b)) => super::join::same(a, b),
-            (a, b) => a.is_none() && b.is_none(),
-        };
-        same_uid && self.runtime_before == c.runtime
+        gpu_model::same_opt(&self.pod_uid_before, &c.pod_uid) && self.runtime_before == c.runtime
     }
 
     fn apply(&self, c: &mut ContainerUsage) {

@@ -664,7 +664,7 @@ struct SameName<'a>(&'a Name);
 
 impl hashbrown::Equivalent<Name> for SameName<'_> {
     fn equivalent(&self, key: &Name) -> bool {
-        std::sync::Arc::ptr_eq(self.0, key) || **self.0 == **key
+        gpu_model::same(self.0, key)
     }
 }
 

@@ -12,7 +12,7 @@
 //! builds (the tests) encode every patched resource afresh too and compare the bytes.
 use std::{collections::HashMap, sync::Arc};
 
-use gpu_model::{ContainerUsage, GpuAccount, Name};
+use gpu_model::{same, same_opt, ContainerUsage, GpuAccount, Name};
 
 use crate::catalogue::Dropped;
 
@@ -179,23 +179,11 @@ fn account_bits(a: &GpuAccount) -> u8 {
         | source << 4
 }
 
-fn same(a: &Name, b: &Name) -> bool {
-    Arc::ptr_eq(a, b) || a == b
-}
-
 /// A runtime's name is one of a few constants: the same pointer, mostly.
 fn same_runtime(a: Option<&str>, b: Option<&str>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => std::ptr::eq(a, b) || a == b,
         (a, b) => a.is_none() && b.is_none(),
-    }
-}
-
-fn same_opt(a: &Option<Name>, b: &Option<Name>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => same(a, b),
-        (None, None) => true,
-        _ => false,
     }
 }
 
