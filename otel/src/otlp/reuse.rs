@@ -38,7 +38,7 @@ pub struct Reuse {
     pub(super) node_len: usize,
     /// Each container's resource in that request, in order.
     pub(super) entries: Vec<Option<Entry>>,
-    /// How many of them were patched from the request before.
+    /// How many of them were patched from the request before (the tests read it).
     pub(super) patched: usize,
 }
 
