@@ -1030,24 +1030,16 @@ mod tests {
     #[test]
     fn counters_accumulate_with_elapsed_time_and_survive_idle_cycles() {
         let st = state();
-        let (_, c1) = join(
-            &st,
-            &Metadata::default(),
-            &sample(1000, vec![proc(100, 1000, 50)]),
-            &SourceStatus::Ok,
+        // One cycle of `sample` after `c`.
+        let step = |s: GpuSample, c: &Counters| {
+            let (status, gap) = (SourceStatus::Ok, Duration::from_secs(3));
+            join(&st, &Metadata::default(), &s, &status, c, gap, false)
+        };
+        let (_, c1) = step(
+            sample(1000, vec![proc(100, 1000, 50)]),
             &Counters::default(),
-            Duration::from_secs(3),
-            false,
         );
-        let (s2, c2) = join(
-            &st,
-            &Metadata::default(),
-            &sample(3000, vec![proc(100, 1000, 50)]),
-            &SourceStatus::Ok,
-            &c1,
-            Duration::from_secs(3),
-            false,
-        );
+        let (s2, c2) = step(sample(3000, vec![proc(100, 1000, 50)]), &c1);
         let g = &find(&s2, Some(A)).gpus[0];
         assert!(
             (g.gpu_time_seconds - 1.0).abs() < 1e-9,
@@ -1056,26 +1048,10 @@ mod tests {
         );
         assert!((g.memory_byte_seconds - 2000.0).abs() < 1e-9);
         // Idle cycle: the container is absent, its totals are kept for when it returns.
-        let (s3, c3) = join(
-            &st,
-            &Metadata::default(),
-            &sample(4000, vec![]),
-            &SourceStatus::Ok,
-            &c2,
-            Duration::from_secs(3),
-            false,
-        );
+        let (s3, c3) = step(sample(4000, vec![]), &c2);
         assert!(s3.containers.is_empty());
         // A long gap is capped at max_gap.
-        let (s4, _) = join(
-            &st,
-            &Metadata::default(),
-            &sample(100_000, vec![proc(100, 1000, 100)]),
-            &SourceStatus::Ok,
-            &c3,
-            Duration::from_secs(3),
-            false,
-        );
+        let (s4, _) = step(sample(100_000, vec![proc(100, 1000, 100)]), &c3);
         let g = &find(&s4, Some(A)).gpus[0];
         assert!(
             (g.gpu_time_seconds - 4.0).abs() < 1e-9,
