@@ -53,9 +53,10 @@ pub struct OtlpExporter {
     /// The settings' `max_request_bytes`, lowered while the collector refuses requests of
     /// that size.
     max_request_bytes: usize,
-    /// The last request that left the queue (sent, or refused for good), when nothing else
-    /// held it: the encoder patches it into the next one (`otlp::Reuse`).
-    sent: Option<Vec<u8>>,
+    /// The requests that left the queue (sent, or refused for good) since `take_sent`,
+    /// where nothing else held them: the encoder patches them into the next export's
+    /// (`otlp::Reuse`). At most the queue's byte budget: the oldest go first.
+    sent: VecDeque<Vec<u8>>,
 }
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -135,14 +136,14 @@ impl OtlpExporter {
             backoff: BACKOFF_MIN,
             next_attempt: Instant::now(),
             counters,
-            sent: None,
+            sent: VecDeque::new(),
         })
     }
 
-    /// The request that left the queue last, if nothing else holds it and no other is
-    /// queued: for `otlp::Reuse::give_back`.
-    pub fn take_sent(&mut self) -> Option<Vec<u8>> {
-        self.sent.take()
+    /// The requests that left the queue since the last call, where nothing else holds
+    /// them, oldest first: for `otlp::Reuse::give_back`.
+    pub fn take_sent(&mut self) -> impl Iterator<Item = Vec<u8>> + '_ {
+        self.sent.drain(..)
     }
 
     pub fn settings(&self) -> &OtlpSettings {
@@ -238,7 +239,13 @@ impl OtlpExporter {
                 .store(self.queued_bytes as u64, Relaxed);
             // The client dropped its reference once the response came: the buffer is
             // this one's alone, and goes back as a `Vec` without a copy.
-            self.sent = body.try_into_mut().ok().map(Vec::from);
+            if let Ok(b) = body.try_into_mut() {
+                self.sent.push_back(Vec::from(b));
+                let mut held: usize = self.sent.iter().map(Vec::len).sum();
+                while held > self.settings.max_queue_bytes && self.sent.len() > 1 {
+                    held -= self.sent.pop_front().map_or(0, |b| b.len());
+                }
+            }
         }
         true
     }
@@ -585,10 +592,19 @@ mod tests {
             let body = request_of(&[1000, 2000]);
             let ptr = body.as_ptr();
             ex.export(body).await;
-            let back = ex.take_sent().expect("the sent request comes back");
-            assert_eq!(back.as_ptr(), ptr, "the same buffer");
-            assert_eq!(back, taken.lock().unwrap()[0]);
-            assert!(ex.take_sent().is_none(), "once");
+            let back: Vec<Vec<u8>> = ex.take_sent().collect();
+            assert_eq!(back.len(), 1, "the sent request comes back");
+            assert_eq!(back[0].as_ptr(), ptr, "the same buffer");
+            assert_eq!(back[0], taken.lock().unwrap()[0]);
+            assert_eq!(ex.take_sent().count(), 0, "once");
+            // An export of several requests: each comes back, in order.
+            let bodies = [request_of(&[100]), request_of(&[200, 300])];
+            let ptrs: Vec<_> = bodies.iter().map(|b| b.as_ptr()).collect();
+            for b in bodies {
+                ex.export(b).await;
+            }
+            let back: Vec<_> = ex.take_sent().map(|b| b.as_ptr()).collect();
+            assert_eq!(back, ptrs);
         });
         rt.block_on(async {
             // Nobody listens: the request stays queued for a retry, and is not handed out.
@@ -598,7 +614,7 @@ mod tests {
             let (mut ex, _) = exporter_to(url);
             ex.export(request_of(&[1000])).await;
             assert_eq!(ex.queued(), 1);
-            assert!(ex.take_sent().is_none());
+            assert_eq!(ex.take_sent().count(), 0);
         });
     }
 

@@ -32,7 +32,7 @@ pub async fn run(
     let mut when = Schedule::new(Instant::now(), ex.settings().interval, collect);
     // False once the pipeline is gone: the timer alone then.
     let mut open = true;
-    // Each export's request, patched into the next one's.
+    // Each export's requests, patched into the next one's.
     let mut reuse = otel::otlp::Reuse::default();
     loop {
         let on_time = tokio::select! {
@@ -66,7 +66,7 @@ pub async fn run(
         for request in otel::otlp::requests(&snap, &report, &ctx, now_ms(), max, &mut reuse) {
             ex.export(request).await;
         }
-        if let Some(sent) = ex.take_sent() {
+        for sent in ex.take_sent() {
             reuse.give_back(sent);
         }
     }

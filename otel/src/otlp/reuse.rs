@@ -1,12 +1,17 @@
-//! The last export's request, patched for the next one. A container whose names, devices
-//! and series are what they were encodes to the same bytes but for its values and time
-//! stamps, and those are protobuf `fixed64` fields, of fixed width: the request that went
-//! out a second ago (handed back by the exporter once sent) holds the container's
+//! The last export's requests, patched for the next one's. A container whose names,
+//! devices and series are what they were encodes to the same bytes but for its values and
+//! time stamps, and those are protobuf `fixed64` fields, of fixed width: the request that
+//! went out a second ago (handed back by the exporter once sent) holds the container's
 //! encoding already, and only its points' numbers are written again, in place. A
 //! container whose shape changed, or that came, is encoded afresh and put in at its place;
 //! the resources of containers gone are taken out; each such change moves the rest of the
-//! request once. Past `MAX_MOVES` changes in one export the rest of it is encoded afresh,
-//! as every export was before: the request never needs a second buffer.
+//! request once. Past `MAX_MOVES` changes in one request the rest of it is encoded afresh,
+//! as every export was before: a request never needs a second buffer.
+//!
+//! An export split into requests (gRPC's 1 MiB) patches each of the last export's at the
+//! same place: the requests close where they did while the containers keep their sizes.
+//! A container that crosses a border (one before it grew or shrank) is encoded afresh in
+//! the request it now falls in, and taken out of the one it was in.
 //!
 //! On the large node (2,000 containers) encoding was a quarter of the agent's CPU. Debug
 //! builds (the tests) encode every patched resource afresh too and compare the bytes.
@@ -26,78 +31,66 @@ const OFFSET: u32 = HAS_TIME - 1;
 /// ([`crate::export::OtlpExporter::take_sent`]).
 #[derive(Default)]
 pub struct Reuse {
-    /// The last export's request, once handed back.
-    buffer: Option<Vec<u8>>,
-    /// That request's address and length when it was handed out: only that very buffer is
-    /// taken back.
-    sent: Option<(usize, usize)>,
-    /// What every resource of that request was encoded with: the node's attributes and
+    /// The last export's requests, in order: what each was made of, and its buffer once
+    /// handed back.
+    requests: Vec<Last>,
+    /// What every resource of those requests was encoded with: the node's attributes and
     /// the drop rule.
     context: (Vec<u8>, Dropped),
-    /// The node resource's length in that request: it comes first.
-    pub(super) node_len: usize,
-    /// Each container's resource in that request, in order.
-    pub(super) entries: Vec<Option<Entry>>,
-    /// How many of them were patched from the request before (the tests read it).
+    /// How many resources the last export patched from the one before (the tests read it).
     pub(super) patched: usize,
 }
 
 impl Reuse {
-    /// Takes back a request once it was sent: kept when it is the last export's single
-    /// request, dropped otherwise.
+    /// Takes back a request once it was sent: kept when it is one of the last export's
+    /// requests, dropped otherwise.
     pub fn give_back(&mut self, sent: Vec<u8>) {
-        if self.sent == Some((sent.as_ptr() as usize, sent.len())) {
-            self.buffer = Some(sent);
+        let id = (sent.as_ptr() as usize, sent.len());
+        if let Some(r) = self.requests.iter_mut().find(|r| r.sent == id) {
+            r.buffer = Some(sent);
         }
-        self.sent = None;
     }
 
-    /// The last request, its node resource's length and its containers' entries, for an
-    /// export encoded with the node's attributes `node_attrs` and `drop`: no request when
-    /// it was not handed back, or when these changed. Nothing is left here.
-    pub(super) fn start(&mut self, node_attrs: &[u8], drop: Dropped) -> Last {
-        self.sent = None;
-        let mut last = Last {
-            buffer: self.buffer.take(),
-            entries: std::mem::take(&mut self.entries),
-            node_len: self.node_len,
-        };
+    /// The last export's requests, each with its node resource's length and its
+    /// containers' entries, for an export encoded with the node's attributes `node_attrs`
+    /// and `drop`: none where a request was not handed back, or when these changed.
+    /// Nothing is left here.
+    pub(super) fn start(&mut self, node_attrs: &[u8], drop: Dropped) -> Vec<Last> {
+        let mut last = std::mem::take(&mut self.requests);
         if self.context.0 != node_attrs || self.context.1 != drop {
             self.context = (node_attrs.to_vec(), drop);
-            last.buffer = None;
+            last.clear();
         }
-        if last.buffer.is_none() {
-            last.entries.clear();
+        for r in last.iter_mut().filter(|r| r.buffer.is_none()) {
+            r.entries = vec![];
         }
         last
     }
 
     #[cfg(test)]
-    pub(super) fn holds(&self) -> bool {
-        self.buffer.is_some()
+    pub(super) fn holds(&self) -> usize {
+        self.requests.iter().filter(|r| r.buffer.is_some()).count()
     }
 
-    /// Keeps the entries of the export whose single request is `request`, which patched
-    /// `patched` resources of the last one.
-    pub(super) fn finish(
-        &mut self,
-        request: &[u8],
-        node_len: usize,
-        entries: Vec<Option<Entry>>,
-        patched: usize,
-    ) {
-        self.sent = Some((request.as_ptr() as usize, request.len()));
-        self.node_len = node_len;
-        self.entries = entries;
-        self.patched = patched;
+    /// Keeps the entries of this export's next request, `request`.
+    pub(super) fn keep(&mut self, request: &[u8], node_len: usize, entries: Vec<Option<Entry>>) {
+        self.requests.push(Last {
+            buffer: None,
+            entries,
+            node_len,
+            sent: (request.as_ptr() as usize, request.len()),
+        });
     }
 }
 
-/// What an export finds of the last one's.
+/// What an export finds of one of the last one's requests.
 pub(super) struct Last {
     pub buffer: Option<Vec<u8>>,
     pub entries: Vec<Option<Entry>>,
+    /// The node resource's length at its head (the first request's; 0 in the others).
     pub node_len: usize,
+    /// Its address and length when it was handed out: only that very buffer is taken back.
+    sent: (usize, usize),
 }
 
 /// One container's resource in the last request. Small, since each export moves its
