@@ -772,43 +772,56 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_unnamed_container_is_asked_about_once_a_minute() {
-        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-        let mut r = NameRequests::new(tx);
-        let unnamed = |ids: &[&str]| gpu_model::Snapshot {
-            containers: ids
-                .iter()
+    /// A snapshot of unnamed containers with these ids (the very names given).
+    fn unnamed(ids: &[&Name]) -> gpu_model::Snapshot {
+        gpu_model::Snapshot {
+            containers: (ids.iter())
                 .map(|id| gpu_model::ContainerUsage {
-                    container_id: Some((*id).into()),
+                    container_id: Some((*id).clone()),
                     ..Default::default()
                 })
                 .collect(),
             ..Default::default()
-        };
-        let mut asked = || match rx.try_recv() {
+        }
+    }
+
+    /// What the requests sent since the last call say: the ids asked about, or each id
+    /// forgotten as "gone ID".
+    fn sent(rx: &mut tokio::sync::mpsc::Receiver<NameRequest>) -> Vec<String> {
+        match rx.try_recv() {
             Ok(NameRequest::Unknown(ids)) => ids,
-            Ok(other) => panic!("{other:?}"),
+            Ok(NameRequest::Gone(ids)) => ids.iter().map(|i| format!("gone {i}")).collect(),
             Err(_) => vec![],
+        }
+    }
+
+    #[test]
+    fn an_unnamed_container_is_asked_about_once_a_minute() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        let mut r = NameRequests::new(tx);
+        // Each snapshot its own copies of the ids.
+        let fresh = |ids: &[&str]| {
+            let names: Vec<Name> = ids.iter().map(|&id| id.into()).collect();
+            unnamed(&names.iter().collect::<Vec<_>>())
         };
         let t0 = Instant::now();
         let s = |secs| t0 + Duration::from_secs(secs);
-        r.ask_at(&unnamed(&["a", "b"]), t0);
-        assert_eq!(asked(), ["a", "b"]);
-        r.ask_at(&unnamed(&["a", "b", "c"]), s(30));
-        assert_eq!(asked(), ["c"]);
-        r.ask_at(&unnamed(&["a", "b", "c"]), s(59));
-        assert!(asked().is_empty());
+        r.ask_at(&fresh(&["a", "b"]), t0);
+        assert_eq!(sent(&mut rx), ["a", "b"]);
+        r.ask_at(&fresh(&["a", "b", "c"]), s(30));
+        assert_eq!(sent(&mut rx), ["c"]);
+        r.ask_at(&fresh(&["a", "b", "c"]), s(59));
+        assert!(sent(&mut rx).is_empty());
         // a and b's minute is up, not c's.
-        r.ask_at(&unnamed(&["a", "b", "c"]), s(61));
-        assert_eq!(asked(), ["a", "b"]);
-        r.ask_at(&unnamed(&["a", "b", "c"]), s(91));
-        assert_eq!(asked(), ["c"]);
+        r.ask_at(&fresh(&["a", "b", "c"]), s(61));
+        assert_eq!(sent(&mut rx), ["a", "b"]);
+        r.ask_at(&fresh(&["a", "b", "c"]), s(91));
+        assert_eq!(sent(&mut rx), ["c"]);
         // A named container is not asked about.
-        let mut named = unnamed(&["d"]);
+        let mut named = fresh(&["d"]);
         named.containers[0].pod_name = Some("p".into());
         r.ask_at(&named, s(92));
-        assert!(asked().is_empty());
+        assert!(sent(&mut rx).is_empty());
     }
 
     #[test]
@@ -817,41 +830,27 @@ mod tests {
         let mut r = NameRequests::new(tx);
         // The join hands out the same names each cycle.
         let [a, b, c, d]: [Name; 4] = ["a", "b", "c", "d"].map(Into::into);
-        let unnamed = |ids: &[&Name]| gpu_model::Snapshot {
-            containers: (ids.iter())
-                .map(|id| gpu_model::ContainerUsage {
-                    container_id: Some((*id).clone()),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        };
-        let mut asked = || match rx.try_recv() {
-            Ok(NameRequest::Unknown(ids)) => ids,
-            Ok(NameRequest::Gone(ids)) => ids.iter().map(|i| format!("gone {i}")).collect(),
-            Err(_) => vec![],
-        };
         let t0 = Instant::now();
         let s = |secs| t0 + Duration::from_secs(secs);
         r.ask_at(&unnamed(&[&a, &b, &c]), t0);
-        assert_eq!(asked(), ["a", "b", "c"]);
+        assert_eq!(sent(&mut rx), ["a", "b", "c"]);
         r.ask_at(&unnamed(&[&a, &b, &c]), s(1));
-        assert!(asked().is_empty());
+        assert!(sent(&mut rx).is_empty());
         // One come between the others, one gone.
         r.ask_at(&unnamed(&[&a, &d, &c]), s(30));
-        assert_eq!(asked(), ["d"]);
+        assert_eq!(sent(&mut rx), ["d"]);
         r.ask_at(&unnamed(&[&a, &d, &c]), s(31));
-        assert!(asked().is_empty());
+        assert!(sent(&mut rx).is_empty());
         // a's and c's minute is up, not d's.
         r.ask_at(&unnamed(&[&a, &d, &c]), s(61));
-        assert_eq!(asked(), ["a", "c"]);
+        assert_eq!(sent(&mut rx), ["a", "c"]);
         r.ask_at(&unnamed(&[&a, &d, &c]), s(62));
-        assert!(asked().is_empty());
+        assert!(sent(&mut rx).is_empty());
         // Gone, then back under the same name: asked about at once.
         r.gone(vec!["c".into()]);
-        assert_eq!(asked(), ["gone c"]);
+        assert_eq!(sent(&mut rx), ["gone c"]);
         r.ask_at(&unnamed(&[&a, &d, &c]), s(63));
-        assert_eq!(asked(), ["c"]);
+        assert_eq!(sent(&mut rx), ["c"]);
     }
 
     #[test]
