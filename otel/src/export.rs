@@ -605,6 +605,15 @@ mod tests {
             }
             let back: Vec<_> = ex.take_sent().map(|b| b.as_ptr()).collect();
             assert_eq!(back, ptrs);
+            // Never taken back: at most the queue's byte budget is held, the newest.
+            ex.settings.max_queue_bytes = 64 << 10;
+            let bodies = [40_000, 40_000, 10_000].map(|n| request_of(&[n]));
+            let newest: Vec<_> = bodies[1..].iter().map(|b| b.as_ptr()).collect();
+            for b in bodies {
+                ex.export(b).await;
+            }
+            let back: Vec<_> = ex.take_sent().map(|b| b.as_ptr()).collect();
+            assert_eq!(back, newest);
         });
         rt.block_on(async {
             // Nobody listens: the request stays queued for a retry, and is not handed out.

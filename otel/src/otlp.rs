@@ -988,7 +988,6 @@ fn encode<'a>(
         write_resource(&mut node_bytes, &node_attrs, &mut node);
     }
     let mut kept = Kept {
-        record: reuse.is_some(),
         last: last.unwrap_or_default().into_iter(),
         in_place: false,
         w: 0,
@@ -1061,14 +1060,13 @@ pub struct Requests<'a> {
 
 /// What an export takes from the last one's requests, and keeps of its own.
 struct Kept {
-    /// This export's resources are kept for the next.
-    record: bool,
-    /// The last export's requests not yet reached: the next request patches the first.
+    /// The last export's requests not yet reached (none when nothing is kept): the next
+    /// request patches the first.
     last: std::vec::IntoIter<reuse::Last>,
-    /// `out` is the last export's request at its place, patched in place up to `w`, where the next container's
-    /// resource goes. Past too many changes (`MAX_MOVES`) the rest of it is let go and
-    /// encoded afresh: a second buffer to copy into would hold the agent's largest
-    /// allocation twice.
+    /// `out` is the last export's request at its place, patched in place up to `w`, where
+    /// the next container's resource goes. Past too many changes (`MAX_MOVES`) the rest of
+    /// it is let go and encoded afresh: a second buffer to copy into would hold the agent's
+    /// largest allocation twice.
     in_place: bool,
     w: usize,
     /// How far the last request's resources not yet reached moved: where `old_entries`
@@ -1130,7 +1128,7 @@ impl Kept {
                 entries,
                 node_len,
                 ..
-            }) if self.record && old.len() >= node_len => {
+            }) if old.len() >= node_len => {
                 // The node's resource may change length.
                 replace(&mut old, 0..node_len, head);
                 self.shift = head.len() as isize - node_len as isize;
@@ -1148,9 +1146,9 @@ impl Kept {
         }
     }
 
-    /// Keeps what request `out` is made of for the next export.
+    /// Keeps what request `out` is made of for the next export, where exports are kept.
     fn end(&mut self, out: &[u8], reuse: Option<&mut Reuse>) {
-        if let Some(r) = reuse.filter(|_| self.record) {
+        if let Some(r) = reuse {
             r.keep(out, self.node_len, std::mem::take(&mut self.entries));
         }
     }
@@ -1170,7 +1168,7 @@ impl Kept {
 impl Requests<'_> {
     /// Encodes one container's resource, or patches the last request's.
     fn container(&mut self, c: &ContainerUsage) {
-        let keep = self.kept.record && !self.by.has_xids(c);
+        let keep = self.reuse.is_some() && !self.by.has_xids(c);
         if keep && !self.kept.old_entries.is_empty() {
             let k = &mut self.kept;
             if let Some((i, e)) = k.lookup.find(&mut k.old_entries, k.hint, c) {
