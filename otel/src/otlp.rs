@@ -931,8 +931,8 @@ pub fn encode_request(
 
 /// The requests of one export, in order: the node's resource first, then one resource per
 /// container, a request closed once it holds `max_bytes` (whole resources, so the last one
-/// in it may go past; the settings' `max_request_bytes`: the agent holds one request at a
-/// time, not the whole export). Together they are exactly `encode_request`'s bytes: a
+/// in it may go past; the settings' `max_request_bytes`, under the collector's message
+/// limit). Together they are exactly `encode_request`'s bytes: a
 /// request is its resources' fields one after the other. An export with nothing to say is
 /// one empty request.
 ///
