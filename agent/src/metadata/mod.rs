@@ -709,13 +709,9 @@ impl NameRequests {
                 at += 1;
                 continue;
             }
-            let t = match self.asked.get_mut(&SameName(id)) {
-                Some(t) if recent(t) => *t,
-                Some(t) => {
-                    *t = now;
-                    unknown.push(id.to_string());
-                    now
-                }
+            // Asked about within the minute, maybe under another copy of the name.
+            let t = match self.asked.get(&SameName(id)).filter(|t| recent(t)) {
+                Some(&t) => t,
                 None => {
                     self.asked.insert(id.clone(), now);
                     unknown.push(id.to_string());
