@@ -1,6 +1,6 @@
 //! The largest node `cargo xtask bench` builds: 50,000 real processes in 1,000 pods of
 //! kubelet's systemd shape, each pod a slice with nine container scopes (10,000 cgroups),
-//! five of them with ten processes (forked by sleeper.c, pausing). Everything it makes is removed on drop,
+//! five of them with ten processes (started by sleeper.c, pausing). Everything it makes is removed on drop,
 //! also when the benchmark fails half-way.
 use std::{
     io::Write,
@@ -80,10 +80,10 @@ pub(crate) fn mem_available_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// A forked sleeper costs about 95 KiB of the machine's memory (measured: 4.4-4.7 GiB for
-/// the 50k node), a `sleep` up to 200 KiB. Refuse a node that could push the machine into
-/// the OOM killer, and stop filling one when memory runs low.
-const KIB_PER_PROCESS: u64 = 128;
+/// A sleeper (exec'd, static) costs about 120 KiB of the machine's memory (measured: 5.8
+/// GiB for the 50k node), a `sleep` up to 200 KiB. Refuse a node that could push the
+/// machine into the OOM killer, and stop filling one when memory runs low.
+const KIB_PER_PROCESS: u64 = 160;
 const RESERVE_KIB: u64 = 3 << 20;
 
 pub(crate) fn check_memory(processes: usize) -> Result<()> {
@@ -118,7 +118,7 @@ fn sleeper_binary() -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir)?;
     std::fs::write(&src, SRC)?;
-    // Static when libc.a is there: fewer mappings, so smaller page tables per fork.
+    // Static when libc.a is there: fewer mappings, so smaller page tables per process.
     for flags in [&["-O2", "-static"][..], &["-O2"][..]] {
         let ok = Command::new("cc")
             .args(flags)
@@ -134,7 +134,7 @@ fn sleeper_binary() -> Result<PathBuf> {
     bail!("cannot build {} with cc", src.display())
 }
 
-/// The sleeper that forked a node's processes; killed and reaped on drop (its children
+/// The sleeper that started a node's processes; killed and reaped on drop (its children
 /// go with their cgroups).
 pub(crate) struct Sleepers(Child);
 

@@ -37,7 +37,7 @@ use crate::{
     workspace_root,
 };
 
-/// `per_pod` pausing processes in each pod, forked by one sleeper (killed on drop).
+/// `per_pod` pausing processes in each pod, started by one sleeper (killed on drop).
 fn fill(pods: &[Pod], per_pod: usize) -> Result<Sleepers> {
     let cgroups: Vec<&TestCgroup> = pods.iter().map(|p| &p.cg).collect();
     let mut sleepers = Sleepers::spawn(&cgroups, per_pod)?;
