@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     metadata::Metadata,
-    process::{Lookup, Placement, Resolver},
+    process::{cgroup::ContainerRef, Lookup, Placement, Resolver},
 };
 
 /// Who a GPU process is charged to. The ids are the cgroup registry's own: a clone is a
@@ -191,14 +191,11 @@ impl From<&KeyRef<'_>> for (Owner, Name) {
 /// Counters of an (owner, device) not seen for this long are forgotten.
 const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
 
-/// What the cgroup says about an owner, copied into its snapshot entry.
+/// What the cgroup says about an owner: its container's id and pod's UID.
 #[derive(Debug, Clone, Default)]
 pub(super) struct OwnerMeta {
     pub container_id: Option<Name>,
     pub pod_uid: Option<Name>,
-    qos: Option<&'static str>,
-    runtime: Option<&'static str>,
-    cgroup_path: Option<Name>,
 }
 
 /// The MPS server's command as the kernel keeps it (15 characters of
@@ -302,14 +299,16 @@ impl DeviceNames {
     }
 }
 
-struct Group {
+struct Group<'a> {
     owner: Owner,
     /// Where the owner's ledgers are.
     slot: Slot,
     /// `order_key` of the owner, read once: the sort compared the owners' ids, each a
     /// cache miss, about 11 times per group.
     order: (u8, u128),
-    meta: Option<OwnerMeta>,
+    /// Borrowed from the process state: the names are cloned only into a snapshot entry
+    /// that does not hold them already (`fill_entry`).
+    meta: Option<MetaRef<'a>>,
     /// A few devices per owner: a scan, not a map.
     gpus: Vec<ContainerGpu>,
 }
@@ -378,10 +377,71 @@ fn meta_of(pl: Placement<'_>) -> Option<OwnerMeta> {
     pl.container.map(|c| OwnerMeta {
         container_id: c.container_id.clone(),
         pod_uid: c.pod_uid.clone(),
-        qos: c.qos.map(|q| q.as_str()),
-        runtime: c.runtime.map(|r| r.as_str()),
-        cgroup_path: pl.cgroup_path.cloned(),
     })
+}
+
+/// What a placed process's cgroup says about its owner, borrowed from the process state.
+#[derive(Debug, Clone, Copy)]
+struct MetaRef<'a> {
+    container: &'a ContainerRef,
+    cgroup_path: Option<&'a Name>,
+}
+
+fn meta_ref(pl: Placement<'_>) -> Option<MetaRef<'_>> {
+    pl.container.map(|container| MetaRef {
+        container,
+        cgroup_path: pl.cgroup_path,
+    })
+}
+
+/// Sets a name, cloning it only when `slot` holds another: the entry a recycled snapshot
+/// left in place holds the same names cycle after cycle, and neither their reference counts
+/// nor the memory they sit in (cold a second later) are touched then.
+fn set_name(slot: &mut Option<Name>, name: Option<&Name>) {
+    match (slot.as_ref(), name) {
+        (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b) => {}
+        (None, None) => {}
+        _ => *slot = name.cloned(),
+    }
+}
+
+/// Makes `c` the entry of an owner whose cgroup says `meta` (None: the host), with devices
+/// `gpus`, whatever entry it was before: as `ContainerUsage { .., gpus, ..Default }` would
+/// be, with the names it holds already kept. Its lists were taken out when it was recycled.
+fn fill_entry(c: &mut ContainerUsage, meta: Option<MetaRef<'_>>, gpus: Vec<ContainerGpu>) {
+    // Every field named: one added to the entry must be filled here too.
+    let ContainerUsage {
+        container_id,
+        pod_uid,
+        qos,
+        runtime,
+        cgroup_path,
+        pod_name,
+        namespace,
+        container_name,
+        gpus: old_gpus,
+        allocated_gpus,
+        allocated_device_ids,
+        accounts,
+    } = c;
+    let r = meta.map(|m| m.container);
+    set_name(container_id, r.and_then(|r| r.container_id.as_ref()));
+    set_name(pod_uid, r.and_then(|r| r.pod_uid.as_ref()));
+    set_name(cgroup_path, meta.and_then(|m| m.cgroup_path));
+    *qos = r.and_then(|r| r.qos).map(|q| q.as_str());
+    *runtime = r.and_then(|r| r.runtime).map(|r| r.as_str());
+    for n in [pod_name, namespace, container_name] {
+        set_name(n, None);
+    }
+    for a in [allocated_gpus, allocated_device_ids] {
+        if !a.is_empty() {
+            *a = Default::default();
+        }
+    }
+    // Taken out when the snapshot was recycled.
+    debug_assert!(old_gpus.is_empty() && accounts.is_empty());
+    *old_gpus = gpus;
+    accounts.clear();
 }
 
 /// Where an owner sorts, as far as its kind and the first 16 bytes of its id tell: owners
@@ -401,7 +461,7 @@ fn order_key(o: &Owner) -> (u8, u128) {
     (kind, u128::from_be_bytes(b))
 }
 
-impl Group {
+impl Group<'_> {
     /// Adds one process's use of device `uuid` (of GPU `gpu_uuid`).
     fn add(&mut self, uuid: Name, gpu_uuid: &Name, p: &ProcessSample, spare: &mut Spare) {
         let i = match self.gpus.iter().position(|g| same(&g.uuid, &uuid)) {
@@ -437,12 +497,11 @@ impl Group {
 
 /// GPU processes by owner (in owner order), the per-process rows, and the MPS servers
 /// (device uuid, pid).
-type Grouped = (Vec<Group>, Vec<ProcessUsage>, Vec<(String, u32)>);
+type Grouped<'a> = (Vec<Group<'a>>, Vec<ProcessUsage>, Vec<(String, u32)>);
 
 /// One per-process row of the detail.
 fn process_row(p: &ProcessSample, uuid: &Name, placed: Option<Placement<'_>>) -> ProcessUsage {
-    let meta = placed.and_then(meta_of);
-    let m = meta.as_ref();
+    let m = placed.and_then(|pl| pl.container);
     ProcessUsage {
         pid: p.pid,
         comm: placed.map(|pl| pl.comm.to_string()),
@@ -460,13 +519,13 @@ fn process_row(p: &ProcessSample, uuid: &Name, placed: Option<Placement<'_>>) ->
 
 /// Every GPU process grouped by owner, the per-process rows when asked for, and the MPS
 /// servers (device uuid, pid), which are charged to nobody.
-fn group_processes(
-    procs: &impl Resolver,
+fn group_processes<'a>(
+    procs: &'a impl Resolver,
     sample: &GpuSample,
     names: &DeviceNames,
     process_detail: bool,
     counters: &mut Counters,
-) -> Grouped {
+) -> Grouped<'a> {
     let Counters {
         ledgers,
         spare,
@@ -489,7 +548,7 @@ fn group_processes(
     let mut group_of: Vec<u32> = vec![];
     let last = std::mem::replace(hints, Vec::with_capacity(n));
     // As many as the cycle before, mostly.
-    let mut groups: Vec<Group> = Vec::with_capacity(order.came.len());
+    let mut groups: Vec<Group<'_>> = Vec::with_capacity(order.came.len());
     let mut processes = vec![];
     let mut mps_servers = vec![];
     let mut k = 0;
@@ -519,7 +578,7 @@ fn group_processes(
                     order: order_key(&owner),
                     owner,
                     slot,
-                    meta: placed.and_then(meta_of),
+                    meta: placed.and_then(meta_ref),
                     gpus: spare.gpus(),
                 });
             }
@@ -555,7 +614,7 @@ pub struct Order {
 /// processes, the same from one cycle to the next while they stay: then the order of the
 /// cycle before is taken again, and the groups (about 140 bytes each) are moved once, not
 /// at every step of a sort (3 % of the large node's agent).
-fn sort_groups(groups: Vec<Group>, order: &mut Order) -> Vec<Group> {
+fn sort_groups<'a>(groups: Vec<Group<'a>>, order: &mut Order) -> Vec<Group<'a>> {
     let same = groups.len() == order.came.len()
         && groups
             .iter()
@@ -579,15 +638,17 @@ fn sort_groups(groups: Vec<Group>, order: &mut Order) -> Vec<Group> {
 /// counters of owners idle this cycle are kept (they must not reset) until forgotten. The
 /// owners and their slots come back beside their entries, for the account pass.
 fn accumulate(
-    groups: Vec<Group>,
+    groups: Vec<Group<'_>>,
     counters: &mut Counters,
     dt: f64,
     taken_at_ms: u64,
 ) -> (Vec<ContainerUsage>, Vec<Option<Owner>>, Vec<Slot>) {
+    // The entries of the snapshot before last, names in place: each is filled again.
     let mut containers = counters.spare.containers(groups.len());
+    containers.truncate(groups.len());
     let mut owners = Vec::with_capacity(groups.len());
     let slots = groups.iter().map(|g| g.slot).collect();
-    for g in groups {
+    for (i, g) in groups.into_iter().enumerate() {
         let mut gpus = g.gpus;
         gpus.sort_unstable_by(|a, b| a.uuid.cmp(&b.uuid));
         let devices = counters.ledgers.at(g.slot);
@@ -607,20 +668,15 @@ fn accumulate(
             cg.memory_byte_seconds = acc.byte_seconds;
             cg.pids.sort_unstable();
         }
-        let m = match g.owner {
-            Owner::Host => OwnerMeta::default(),
-            _ => g.meta.unwrap_or_default(),
+        let meta = match g.owner {
+            Owner::Host => None,
+            _ => g.meta,
         };
         owners.push(Some(g.owner));
-        containers.push(ContainerUsage {
-            container_id: m.container_id,
-            pod_uid: m.pod_uid,
-            qos: m.qos,
-            runtime: m.runtime,
-            cgroup_path: m.cgroup_path,
-            gpus,
-            ..Default::default()
-        });
+        if i == containers.len() {
+            containers.push(ContainerUsage::default());
+        }
+        fill_entry(&mut containers[i], meta, gpus);
     }
     counters.last_sample_ms = taken_at_ms;
     (containers, owners, slots)
@@ -1533,6 +1589,71 @@ mod tests {
         }
         // The later joins filled lists of the snapshots before.
         assert!(used >= 10, "{used}");
+    }
+
+    #[test]
+    fn entries_filled_again_in_place_keep_their_names_and_lose_what_is_no_longer_so() {
+        let st = state();
+        let named = {
+            let mut md = Metadata::default();
+            md.learn(
+                A.into(),
+                ContainerNames {
+                    pod_name: Some("trainer-0".into()),
+                    namespace: Some("ml".into()),
+                    container_name: Some("main".into()),
+                    ..Default::default()
+                },
+            );
+            md.set_allocations(vec![Allocation {
+                namespace: "ml".into(),
+                pod_name: "trainer-0".into(),
+                container_name: "main".into(),
+                device_ids: vec!["GPU-1".into()],
+                ..Default::default()
+            }]);
+            md
+        };
+        let unnamed = Metadata::default();
+        // A and B trade places with the host entry, and are named, then not, then again.
+        let cycles = [
+            (&named, vec![proc(100, 1, 1), proc(200, 2, 2)]),
+            (&unnamed, vec![proc(200, 2, 2), proc(300, 3, 3)]),
+            (&named, vec![proc(300, 3, 3), proc(100, 1, 1)]),
+            (
+                &unnamed,
+                vec![proc(100, 1, 1), proc(200, 2, 2), proc(300, 3, 3)],
+            ),
+            (
+                &named,
+                vec![proc(100, 1, 1), proc(200, 2, 2), proc(300, 3, 3)],
+            ),
+            (
+                &named,
+                vec![proc(100, 1, 1), proc(200, 2, 2), proc(300, 3, 3)],
+            ),
+            (&unnamed, vec![proc(200, 2, 2)]),
+        ];
+        let (mut fresh, mut refilled) = (Joiner::default(), Joiner::default());
+        let (ok, gap) = (SourceStatus::Ok, Duration::from_secs(3));
+        let mut before_last: Option<Snapshot> = None;
+        let mut recycled = None;
+        for (k, (md, procs)) in cycles.into_iter().enumerate() {
+            let s = sample(1000 * (k as u64 + 1), procs);
+            let want = fresh.join(&st, md, &s, &ok, gap, false);
+            let got = refilled.join(&st, md, &s, &ok, gap, false);
+            let json = |s: &Snapshot| serde_json::to_value(s).unwrap();
+            assert_eq!(json(&got), json(&want), "cycle {k}");
+            // Filled where the snapshot before last was (room enough: 4 entries at most).
+            if let Some(at) = recycled.take() {
+                assert_eq!(got.containers.as_ptr(), at, "cycle {k}");
+            }
+            // Joins alternate between two snapshots' entries, as the pipeline's do.
+            if let Some(old) = before_last.replace(got) {
+                recycled = Some(old.containers.as_ptr());
+                refilled.recycle(old);
+            }
+        }
     }
 
     #[test]

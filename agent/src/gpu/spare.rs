@@ -51,31 +51,28 @@ fn worth_keeping(capacity: usize) -> bool {
 
 impl Spare {
     /// Takes a snapshot apart for its lists (what is left of the one before is freed): the
-    /// names in it are let go, the lists are kept empty. At most one snapshot's lists are
-    /// kept.
+    /// lists are kept empty, the containers' entries are kept with their names, for the
+    /// join to fill again in place (a name it gives the same entry again is neither cloned
+    /// nor let go). At most one snapshot's lists and entries are kept.
     pub fn recycle(&mut self, mut snap: Snapshot) {
         self.gpus.clear();
         self.pids.clear();
         self.accounts.clear();
         let mut containers = std::mem::take(&mut snap.containers);
-        let mut all = containers.drain(..);
-        while let Some(c) = all.next() {
-            // Its names and lists are each a cache miss otherwise, one after another.
-            if let Some(next) = all.as_slice().get(AHEAD - 1) {
-                gpu_model::prefetch_container(next);
+        for i in 0..containers.len() {
+            // Its lists are each a cache miss otherwise, one after another.
+            if let Some(next) = containers.get(i + AHEAD) {
+                gpu_model::prefetch(next.gpus.as_ptr());
+                gpu_model::prefetch(next.accounts.as_ptr());
             }
-            self.keep(c);
+            let c = &mut containers[i];
+            let (gpus, accounts) = (std::mem::take(&mut c.gpus), std::mem::take(&mut c.accounts));
+            self.keep(gpus, accounts);
         }
-        drop(all);
         self.containers = containers;
     }
 
-    fn keep(&mut self, c: ContainerUsage) {
-        let ContainerUsage {
-            mut gpus,
-            mut accounts,
-            ..
-        } = c;
+    fn keep(&mut self, mut gpus: Vec<ContainerGpu>, mut accounts: Vec<GpuAccount>) {
         for g in gpus.drain(..) {
             let mut pids = g.pids;
             pids.clear();
@@ -109,10 +106,10 @@ impl Spare {
         v
     }
 
-    /// An empty list of containers with room for `n`.
+    /// The recycled snapshot's entries (names kept, lists empty), with room for `n`.
     pub fn containers(&mut self, n: usize) -> Vec<ContainerUsage> {
         let mut v = std::mem::take(&mut self.containers);
-        v.reserve(n);
+        v.reserve(n.saturating_sub(v.len()));
         v
     }
 
@@ -174,7 +171,7 @@ mod tests {
     }
 
     #[test]
-    fn a_recycled_snapshot_gives_its_lists_back_empty_and_keeps_no_large_one() {
+    fn a_recycled_snapshot_gives_its_lists_back_empty_keeps_its_entries_and_no_large_list() {
         let name: Name = "GPU-1".into();
         let mut spare = Spare::default();
         let snap = |containers| Snapshot {
@@ -206,8 +203,15 @@ mod tests {
         assert!(a.is_empty() && a.capacity() >= 3);
         // Empty pools hand out new lists.
         assert_eq!(spare.gpus().capacity(), 0);
+        // The entries stay, names and all, their lists taken out.
         let c = spare.containers(5);
-        assert!(c.is_empty() && c.capacity() >= 5);
+        assert_eq!(c.len(), 3);
+        assert!(c.capacity() >= 5);
+        for e in &c {
+            assert_eq!(e.container_id.as_deref(), Some("c"));
+            assert!(e.gpus.is_empty() && e.accounts.is_empty());
+            assert_eq!((e.gpus.capacity(), e.accounts.capacity()), (0, 0));
+        }
         // A second snapshot replaces what is left of the first.
         spare.recycle(snap(vec![container(&name, 1, 1, 1)]));
         assert_eq!(
