@@ -1594,26 +1594,7 @@ mod tests {
     #[test]
     fn entries_filled_again_in_place_keep_their_names_and_lose_what_is_no_longer_so() {
         let st = state();
-        let named = {
-            let mut md = Metadata::default();
-            md.learn(
-                A.into(),
-                ContainerNames {
-                    pod_name: Some("trainer-0".into()),
-                    namespace: Some("ml".into()),
-                    container_name: Some("main".into()),
-                    ..Default::default()
-                },
-            );
-            md.set_allocations(vec![Allocation {
-                namespace: "ml".into(),
-                pod_name: "trainer-0".into(),
-                container_name: "main".into(),
-                device_ids: vec!["GPU-1".into()],
-                ..Default::default()
-            }]);
-            md
-        };
+        let named = super::sharing_tests::allocated_to_a("nvidia.com/gpu", "GPU-1", None);
         let unnamed = Metadata::default();
         // A and B trade places with the host entry, and are named, then not, then again.
         let cycles = [
@@ -1820,7 +1801,7 @@ mod sharing_tests {
     }
 
     /// Container A named ns/p/a and allocated `device` of `resource` (through `claim`).
-    fn allocated_to_a(resource: &str, device: &str, claim: Option<&str>) -> Metadata {
+    pub(super) fn allocated_to_a(resource: &str, device: &str, claim: Option<&str>) -> Metadata {
         let mut md = Metadata::default();
         md.learn(
             A.into(),
