@@ -2,7 +2,7 @@
  * LIST (one cgroup.procs path a line; writing 0 moves the writer), starts N children there
  * that only pause(), then goes back to HOME (a cgroup.procs) and waits to be killed. Each
  * child execs this small static binary again (no arguments: it pauses), as a node's
- * processes are exec'd: about 100 KiB of memory each, against 150-200 KiB for a `sleep`.
+ * processes are exec'd: about 120 KiB of memory each, against 150-200 KiB for a `sleep`.
  *
  * Not forks left without exec: those shared their parent's pages, and each page the parent
  * wrote after a fork stayed mapped by the children before it, all in one anon_vma with

@@ -645,7 +645,6 @@ fn accumulate(
 ) -> (Vec<ContainerUsage>, Vec<Option<Owner>>, Vec<Slot>) {
     // The entries of the snapshot before last, names in place: each is filled again.
     let mut containers = counters.spare.containers(groups.len());
-    containers.truncate(groups.len());
     let mut owners = Vec::with_capacity(groups.len());
     let slots = groups.iter().map(|g| g.slot).collect();
     for (i, g) in groups.into_iter().enumerate() {

@@ -106,10 +106,12 @@ impl Spare {
         v
     }
 
-    /// The recycled snapshot's entries (names kept, lists empty), with room for `n`.
+    /// The first `n` of the recycled snapshot's entries (names kept, lists empty), with
+    /// room for `n`.
     pub fn containers(&mut self, n: usize) -> Vec<ContainerUsage> {
         let mut v = std::mem::take(&mut self.containers);
-        v.reserve(n.saturating_sub(v.len()));
+        v.truncate(n);
+        v.reserve(n - v.len());
         v
     }
 
