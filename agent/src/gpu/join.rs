@@ -1025,6 +1025,14 @@ mod tests {
         }
     }
 
+    /// A first join of `s` (no counters before, nothing named), NVML fine.
+    fn first_join(st: &State, s: &GpuSample, process_detail: bool) -> Snapshot {
+        let ok = SourceStatus::Ok;
+        let gap = Duration::from_secs(3);
+        let md = Metadata::default();
+        join(st, &md, s, &ok, &Counters::default(), gap, process_detail).0
+    }
+
     fn find<'a>(s: &'a Snapshot, id: Option<&str>) -> &'a ContainerUsage {
         s.containers
             .iter()
@@ -1057,15 +1065,7 @@ mod tests {
                 proc(999, 9, 3),
             ],
         );
-        let (snap, _) = join(
-            &st,
-            &Metadata::default(),
-            &s,
-            &SourceStatus::Ok,
-            &Counters::default(),
-            Duration::from_secs(3),
-            true,
-        );
+        let snap = first_join(&st, &s, true);
         let a = find(&snap, Some(A));
         assert_eq!(a.pod_uid.as_deref(), Some(UID));
         assert_eq!(a.qos, Some("burstable"));
@@ -1145,15 +1145,7 @@ mod tests {
                 ..Default::default()
             })
             .into();
-        let (snap, _) = join(
-            &st,
-            &Metadata::default(),
-            &s,
-            &SourceStatus::Ok,
-            &Counters::default(),
-            Duration::from_secs(3),
-            false,
-        );
+        let snap = first_join(&st, &s, false);
         let a = find(&snap, Some(A));
         let uuids: Vec<_> = a
             .gpus
