@@ -25,18 +25,34 @@ pub struct Placement<'a> {
 /// map of its own.
 pub trait Resolver {
     fn place(&self, pid: u32) -> Option<Placement<'_>>;
+
+    /// `place` of each pid, in order, appended to `out`.
+    fn place_all<'a>(
+        &'a self,
+        pids: impl Iterator<Item = u32>,
+        out: &mut Vec<Option<Placement<'a>>>,
+    ) {
+        out.extend(pids.map(|pid| self.place(pid)));
+    }
 }
 
 impl Resolver for State {
     fn place(&self, pid: u32) -> Option<Placement<'_>> {
-        let e = self.cache.get(pid)?;
-        let a = self.attribute(e);
-        Some(Placement {
-            comm: &e.comm,
-            live: e.is_live(),
-            container: a.node.and_then(|n| n.container.as_deref()),
-            cgroup_path: a.node.map(|n| &n.path),
-        })
+        self.cache.get(pid).map(|e| self.placement(e))
+    }
+
+    /// Every process first, then every cgroup: each lookup is a chain of cache misses (the
+    /// table's control bytes, then its slot) in memory gone cold since the cycle before,
+    /// and a loop of one kind of lookup overlaps the chains of several pids where one of
+    /// both kinds waited for each process's cgroup behind its process entry (the cgroup
+    /// slot's miss was 3.4 % of the large node's agent).
+    fn place_all<'a>(
+        &'a self,
+        pids: impl Iterator<Item = u32>,
+        out: &mut Vec<Option<Placement<'a>>>,
+    ) {
+        let entries: Vec<Option<&ProcessEntry>> = pids.map(|pid| self.cache.get(pid)).collect();
+        out.extend(entries.into_iter().map(|e| e.map(|e| self.placement(e))));
     }
 }
 
@@ -104,6 +120,16 @@ impl State {
             }
         }
         v2_attr
+    }
+
+    fn placement<'a>(&'a self, e: &'a ProcessEntry) -> Placement<'a> {
+        let a = self.attribute(e);
+        Placement {
+            comm: &e.comm,
+            live: e.is_live(),
+            container: a.node.and_then(|n| n.container.as_deref()),
+            cgroup_path: a.node.map(|n| &n.path),
+        }
     }
 
     pub fn view(&self, e: &ProcessEntry) -> ProcessView {
