@@ -643,9 +643,9 @@ fn prefetch_group(ledgers: &Ledgers, slots: &[Slot], containers: &[ContainerUsag
         let devices = ledgers.read(s);
         if let Some(d) = devices.first() {
             let p: *const u8 = (d as *const (Name, account::Ledger)).cast();
-            // 304 bytes: the first three lines hold what this pass and the forgetting after
-            // it read (the name, the counters, when it was last used or charged, whether a
-            // session is open).
+            // About 300 bytes: the first three lines hold what this pass and the forgetting
+            // after it read (the name, the counters, when it was last used or charged,
+            // whether a session is open).
             for line in 0..3 {
                 prefetch(p.wrapping_add(64 * line));
             }

@@ -41,11 +41,11 @@ impl Resolver for State {
         self.cache.get(pid).map(|e| self.placement(e))
     }
 
-    /// Every process first, then every cgroup: each lookup is a chain of cache misses (the
-    /// table's control bytes, then its slot) in memory gone cold since the cycle before,
-    /// and a loop of one kind of lookup overlaps the chains of several pids where one of
-    /// both kinds waited for each process's cgroup behind its process entry (the cgroup
-    /// slot's miss was 3.4 % of the large node's agent).
+    /// Every process looked up first, then every cgroup. Each lookup is a chain of cache
+    /// misses (a table's control bytes, then its slot) in memory gone cold since the cycle
+    /// before: in a loop of one kind of lookup the CPU overlaps the chains of several pids,
+    /// where a loop of both waited for each cgroup's lookup behind its process's (the
+    /// cgroup slot's miss was 3.4 % of the large node's agent).
     fn place_all<'a>(
         &'a self,
         pids: impl Iterator<Item = u32>,
@@ -122,6 +122,7 @@ impl State {
         v2_attr
     }
 
+    /// Where the process of entry `e` belongs.
     fn placement<'a>(&'a self, e: &'a ProcessEntry) -> Placement<'a> {
         let a = self.attribute(e);
         Placement {
