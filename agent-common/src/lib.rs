@@ -316,6 +316,9 @@ pub struct IterConfig {
     pub css_cgroup: u32,
     pub cgroup_kn: u32,
     pub kn_id: u32,
+    /// `task_struct.signal`, `signal_struct.live`: the threads of the group not yet exiting.
+    pub task_signal: u32,
+    pub signal_live: u32,
 }
 
 impl IterConfig {
@@ -333,6 +336,8 @@ impl IterConfig {
             css_cgroup: 0,
             cgroup_kn: 0,
             kn_id: 0,
+            task_signal: 0,
+            signal_live: 0,
         }
     }
 }
@@ -396,7 +401,7 @@ const _: () = assert!(core::mem::size_of::<ExitEvent>() == 8);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
 const _: () = assert!(core::mem::size_of::<Slot>() == 64);
 const _: () = assert!(core::mem::size_of::<Config>() == 20 * 4);
-const _: () = assert!(core::mem::size_of::<IterConfig>() == 12 * 4);
+const _: () = assert!(core::mem::size_of::<IterConfig>() == 14 * 4);
 
 #[cfg(test)]
 mod tests {

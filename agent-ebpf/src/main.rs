@@ -369,6 +369,24 @@ fn try_proc_iter(ctx: *const u64) -> Result<(), i32> {
     if pid != tgid {
         return Ok(()); // a thread
     }
+    let tgid = tgid as u32;
+    // Every thread of the group has exited (a zombie its parent has not reaped): its exit
+    // was before the programs were attached, or its notification is queued. No entry; still
+    // reported, so that userspace does not read it from /proc either.
+    let signal: u64 = kread(task, icfg!(task_signal))?;
+    let live: i32 = kread(signal, icfg!(signal_live))?;
+    if live != 0 {
+        enter_iterated(task, tgid)?;
+    }
+    // meta->seq, loaded field by field so the verifier types it as the seq_file.
+    let seq = unsafe { *(*(ctx as *const *const *mut seq_file)) };
+    unsafe { bpf_seq_write(seq, &tgid as *const u32 as *const _, 4) };
+    Ok(())
+}
+
+/// The entry of a process the iterator visits, unless the tracepoints wrote a fresher one.
+#[inline(always)]
+fn enter_iterated(task: u64, tgid: u32) -> Result<(), i32> {
     let start: u64 = kread(task, icfg!(task_start))?;
     let parent: u64 = kread(task, icfg!(task_parent))?;
     let ppid: i32 = if parent == 0 {
@@ -386,7 +404,6 @@ fn try_proc_iter(ctx: *const u64) -> Result<(), i32> {
         let cgroup: u64 = kread(css, icfg!(css_cgroup))?;
         info.set_v1(cgroup_id(cgroup)?);
     }
-    let tgid = tgid as u32;
     let procs = procs();
     match procs.find(tgid) {
         // Written by exec (or fork) since attach: keep it, add what exec could not know.
@@ -406,8 +423,5 @@ fn try_proc_iter(ctx: *const u64) -> Result<(), i32> {
             }
         }
     }
-    // meta->seq, loaded field by field so the verifier types it as the seq_file.
-    let seq = unsafe { *(*(ctx as *const *const *mut seq_file)) };
-    unsafe { bpf_seq_write(seq, &tgid as *const u32 as *const _, 4) };
     Ok(())
 }

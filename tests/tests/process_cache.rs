@@ -175,6 +175,106 @@ fn process_only_in_a_cgroup_v1_hierarchy_is_attributed() {
     }
 }
 
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn an_exited_process_its_parent_has_not_reaped_stays_exited() {
+    // Each child moves itself into the pod (an attach, as runc does), execs and exits; the
+    // agent reads the fork, attach and exit in one batch while the child is a zombie,
+    // still in /proc. Reading the zombie back from /proc would bring back, in the cache
+    // and in the kernel map, a process whose exit was already applied. 64 KiB of ring,
+    // read once a second: the twenty children's notifications (about 14 KiB) fit, and a
+    // burst of migrations overflows it later.
+    let agent = Agent::start(
+        "[ebpf]\nring_buffer_bytes = 65536\nwakeup_bytes = 65536\npoll_interval_ms = 1000\n",
+    );
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let mut zombies: Vec<std::process::Child> = (0..20)
+        .map(|_| cg.spawn(&mut Command::new("true")))
+        .collect();
+    let pids: Vec<u32> = zombies.iter().map(|c| c.id()).collect();
+    for &pid in &pids {
+        agent.wait_until("the child to exit", Duration::from_secs(10), || {
+            proc_stat(pid).unwrap().state == 'Z'
+        });
+    }
+    // Notifications are applied in order: once a later process shows, the zombies' batch
+    // has been applied.
+    let marker = Proc(cg.spawn(&mut sleeper()));
+    agent.wait_for_process(marker.pid(), "container_id", &json!(id));
+    let ghosts = |agent: &Agent| -> Vec<u32> {
+        let live: BTreeSet<u32> = agent
+            .processes()
+            .iter()
+            .map(|r| r["pid"].as_u64().unwrap() as u32)
+            .collect();
+        pids.iter().copied().filter(|p| live.contains(p)).collect()
+    };
+    assert_eq!(
+        ghosts(&agent),
+        Vec::<u32>::new(),
+        "exited, yet live\n{}",
+        agent.log()
+    );
+    for z in &mut zombies {
+        z.wait().unwrap();
+    }
+    // A resync reads the kernel map back: no entry of theirs may be left in it. Migrations
+    // overflow the ring cheaply (552 bytes a notification, no fork), even under emulation.
+    let other = TestCgroup::v2(&systemd_container(&uid, &random_hex(64)));
+    let resyncs = |agent: &Agent| agent.stats()["resyncs"].as_u64().unwrap();
+    let before = resyncs(&agent);
+    for round in 0.. {
+        for _ in 0..50 {
+            other.add(marker.pid());
+            cg.add(marker.pid());
+        }
+        if resyncs(&agent) > before {
+            break;
+        }
+        assert!(
+            round < 100,
+            "no resync after {round} rounds\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        ghosts(&agent),
+        Vec::<u32>::new(),
+        "back after a resync\n{}",
+        agent.log()
+    );
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_zombie_older_than_the_agent_is_not_a_live_process() {
+    // Its exit was before the programs were attached: no notification will ever say it,
+    // so the start-up walk must not take it for a running process.
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let mut zombie = cg.spawn(&mut Command::new("true"));
+    let pid = zombie.id();
+    let deadline = std::time::Instant::now() + tests::slow(Duration::from_secs(10));
+    while proc_stat(pid).unwrap().state != 'Z' {
+        assert!(std::time::Instant::now() < deadline, "true never exited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let running = Proc(cg.spawn(&mut sleeper()));
+    for config in ["", "[ebpf]\ntask_iterator = false\n"] {
+        let agent = Agent::start(config);
+        let row = agent.wait_for_process(running.pid(), "container_id", &json!(id));
+        assert_attributed(&row, &id, &uid);
+        assert!(
+            agent.process(pid).is_none(),
+            "the zombie {pid} is live ({config:?})\n{}",
+            agent.log()
+        );
+    }
+    zombie.wait().unwrap();
+}
+
 /// Forces the next PID to be `want` through ns_last_pid; retries while other forks race.
 fn spawn_with_pid(want: u32, cg: &TestCgroup) -> Option<Proc> {
     for _ in 0..200 {
@@ -301,19 +401,34 @@ fn overflow_then_resync(ebpf: &str, keep_n: usize, slots: Option<u32>) -> (TestC
     let stats = agent.stats();
     assert!(stats["events_lost"].as_u64().unwrap() > 0, "{stats}");
     // The cache must now hold exactly the pod's live processes, all attributed.
-    agent.wait_until(
-        "the cache to match the kernel",
-        Duration::from_secs(10),
-        || {
-            let seen: BTreeSet<u32> = agent
-                .processes()
-                .iter()
-                .filter(|r| r["pod_uid"] == json!(uid))
-                .map(|r| r["pid"].as_u64().unwrap() as u32)
+    let deadline = std::time::Instant::now() + tests::slow(Duration::from_secs(10));
+    loop {
+        let seen: BTreeSet<u32> = agent
+            .processes()
+            .iter()
+            .filter(|r| r["pod_uid"] == json!(uid))
+            .map(|r| r["pid"].as_u64().unwrap() as u32)
+            .collect();
+        if seen == truth {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            // What /proc says of each process the cache has wrong (gone: None).
+            let wrong: Vec<(u32, Option<char>)> = seen
+                .symmetric_difference(&truth)
+                .map(|&p| (p, proc_stat(p).map(|s| s.state)))
                 .collect();
-            seen == truth
-        },
-    );
+            panic!(
+                "the cache never matched the kernel: missing {:?}, extra {:?}, their state \
+                 {wrong:?}\nstats {}\nagent log:\n{}",
+                truth.difference(&seen).collect::<Vec<_>>(),
+                seen.difference(&truth).collect::<Vec<_>>(),
+                agent.stats(),
+                agent.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for pid in killed {
         assert!(agent.process(pid).is_none(), "killed pid {pid} still live");
     }

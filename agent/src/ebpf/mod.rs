@@ -392,6 +392,8 @@ fn iter_config(btf: &btf::Btf, v1: Option<(u32, &str)>) -> Result<IterConfig, St
         cset_dfl_cgrp: off("css_set", "dfl_cgrp")?,
         cgroup_kn: off("cgroup", "kn")?,
         kn_id: off("kernfs_node", "id")?,
+        task_signal: off("task_struct", "signal")?,
+        signal_live: off("signal_struct", "live")?,
         ..IterConfig::zeroed()
     };
     if let Some((_, controllers)) = v1 {

@@ -13,7 +13,7 @@ use gpu_model::TrackingMode;
 use super::{
     cache::{ProcessCache, ProcessEntry},
     cgroup::{CgroupRegistry, Hierarchies, Hierarchy},
-    procfs::{ProcRecord, Procfs},
+    procfs::{Liveness, ProcRecord, Procfs},
     state::State,
 };
 use crate::{
@@ -196,7 +196,7 @@ impl Tracker {
             if known.binary_search(&pid).is_ok() {
                 continue;
             }
-            if let Some(rec) = self.procfs.read(pid) {
+            if let Some(rec) = self.procfs.read(pid).filter(|r| !r.exited) {
                 let entry = entry_from_record(&mut st.registry, &hier, &rec);
                 seed.push((pid, kernel_info(&entry)));
                 st.cache.upsert(entry);
@@ -257,7 +257,7 @@ impl Tracker {
                 (Some(_), None) => continue, // exited meanwhile
                 // Not in a cgroup.procs read (it moved, started after, or none was read):
                 // all from /proc.
-                (None, _) => match self.procfs.read(pid) {
+                (None, _) => match self.procfs.read(pid).filter(|r| !r.exited) {
                     Some(rec) => entry_from_record(&mut st.registry, &hier, &rec),
                     None => continue,
                 },
@@ -328,8 +328,7 @@ impl Tracker {
         };
         let mut events = std::mem::take(&mut self.events);
         let n = src.read_events(&mut events);
-        let mut attaches: Vec<(u32, u32, u64)> = vec![];
-        let mut unknown: HashSet<(u32, u64)> = HashSet::new();
+        let mut later = Deferred::default();
         let mut exited: HashSet<u32> = HashSet::new();
         {
             let mut guard = self.state.write().unwrap();
@@ -344,7 +343,7 @@ impl Tracker {
                         _ => false,
                     };
                 }
-                apply(st, ev, &mut attaches, &mut unknown);
+                apply(st, ev, &mut later);
             }
         }
         self.events = events;
@@ -352,10 +351,10 @@ impl Tracker {
             src.remove(tgid);
         }
         self.stats.events_received.fetch_add(n as u64, Relaxed);
-        for (pid, hierarchy, id) in attaches {
+        for (pid, hierarchy, id) in later.attaches_of_the_running() {
             self.apply_attach(pid, hierarchy, id);
         }
-        self.learn_cgroups(unknown, false);
+        self.learn_cgroups(later.unknown, false);
         if let Some(src) = self.source.as_mut() {
             src.flush_logs();
         }
@@ -416,6 +415,10 @@ impl Tracker {
             if let Some(mut info) = src.get(pid).filter(|i| !i.knows_cgroup(v2, id)) {
                 info.set_cgroup(v2, id);
                 let _ = src.update_existing(pid, info);
+                // A slot freed by the exit between the read and the write is claimed again.
+                if self.procfs.liveness(pid, info.start_ns) == Liveness::Exited {
+                    self.forget_exited(pid, info.start_ns);
+                }
             }
             return;
         }
@@ -428,20 +431,62 @@ impl Tracker {
     }
 
     /// Reads one process from /proc into the cache and the kernel map. Counted by callers.
+    /// None when there is no live process `pid` to keep: gone, or exiting (a zombie its
+    /// parent has not reaped is still in /proc); then it is retired here.
     fn lookup_from_procfs(&mut self, pid: u32) -> Option<()> {
-        let rec = self.procfs.read(pid)?;
-        let mut guard = self.state.write().unwrap();
-        let st = &mut *guard;
-        let hier = st.hierarchies.clone();
-        let entry = entry_from_record(&mut st.registry, &hier, &rec);
-        if let Some(src) = self.source.as_mut() {
+        // A second try when the PID went to a new process meanwhile: the write may have
+        // put the old one's facts in the new one's entry.
+        for _ in 0..2 {
+            let rec = self.procfs.read(pid)?;
+            if rec.exited {
+                self.forget_exited(pid, rec.start_ns);
+                return None;
+            }
+            let entry = {
+                let mut guard = self.state.write().unwrap();
+                let st = &mut *guard;
+                let hier = st.hierarchies.clone();
+                entry_from_record(&mut st.registry, &hier, &rec)
+            };
             let info = kernel_info(&entry);
-            if !src.insert_if_absent(pid, info).unwrap_or(true) {
-                let _ = src.update_existing(pid, info);
+            if let Some(src) = self.source.as_mut() {
+                if !src.insert_if_absent(pid, info).unwrap_or(true) {
+                    let _ = src.update_existing(pid, info);
+                }
+            }
+            // The exit program may have run between the read and the write: then the write
+            // made an entry nobody will delete. Asked after the write, /proc tells.
+            match self.procfs.liveness(pid, rec.start_ns) {
+                Liveness::Running => {
+                    self.state.write().unwrap().cache.upsert(entry);
+                    return Some(());
+                }
+                Liveness::Exited => {
+                    self.forget_exited(pid, rec.start_ns);
+                    return None;
+                }
+                Liveness::Replaced => continue,
             }
         }
-        st.cache.upsert(entry);
-        Some(())
+        None
+    }
+
+    /// A process found exited in /proc, maybe after its entry was written: its kernel entry
+    /// goes (unless a new process under the PID has one) and the cache has it exited.
+    fn forget_exited(&mut self, pid: u32, start_ns: u64) {
+        if let Some(src) = self.source.as_mut() {
+            if src
+                .get(pid)
+                .is_some_and(|i| same_start(i.start_ns, start_ns))
+            {
+                src.remove(pid);
+            }
+        }
+        self.state
+            .write()
+            .unwrap()
+            .cache
+            .on_exit(pid, Instant::now());
     }
 
     /// The cache becomes exactly the kernel map; holes the kernel could not fill (processes
@@ -469,7 +514,7 @@ impl Tracker {
                     .filter(|e| {
                         procfs
                             .read(e.pid)
-                            .is_some_and(|r| same_start(r.start_ns, e.start_ns))
+                            .is_some_and(|r| !r.exited && same_start(r.start_ns, e.start_ns))
                     })
                     .map(|e| e.pid)
                     .collect();
@@ -569,7 +614,8 @@ impl Tracker {
         let hier = st.hierarchies.clone();
         let mut live = HashSet::new();
         for pid in self.procfs.pids() {
-            let Some(rec) = self.procfs.read(pid) else {
+            // A zombie has exited: it is retired with the gone.
+            let Some(rec) = self.procfs.read(pid).filter(|r| !r.exited) else {
                 continue;
             };
             live.insert(pid);
@@ -765,14 +811,42 @@ fn kernel_info(e: &ProcessEntry) -> ProcInfo {
         .with_comm(e.comm.as_bytes())
 }
 
+/// What a batch of notifications leaves for after the state lock: migrations, which need
+/// the kernel map or a /proc read, and cgroups the registry cannot name yet.
+#[derive(Default)]
+struct Deferred {
+    /// (pid, hierarchy, cgroup id) and the migration's place in the batch.
+    attaches: Vec<(u32, u32, u64, usize)>,
+    unknown: HashSet<(u32, u64)>,
+    /// Notifications applied so far.
+    seen: usize,
+    /// The place of each exit that came after a migration, by tgid (the last one).
+    exited_at: rustc_hash::FxHashMap<u32, usize>,
+}
+
+impl Deferred {
+    /// The migrations of processes that did not exit later in the batch: followed after
+    /// it, an exited one's would read /proc for a process whose exit was already applied
+    /// (a zombie is still there).
+    fn attaches_of_the_running(&self) -> impl Iterator<Item = (u32, u32, u64)> + '_ {
+        self.attaches
+            .iter()
+            .filter(|(pid, _, _, at)| self.exited_at.get(pid).is_none_or(|e| e < at))
+            .map(|&(pid, hierarchy, id, _)| (pid, hierarchy, id))
+    }
+}
+
 /// One notification applied to the state. Attaches, and cgroups the registry cannot name
 /// yet, are collected: they need the kernel map or a lookup, after the lock.
-fn apply(
-    st: &mut State,
-    ev: KernelEvent,
-    attaches: &mut Vec<(u32, u32, u64)>,
-    unknown: &mut HashSet<(u32, u64)>,
-) {
+fn apply(st: &mut State, ev: KernelEvent, later: &mut Deferred) {
+    let at = later.seen;
+    later.seen += 1;
+    let Deferred {
+        attaches,
+        unknown,
+        exited_at,
+        ..
+    } = later;
     let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
     let mut note = |st: &State, info: &ProcInfo| {
         if info.v2_known() && !st.registry.contains(0, info.cgroup_id) {
@@ -793,7 +867,12 @@ fn apply(
             st.cache.on_exec(tgid, &info, comm);
             note(st, &info);
         }
-        KernelEvent::Exit { tgid } => st.cache.on_exit(tgid, Instant::now()),
+        KernelEvent::Exit { tgid } => {
+            st.cache.on_exit(tgid, Instant::now());
+            if !attaches.is_empty() {
+                exited_at.insert(tgid, at);
+            }
+        }
         KernelEvent::CgroupRmdir { hierarchy, id } => st.registry.mark_removed(hierarchy, id),
         KernelEvent::CgroupMkdir {
             hierarchy,
@@ -818,7 +897,7 @@ fn apply(
                 }
             }
             if hierarchy == 0 || Some(hierarchy) == v1_id {
-                attaches.push((pid, hierarchy, id));
+                attaches.push((pid, hierarchy, id, at));
             }
         }
     }
@@ -832,5 +911,41 @@ impl super::Lookup for Tracker {
 
     fn look_up(&mut self, pid: u32) -> bool {
         self.resolve(pid).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attach(pid: u32) -> KernelEvent {
+        KernelEvent::CgroupAttach {
+            pid,
+            hierarchy: 0,
+            id: 77,
+            path: Some("/kubepods.slice/x".into()),
+        }
+    }
+
+    #[test]
+    fn a_migration_is_followed_unless_its_process_exited_later_in_the_batch() {
+        let cache = ProcessCache::new(Duration::from_secs(60), 100);
+        let mut st = State::on_cgroup2(cache, CgroupRegistry::default());
+        let mut later = Deferred::default();
+        let batch = [
+            KernelEvent::Exit { tgid: 30 }, // before its migration: a reused PID's
+            attach(10),
+            attach(20),
+            attach(30),
+            KernelEvent::Exit { tgid: 10 },
+            attach(40),
+            KernelEvent::Exit { tgid: 40 },
+            attach(40), // a new process under the PID
+        ];
+        for ev in batch {
+            apply(&mut st, ev, &mut later);
+        }
+        let followed: Vec<u32> = later.attaches_of_the_running().map(|a| a.0).collect();
+        assert_eq!(followed, vec![20, 30, 40]);
     }
 }
