@@ -673,7 +673,8 @@ pub fn run(quick: bool, no_write: bool) -> Result<()> {
         export: export.as_ref(),
     };
     let mut md = report::markdown(&report);
-    if !quick {
+    // `--no-write` leaves the tree as it was: the plot too.
+    if !quick && !no_write {
         let png = workspace_root().join("docs/img/overhead.png");
         std::fs::create_dir_all(png.parent().unwrap())?;
         match plot(&rows, &png) {
