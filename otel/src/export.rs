@@ -316,14 +316,19 @@ pub(crate) fn grpc_request<T>(msg: T, settings: &OtlpSettings) -> tonic::Request
 
 /// A failed gRPC export: retried where OTLP says the status is transient; a message over
 /// the server's limit (grpc-go: RESOURCE_EXHAUSTED "received message larger than max";
-/// tonic: OUT_OF_RANGE "message length too large") is too large, not transient.
+/// tonic: OUT_OF_RANGE "message length too large") is too large, not transient, and so is
+/// a proxy's HTTP 413 (nginx's `client_max_body_size`, 1 MiB by default and in
+/// ingress-nginx): it sends no gRPC status, and the HTTP one maps to UNKNOWN
+/// (`grpc::unary`'s "HTTP 413 ..."; tonic's "... mapped from HTTP status code 413").
 pub(crate) fn grpc_error(s: tonic::Status) -> SendError {
     use tonic::Code::*;
     let msg = format!("{}: {}", s.code(), s.message());
     let m = s.message();
     let too_large = m.contains("larger than max") || m.contains("too large");
+    let proxy_413 = m.starts_with("HTTP 413") || m.ends_with("mapped from HTTP status code 413");
     match s.code() {
         ResourceExhausted | OutOfRange if too_large => SendError::TooLarge(msg),
+        Unknown if proxy_413 => SendError::TooLarge(msg),
         Unavailable | ResourceExhausted | DeadlineExceeded | Aborted | Cancelled | Unknown
         | Internal | OutOfRange | DataLoss => SendError::Retryable(msg, None),
         _ => SendError::Permanent(msg),
@@ -504,6 +509,20 @@ mod tests {
         assert_eq!(kind(tonic::Status::resource_exhausted(go)), "too large");
         let tonic = "Error, decoded message length too large: found 5242880 bytes, the limit is: 4194304 bytes";
         assert_eq!(kind(tonic::Status::out_of_range(tonic)), "too large");
+        // A proxy's 413 without a gRPC status, as `grpc::unary` and tonic report it; its
+        // 500 (UNKNOWN too) is transient.
+        let tonic = |code| {
+            tonic::Status::unknown(format!(
+                "grpc-status header missing, mapped from HTTP status code {code}"
+            ))
+        };
+        assert_eq!(kind(tonic(413)), "too large");
+        assert_eq!(kind(tonic(500)), "retryable");
+        let ours = |code| {
+            crate::grpc::from_http(tonic::codegen::http::StatusCode::from_u16(code).unwrap())
+        };
+        assert_eq!(kind(ours(413)), "too large");
+        assert_eq!(kind(ours(500)), "retryable");
         // A collector out of memory or quota is transient.
         let busy = "data refused due to high memory usage";
         assert_eq!(kind(tonic::Status::resource_exhausted(busy)), "retryable");

