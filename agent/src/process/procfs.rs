@@ -73,6 +73,11 @@ impl Procfs {
         })
     }
 
+    /// `read`, None for a process that has exited too (a zombie is still in /proc).
+    pub fn read_running(&self, pid: u32) -> Option<ProcRecord> {
+        self.read(pid).filter(|r| !r.exited)
+    }
+
     /// (comm, ppid, start ns) from /proc/PID/stat alone: the start-up walk, which has the
     /// cgroups from `cgroup.procs`. None if it is gone or has exited. `buf` is reused
     /// across calls.

@@ -196,7 +196,7 @@ impl Tracker {
             if known.binary_search(&pid).is_ok() {
                 continue;
             }
-            if let Some(rec) = self.procfs.read(pid).filter(|r| !r.exited) {
+            if let Some(rec) = self.procfs.read_running(pid) {
                 let entry = entry_from_record(&mut st.registry, &hier, &rec);
                 seed.push((pid, kernel_info(&entry)));
                 st.cache.upsert(entry);
@@ -257,7 +257,7 @@ impl Tracker {
                 (Some(_), None) => continue, // exited meanwhile
                 // Not in a cgroup.procs read (it moved, started after, or none was read):
                 // all from /proc.
-                (None, _) => match self.procfs.read(pid).filter(|r| !r.exited) {
+                (None, _) => match self.procfs.read_running(pid) {
                     Some(rec) => entry_from_record(&mut st.registry, &hier, &rec),
                     None => continue,
                 },
@@ -513,8 +513,8 @@ impl Tracker {
                     .filter(|e| e.is_live() && !live.contains(&e.pid))
                     .filter(|e| {
                         procfs
-                            .read(e.pid)
-                            .is_some_and(|r| !r.exited && same_start(r.start_ns, e.start_ns))
+                            .read_running(e.pid)
+                            .is_some_and(|r| same_start(r.start_ns, e.start_ns))
                     })
                     .map(|e| e.pid)
                     .collect();
@@ -614,8 +614,8 @@ impl Tracker {
         let hier = st.hierarchies.clone();
         let mut live = HashSet::new();
         for pid in self.procfs.pids() {
-            // A zombie has exited: it is retired with the gone.
-            let Some(rec) = self.procfs.read(pid).filter(|r| !r.exited) else {
+            // A zombie is retired with the gone.
+            let Some(rec) = self.procfs.read_running(pid) else {
                 continue;
             };
             live.insert(pid);
