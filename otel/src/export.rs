@@ -511,13 +511,13 @@ mod tests {
         assert_eq!(kind(tonic::Status::out_of_range(tonic)), "too large");
         // A proxy's 413 without a gRPC status, as `grpc::unary` and tonic report it; its
         // 500 (UNKNOWN too) is transient.
-        let tonic = |code| {
+        let theirs = |code| {
             tonic::Status::unknown(format!(
                 "grpc-status header missing, mapped from HTTP status code {code}"
             ))
         };
-        assert_eq!(kind(tonic(413)), "too large");
-        assert_eq!(kind(tonic(500)), "retryable");
+        assert_eq!(kind(theirs(413)), "too large");
+        assert_eq!(kind(theirs(500)), "retryable");
         let ours = |code| {
             crate::grpc::from_http(tonic::codegen::http::StatusCode::from_u16(code).unwrap())
         };
