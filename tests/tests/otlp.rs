@@ -12,6 +12,7 @@ use tests::{
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
     fake_nvml_lib,
     otlp_receiver::{attr_str, container_resource, metric, points, value, Kind, Receiver},
+    prom::free_port,
     random_hex, random_uid, Agent,
 };
 
@@ -210,11 +211,7 @@ fn sigterm_flushes_one_last_export_and_exits_zero() {
 fn collector_down_then_up_resumes_without_restart() {
     let fx = Fixture::new();
     // Reserve a port, then free it: nothing listens there yet.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let agent = fx.agent(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
@@ -428,14 +425,6 @@ impl Drop for Rotel {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn wait_output(r: &Rotel, from: usize, needles: &[&str], agent: &Agent) {

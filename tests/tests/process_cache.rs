@@ -194,9 +194,7 @@ fn an_exited_process_its_parent_has_not_reaped_stays_exited() {
         .collect();
     let pids: Vec<u32> = zombies.iter().map(|c| c.id()).collect();
     for &pid in &pids {
-        agent.wait_until("the child to exit", Duration::from_secs(10), || {
-            proc_stat(pid).unwrap().state == 'Z'
-        });
+        wait_for_zombie(pid);
     }
     // Notifications are applied in order: once a later process shows, the zombies' batch
     // has been applied.
@@ -256,11 +254,7 @@ fn a_zombie_older_than_the_agent_is_not_a_live_process() {
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
     let mut zombie = cg.spawn(&mut Command::new("true"));
     let pid = zombie.id();
-    let deadline = std::time::Instant::now() + tests::slow(Duration::from_secs(10));
-    while proc_stat(pid).unwrap().state != 'Z' {
-        assert!(std::time::Instant::now() < deadline, "true never exited");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_zombie(pid);
     let running = Proc(cg.spawn(&mut sleeper()));
     for config in ["", "[ebpf]\ntask_iterator = false\n"] {
         let agent = Agent::start(config);
@@ -273,6 +267,15 @@ fn a_zombie_older_than_the_agent_is_not_a_live_process() {
         );
     }
     zombie.wait().unwrap();
+}
+
+/// Waits until our unreaped child `pid` has exited: a zombie, still in /proc.
+fn wait_for_zombie(pid: u32) {
+    let deadline = std::time::Instant::now() + tests::slow(Duration::from_secs(10));
+    while proc_stat(pid).unwrap().state != 'Z' {
+        assert!(std::time::Instant::now() < deadline, "{pid} never exited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Forces the next PID to be `want` through ns_last_pid; retries while other forks race.

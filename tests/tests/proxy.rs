@@ -21,7 +21,8 @@ use otel::{
 };
 use prost::Message;
 use tests::{
-    otlp_receiver::{Kind, Receiver},
+    otlp_receiver::{attr_str, Kind, Receiver},
+    prom::free_port,
     random_hex,
 };
 
@@ -43,11 +44,7 @@ impl Nginx {
                 "no nginx: `cargo xtask test` installs it (as root), else \
                  apt-get install -y --no-install-recommends nginx",
             );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("nginx-{}", random_hex(8)));
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         let conf = format!(
@@ -141,14 +138,8 @@ fn request(n: usize, bytes: usize) -> Vec<u8> {
 fn names(r: &ExportMetricsServiceRequest) -> Vec<String> {
     r.resource_metrics
         .iter()
-        .filter_map(|rm| {
-            let attrs = &rm.resource.as_ref()?.attributes;
-            let a = attrs.iter().find(|a| a.key == "service.name")?;
-            match a.value.as_ref()?.value.as_ref()? {
-                any_value::Value::StringValue(s) => Some(s.clone()),
-                _ => None,
-            }
-        })
+        .filter_map(|rm| attr_str(&rm.resource.as_ref()?.attributes, "service.name"))
+        .map(str::to_string)
         .collect()
 }
 

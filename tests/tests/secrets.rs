@@ -1,20 +1,11 @@
 //! Secrets never leave the process: credentials planted in the OTLP URL, in
 //! OTEL_EXPORTER_OTLP_HEADERS and in the config file appear in no endpoint and nowhere in
 //! the log, also while every export fails.
-use std::{net::TcpListener, time::Duration};
+use std::time::Duration;
 
-use tests::{http, Agent};
+use tests::{http, prom::free_port, Agent};
 
 const PLANTED: [&str; 3] = ["s3cr3t-url-pw", "s3cr3t-env-token", "s3cr3t-config-key"];
-
-fn closed_port() -> u16 {
-    // Bound and released: nothing listens there, so every export fails and is logged.
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn assert_clean(what: &str, text: &str) {
     for s in PLANTED {
@@ -26,7 +17,8 @@ fn assert_clean(what: &str, text: &str) {
 #[ignore = "needs root: loads the eBPF programs"]
 fn planted_secrets_appear_in_no_endpoint_and_no_log() {
     for protocol in ["http/protobuf", "grpc"] {
-        let url = format!("http://gpu:{}@127.0.0.1:{}", PLANTED[0], closed_port());
+        // A freed port: nothing listens there, so every export fails and is logged.
+        let url = format!("http://gpu:{}@127.0.0.1:{}", PLANTED[0], free_port());
         let header = format!("authorization=Bearer {}", PLANTED[1]);
         let config = format!(
             "[otlp]\ninterval_ms = 200\n[otlp.headers]\nx-api-key = \"{}\"\n",
