@@ -333,7 +333,7 @@ impl Tracker {
         {
             let mut guard = self.state.write().unwrap();
             let st = &mut *guard;
-            for ev in events.drain(..) {
+            for (at, ev) in events.drain(..).enumerate() {
                 if reap_exits {
                     match ev {
                         KernelEvent::Exit { tgid } => exited.insert(tgid),
@@ -343,7 +343,7 @@ impl Tracker {
                         _ => false,
                     };
                 }
-                apply(st, ev, &mut later);
+                apply(st, ev, at, &mut later);
             }
         }
         self.events = events;
@@ -415,10 +415,7 @@ impl Tracker {
             if let Some(mut info) = src.get(pid).filter(|i| !i.knows_cgroup(v2, id)) {
                 info.set_cgroup(v2, id);
                 let _ = src.update_existing(pid, info);
-                // A slot freed by the exit between the read and the write is claimed again.
-                if self.procfs.liveness(pid, info.start_ns) == Liveness::Exited {
-                    self.forget_exited(pid, info.start_ns);
-                }
+                self.check_after_write(pid, info.start_ns);
             }
             return;
         }
@@ -454,21 +451,28 @@ impl Tracker {
                     let _ = src.update_existing(pid, info);
                 }
             }
-            // The exit program may have run between the read and the write: then the write
-            // made an entry nobody will delete. Asked after the write, /proc tells.
-            match self.procfs.liveness(pid, rec.start_ns) {
+            match self.check_after_write(pid, rec.start_ns) {
                 Liveness::Running => {
                     self.state.write().unwrap().cache.upsert(entry);
                     return Some(());
                 }
-                Liveness::Exited => {
-                    self.forget_exited(pid, rec.start_ns);
-                    return None;
-                }
+                Liveness::Exited => return None,
                 Liveness::Replaced => continue,
             }
         }
         None
+    }
+
+    /// After a write of `pid`'s kernel entry from userspace: the exit program may have run
+    /// between the read the write came from and the write (a slot it freed is claimed
+    /// again, a hash entry it deleted made again), and then nobody would delete the entry.
+    /// Asked after the write, /proc tells; an exited process is forgotten here.
+    fn check_after_write(&mut self, pid: u32, start_ns: u64) -> Liveness {
+        let l = self.procfs.liveness(pid, start_ns);
+        if l == Liveness::Exited {
+            self.forget_exited(pid, start_ns);
+        }
+        l
     }
 
     /// A process found exited in /proc, maybe after its entry was written: its kernel entry
@@ -818,8 +822,6 @@ struct Deferred {
     /// (pid, hierarchy, cgroup id) and the migration's place in the batch.
     attaches: Vec<(u32, u32, u64, usize)>,
     unknown: HashSet<(u32, u64)>,
-    /// Notifications applied so far.
-    seen: usize,
     /// The place of each exit that came after a migration, by tgid (the last one).
     exited_at: rustc_hash::FxHashMap<u32, usize>,
 }
@@ -836,16 +838,13 @@ impl Deferred {
     }
 }
 
-/// One notification applied to the state. Attaches, and cgroups the registry cannot name
-/// yet, are collected: they need the kernel map or a lookup, after the lock.
-fn apply(st: &mut State, ev: KernelEvent, later: &mut Deferred) {
-    let at = later.seen;
-    later.seen += 1;
+/// Notification `at` of its batch applied to the state. Attaches, and cgroups the registry
+/// cannot name yet, are collected: they need the kernel map or a lookup, after the lock.
+fn apply(st: &mut State, ev: KernelEvent, at: usize, later: &mut Deferred) {
     let Deferred {
         attaches,
         unknown,
         exited_at,
-        ..
     } = later;
     let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
     let mut note = |st: &State, info: &ProcInfo| {
@@ -942,8 +941,8 @@ mod tests {
             KernelEvent::Exit { tgid: 40 },
             attach(40), // a new process under the PID
         ];
-        for ev in batch {
-            apply(&mut st, ev, &mut later);
+        for (at, ev) in batch.into_iter().enumerate() {
+            apply(&mut st, ev, at, &mut later);
         }
         let followed: Vec<u32> = later.attaches_of_the_running().map(|a| a.0).collect();
         assert_eq!(followed, vec![20, 30, 40]);
