@@ -354,6 +354,10 @@ impl Tracker {
         for (pid, hierarchy, id) in later.attaches_of_the_running() {
             self.apply_attach(pid, hierarchy, id);
         }
+        for pid in later.suspects_of_the_running() {
+            self.stats.procfs_fallback_lookups.fetch_add(1, Relaxed);
+            self.lookup_from_procfs(pid);
+        }
         self.learn_cgroups(later.unknown, false);
         if let Some(src) = self.source.as_mut() {
             src.flush_logs();
@@ -822,8 +826,12 @@ struct Deferred {
     /// (pid, hierarchy, cgroup id) and the migration's place in the batch.
     attaches: Vec<(u32, u32, u64, usize)>,
     unknown: HashSet<(u32, u64)>,
-    /// The place of each exit that came after a migration, by tgid (the last one).
+    /// The place of each exit that came after a migration or a suspect fork, by tgid (the
+    /// last one).
     exited_at: rustc_hash::FxHashMap<u32, usize>,
+    /// Forks whose cgroup the program could not know (`CLONE_INTO_CGROUP` on the classic
+    /// tracepoints: the parent's is not the child's), and their place in the batch.
+    suspects: Vec<(u32, usize)>,
 }
 
 impl Deferred {
@@ -836,6 +844,15 @@ impl Deferred {
             .filter(|(pid, _, _, at)| self.exited_at.get(pid).is_none_or(|e| e < at))
             .map(|&(pid, hierarchy, id, _)| (pid, hierarchy, id))
     }
+
+    /// The suspect forks of processes that did not exit later in the batch: /proc says
+    /// where they are.
+    fn suspects_of_the_running(&self) -> impl Iterator<Item = u32> + '_ {
+        self.suspects
+            .iter()
+            .filter(|(pid, at)| self.exited_at.get(pid).is_none_or(|e| e < at))
+            .map(|&(pid, _)| pid)
+    }
 }
 
 /// Notification `at` of its batch applied to the state. Attaches, and cgroups the registry
@@ -845,6 +862,7 @@ fn apply(st: &mut State, ev: KernelEvent, at: usize, later: &mut Deferred) {
         attaches,
         unknown,
         exited_at,
+        suspects,
     } = later;
     let v1_id = st.hierarchies.v1.as_ref().map(|h| h.id);
     let mut note = |st: &State, info: &ProcInfo| {
@@ -859,6 +877,11 @@ fn apply(st: &mut State, ev: KernelEvent, at: usize, later: &mut Deferred) {
     };
     match ev {
         KernelEvent::Fork { tgid, info, comm } => {
+            if info.cgroup_suspect() {
+                suspects.push((tgid, at));
+            }
+            // A suspect cgroup2 id is unknown until /proc tells it, after the batch.
+            let info = info.trusted();
             st.cache.on_fork(tgid, &info, comm);
             note(st, &info);
         }
@@ -868,7 +891,7 @@ fn apply(st: &mut State, ev: KernelEvent, at: usize, later: &mut Deferred) {
         }
         KernelEvent::Exit { tgid } => {
             st.cache.on_exit(tgid, Instant::now());
-            if !attaches.is_empty() {
+            if !attaches.is_empty() || !suspects.is_empty() {
                 exited_at.insert(tgid, at);
             }
         }
