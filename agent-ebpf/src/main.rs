@@ -17,9 +17,9 @@ use aya_ebpf::{
         bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
         generated::bpf_seq_write,
     },
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::error;
@@ -50,9 +50,21 @@ static ITER_CONFIG: IterConfig = IterConfig::zeroed();
 /// One field of the loader's config. Volatile: the value is patched into .rodata at load
 /// time, after compilation. Per field: copying the whole struct cost every event ~20 loads.
 macro_rules! cfg {
-    ($field:ident) => {
-        unsafe { core::ptr::read_volatile(core::ptr::addr_of!(AGENT_CONFIG.$field)) }
-    };
+    ($field:ident) => {{
+        // Also used inside the BTF programs' unsafe blocks.
+        #[allow(unused_unsafe)]
+        let v = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(AGENT_CONFIG.$field)) };
+        v
+    }};
+}
+
+macro_rules! icfg {
+    ($field:ident) => {{
+        // Also used inside the BTF programs' unsafe blocks.
+        #[allow(unused_unsafe)]
+        let v = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ITER_CONFIG.$field)) };
+        v as u64
+    }};
 }
 
 /// `PROCS` and `SLOTS`, as the loader sized them.
@@ -217,6 +229,120 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
     Ok(())
 }
 
+/// A field of a kernel object whose type the verifier knows from BTF (a `tp_btf` argument,
+/// or a pointer loaded from one), at an offset from this kernel's BTF (`ITER_CONFIG`, in
+/// the frozen .rodata: the verifier sees a constant). A plain load: no helper call, where
+/// each call costs a return through this host's mitigation thunks.
+#[inline(always)]
+unsafe fn field<T: Copy>(base: *const u8, offset: u64) -> T {
+    core::ptr::read(base.add(offset as usize) as *const T)
+}
+
+/// A pointer field of a kernel object, as `field`.
+#[inline(always)]
+unsafe fn field_ptr(base: *const u8, offset: u64) -> *const u8 {
+    field::<u64>(base, offset) as *const u8
+}
+
+/// `task`'s cgroup2 id, and the id of its cgroup in the tracked v1 hierarchy when that has
+/// a controller (else None: the caller takes the parent's).
+#[inline(always)]
+unsafe fn task_cgroups(task: *const u8) -> (u64, Option<u64>) {
+    let cset = field_ptr(task, icfg!(task_cgroups));
+    let dfl = field_ptr(cset, icfg!(cset_dfl_cgrp));
+    let v2 = field::<u64>(field_ptr(dfl, icfg!(cgroup_kn)), icfg!(kn_id));
+    let v1_css = icfg!(cset_v1_css);
+    if v1_css == ABSENT as u64 {
+        return (v2, None);
+    }
+    let css = field_ptr(cset, v1_css);
+    let cgroup = field_ptr(css, icfg!(css_cgroup));
+    let v1 = field::<u64>(field_ptr(cgroup, icfg!(cgroup_kn)), icfg!(kn_id));
+    (v2, Some(v1))
+}
+
+/// `task->comm`, two plain loads.
+#[inline(always)]
+unsafe fn task_comm(task: *const u8) -> [u8; 16] {
+    let at = icfg!(task_comm);
+    let lo: u64 = field(task, at);
+    let hi: u64 = field(task, at + 8);
+    let mut comm = [0u8; 16];
+    comm[..8].copy_from_slice(&lo.to_ne_bytes());
+    comm[8..].copy_from_slice(&hi.to_ne_bytes());
+    comm
+}
+
+/// `task_newtask` with BTF: the child itself, read with plain loads. Its own cgroups (so a
+/// `CLONE_INTO_CGROUP` child is exact, not suspect), its start time as /proc tells it,
+/// its parent as /proc tells it (`real_parent`), its name.
+#[btf_tracepoint(function = "task_newtask")]
+pub fn proc_fork_btf(ctx: BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    let clone_flags: u64 = ctx.arg(1);
+    if clone_flags & CLONE_THREAD != 0 {
+        return 0; // a thread, not a new process
+    }
+    unsafe {
+        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        let start: u64 = field(task, icfg!(task_start));
+        let parent = field_ptr(task, icfg!(task_parent));
+        let ppid = field::<i32>(parent, icfg!(task_tgid)) as u32;
+        let (v2, v1) = task_cgroups(task);
+        let mut info = ProcInfo::new(Some(v2), v1, Some(start), ppid);
+        info.comm = task_comm(task);
+        let procs = procs();
+        if v1.is_none() && cfg!(v1_hierarchy) != ABSENT {
+            if let Some(p) = procs.find(ppid) {
+                let p = *p;
+                if p.v1_known() {
+                    info.set_v1(p.cgroup_v1_id);
+                }
+            }
+        }
+        if !procs.insert(tgid, &info, true) {
+            count(COUNTER_MAP_FULL);
+        }
+        notify_proc(EVENT_FORK, tgid, &info);
+    }
+    0
+}
+
+/// `sched_process_exec` with BTF: the process's tgid, cgroups and new name, plain loads.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn proc_exec_btf(ctx: BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    unsafe {
+        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        let (v2, _) = task_cgroups(task);
+        let (info, stored) = shared::exec_entry(&procs(), tgid, v2, task_comm(task));
+        if !stored {
+            count(COUNTER_MAP_FULL);
+        }
+        notify_proc(EVENT_EXEC, tgid, &info);
+    }
+    0
+}
+
+/// `sched_process_exit` with BTF: the group is dead when no thread of it is left live
+/// (`signal->live` is decremented before the tracepoint, on every kernel).
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn proc_exit_btf(ctx: BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    unsafe {
+        let signal = field_ptr(task, icfg!(task_signal));
+        if field::<i32>(signal, icfg!(signal_live)) != 0 {
+            return 0;
+        }
+        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        procs().remove(tgid);
+        if !shared::notify_exit(&EVENTS, cfg!(wakeup_bytes), tgid) {
+            count(COUNTER_RINGBUF_LOST);
+        }
+    }
+    0
+}
+
 struct CgroupFields {
     root: u32,
     id: u32,
@@ -323,12 +449,6 @@ fn try_cgroup_event(ctx: &TracePointContext, kind: u32, f: &CgroupFields) -> Res
     }
     entry.submit(submit_flags());
     Ok(())
-}
-
-macro_rules! icfg {
-    ($field:ident) => {
-        unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ITER_CONFIG.$field)) } as u64
-    };
 }
 
 /// A kernel value at `base + offset` (offsets from BTF, so read as plain addresses).

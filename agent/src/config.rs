@@ -127,6 +127,9 @@ pub struct EbpfConfig {
     /// The start-up walk lets the kernel iterate its tasks (Linux 5.8 with BTF) instead of
     /// reading /proc/PID/stat per process; false reads /proc.
     pub task_iterator: bool,
+    /// The process programs attach to BTF tracepoints (Linux 5.5 with BTF) and read the
+    /// task with plain loads; false, or where they cannot load, the classic tracepoints.
+    pub btf_tracepoints: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -160,6 +163,7 @@ impl Default for EbpfConfig {
             wakeup_bytes: 256 << 10,
             program_stats: false,
             task_iterator: true,
+            btf_tracepoints: true,
         }
     }
 }

@@ -155,7 +155,13 @@ fn load_ebpf(
     match source {
         Ok(s) => {
             let load_ms = s.load_time.as_millis() as u64;
-            tracing::info!(load_ms, "eBPF programs attached");
+            let programs = s.process_programs.as_str();
+            tracing::info!(
+                load_ms,
+                process_programs = programs,
+                "eBPF programs attached"
+            );
+            *stats.process_programs.write().unwrap() = programs;
             stats.ebpf_load_ms.store(load_ms, Ordering::Relaxed);
             stats.set_mode(TrackingMode::Ebpf, None);
             Some(s)

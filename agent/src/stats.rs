@@ -30,6 +30,7 @@ pub struct Stats {
     pub cgroups_known: AtomicU64,
     pub startup_walk_ms: AtomicU64,
     pub startup_source: RwLock<&'static str>,
+    pub process_programs: RwLock<&'static str>,
     pub ebpf_load_ms: AtomicU64,
     pub nvml_samples: AtomicU64,
     /// CPU time (thread clock) of the NVML sampling thread, NVML's own calls included.
@@ -93,6 +94,7 @@ impl Stats {
             cgroups_known: n(&self.cgroups_known),
             startup_walk_ms: n(&self.startup_walk_ms),
             startup_source: self.startup_source.read().unwrap().to_string(),
+            process_programs: self.process_programs.read().unwrap().to_string(),
             ebpf_load_ms: n(&self.ebpf_load_ms),
             nvml: nvml.clone(),
             nvml_samples: n(&self.nvml_samples),

@@ -425,6 +425,10 @@ pub struct AgentStats {
     /// Where the start-up walk learnt the processes: "task_iterator" (the kernel filled its
     /// own map) or "procfs" (one read per process).
     pub startup_source: String,
+    /// Which programs follow the processes in eBPF mode: "tp_btf" (BTF tracepoints, plain
+    /// loads from the task) or "tracepoint" (the classic ones: no BTF, or they did not
+    /// load); empty in /proc mode.
+    pub process_programs: String,
     pub ebpf_load_ms: u64,
     pub nvml: SourceStatus,
     pub nvml_samples: u64,

@@ -44,10 +44,23 @@ fn process_started_before_the_agent_is_found_by_the_startup_walk() {
     assert_eq!(row["cgroup_id"], json!(ino));
 }
 
+/// The agent's config with the process programs on the classic tracepoints.
+const CLASSIC: &str = "[ebpf]\nbtf_tracepoints = false\n";
+
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn new_exec_and_fork_without_exec_inherit_the_pod() {
-    let agent = Agent::start("");
+    exec_and_fork_inherit_the_pod("");
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn the_classic_tracepoints_follow_exec_and_fork_too() {
+    exec_and_fork_inherit_the_pod(CLASSIC);
+}
+
+fn exec_and_fork_inherit_the_pod(config: &str) {
+    let agent = Agent::start(config);
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&cgroupfs_container(&uid, &id));
     // A Python worker that forks and never execs: the child must be attributed too.
@@ -584,4 +597,116 @@ fn procs_now() -> BTreeSet<u32> {
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
         .filter(|pid| proc_stat(*pid).is_some_and(|s| s.state != 'Z'))
         .collect()
+}
+
+/// `struct clone_args` as far as its `cgroup` field (CLONE_ARGS_SIZE_VER2).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// A child of this process born in `cg` (`clone3` with `CLONE_INTO_CGROUP`), not in this
+/// process's cgroup: it never execs, and waits for its SIGKILL.
+fn clone_into(cg: &TestCgroup) -> u32 {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(&cg.dir).expect("the cgroup's directory");
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: dir.as_raw_fd() as u64,
+        ..Default::default()
+    };
+    // SAFETY: no CLONE_VM: the child has its own copy of memory, and only calls pause(),
+    // which is async-signal-safe, until it is killed.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if pid == 0 {
+        loop {
+            // SAFETY: async-signal-safe.
+            unsafe { libc::pause() };
+        }
+    }
+    assert!(pid > 0, "clone3: {}", std::io::Error::last_os_error());
+    pid as u32
+}
+
+/// A process born into a pod's cgroup by `clone3(CLONE_INTO_CGROUP)` is in that pod from
+/// its first notification: its parent's cgroup is not its own.
+fn a_child_cloned_into_a_pod_is_in_it(config: &str) {
+    let agent = Agent::start(config);
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let child = clone_into(&cg);
+    let cleanup = scopeguard(child);
+    assert_eq!(proc_cgroup(child, "0").as_deref(), Some(cg.path.as_str()));
+    let row = agent.wait_for_process(child, "container_id", &json!(id));
+    assert_attributed(&row, &id, &uid);
+    assert_eq!(row["ppid"], json!(std::process::id()), "{row}");
+    drop(cleanup);
+}
+
+/// Kills and reaps the cloned child when the test ends, passed or not.
+fn scopeguard(pid: u32) -> impl Drop {
+    struct Reap(u32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            // SAFETY: our own child.
+            unsafe {
+                libc::kill(self.0 as i32, libc::SIGKILL);
+                libc::waitpid(self.0 as i32, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+    Reap(pid)
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_child_cloned_into_a_pod_cgroup_is_in_that_pod() {
+    a_child_cloned_into_a_pod_is_in_it("");
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_child_cloned_into_a_pod_cgroup_is_in_that_pod_with_the_classic_tracepoints() {
+    a_child_cloned_into_a_pod_is_in_it(CLASSIC);
+}
+
+/// Where the kernel has BTF the process programs are the BTF tracepoints' (plain loads
+/// from the task); `ebpf.btf_tracepoints = false` keeps the classic ones.
+#[test]
+#[ignore = "needs root: loads the eBPF programs"]
+fn the_process_programs_are_the_btf_ones_where_the_kernel_has_btf() {
+    let has_btf = Path::new("/sys/kernel/btf/vmlinux").exists();
+    let agent = Agent::start("");
+    let stats = agent.stats();
+    let want = if has_btf { "tp_btf" } else { "tracepoint" };
+    assert_eq!(stats["process_programs"], want, "{stats}\n{}", agent.log());
+    drop(agent);
+    let agent = Agent::start(CLASSIC);
+    let stats = agent.stats();
+    assert_eq!(stats["process_programs"], "tracepoint", "{stats}");
+    assert!(
+        agent.log().contains("ebpf.btf_tracepoints = false"),
+        "the reason is logged: {}",
+        agent.log()
+    );
 }

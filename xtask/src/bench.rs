@@ -21,6 +21,8 @@ pub enum Which {
     /// Exec storm: N fork+exec of /bin/true inside a pod cgroup, with and without the
     /// agent. Reports events lost, the storm's slowdown, the agent's CPU per lifecycle
     /// event and each eBPF program's run time per event (kernel statistics).
+    /// GPU_AGENT_BENCH_CLASSIC=1: the programs' run times of the classic tracepoints
+    /// (`ebpf.btf_tracepoints = false`, as on a kernel without BTF).
     Storm {
         /// fork+exec per storm.
         #[arg(long, default_value_t = 20_000)]
@@ -225,7 +227,12 @@ pub(crate) struct StormFigures {
 /// Per-program kernel run time, in a separate run: enabling the statistics costs a little
 /// on every program run and must not colour the slowdown.
 fn program_stats(bin: &Path, cg: &TestCgroup, n: u32) -> Result<Vec<ProgramRow>> {
-    let agent = Agent::start_binary(bin, "[ebpf]\nprogram_stats = true\n", &[]);
+    // GPU_AGENT_BENCH_CLASSIC: the classic tracepoints' programs, as a kernel without BTF.
+    let cfg = match std::env::var_os("GPU_AGENT_BENCH_CLASSIC") {
+        Some(_) => "[ebpf]\nprogram_stats = true\nbtf_tracepoints = false\n",
+        None => "[ebpf]\nprogram_stats = true\n",
+    };
+    let agent = Agent::start_binary(bin, cfg, &[]);
     let p0 = settle(&agent)["programs"].clone();
     run_storm(cg, n)?;
     let p1 = settle(&agent)["programs"].clone();

@@ -20,7 +20,7 @@ use agent_common::{
 };
 use aya::{
     maps::{Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf},
-    programs::{Iter, TracePoint},
+    programs::{BtfTracePoint, Iter, ProgramError, TracePoint},
     Btf, Ebpf, EbpfLoader, Endianness,
 };
 use serde::Serialize;
@@ -42,8 +42,36 @@ pub const PROGRAMS: [(&str, &str, &str); 6] = [
     ("cg_rmdir", "cgroup", "cgroup_rmdir"),
 ];
 
+/// The process programs that attach to BTF tracepoints (`tp_btf`), in the order of
+/// `PROGRAMS`' first three: (program, tracepoint). They read the task itself with plain
+/// loads where the classic programs call helpers and read the tracepoint's record.
+pub const BTF_PROGRAMS: [(&str, &str); 3] = [
+    ("proc_exec_btf", "sched_process_exec"),
+    ("proc_fork_btf", "task_newtask"),
+    ("proc_exit_btf", "sched_process_exit"),
+];
+
+/// Which programs follow the processes: the BTF tracepoints', or the classic ones with
+/// why not the BTF ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessPrograms {
+    Btf,
+    Classic(String),
+}
+
+impl ProcessPrograms {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProcessPrograms::Btf => "tp_btf",
+            ProcessPrograms::Classic(_) => "tracepoint",
+        }
+    }
+}
+
 pub struct EbpfSource {
     ebpf: Ebpf,
+    /// Which process programs are attached.
+    pub process_programs: ProcessPrograms,
     procs: HashMap<MapData, u32, ProcInfo>,
     /// The entries of processes that hold their slot (`agent_common::Slot`); userspace
     /// reads them, updates and frees them, but never claims one (the programs do).
@@ -92,13 +120,18 @@ impl EbpfSource {
             Ok(data) => Btf::parse(data, Endianness::default()).map_err(|e| format!("{e}")),
             Err(e) => Err(e.clone()),
         };
-        let icfg = match cfg.task_iterator {
-            false => Err("disabled by configuration (ebpf.task_iterator = false)".into()),
-            true => btf
-                .as_ref()
-                .map_err(Clone::clone)
-                .and(vmlinux)
-                .and_then(|data| iter_config(&btf::Btf::parse(data)?, v1)),
+        // This kernel's offsets (for the BTF programs and the iterator), and whether the
+        // iterator can use them.
+        let offsets = btf
+            .as_ref()
+            .map_err(Clone::clone)
+            .and(vmlinux)
+            .and_then(|data| btf_offsets(&btf::Btf::parse(data)?, v1));
+        let icfg = match (cfg.task_iterator, &offsets) {
+            (false, _) => Err("disabled by configuration (ebpf.task_iterator = false)".into()),
+            (true, Err(e)) => Err(e.clone()),
+            (true, Ok((_, Some(why)))) => Err(why.clone()),
+            (true, Ok((o, None))) => Ok(IterConfig { enabled: 1, ..*o }),
         };
         let tracefs = tracefs::find().ok_or(
             "tracefs is not mounted and could not be mounted (needs CAP_SYS_ADMIN)".to_string(),
@@ -119,11 +152,7 @@ impl EbpfSource {
         let mut ebpf = EbpfLoader::new()
             .btf(btf.as_ref().ok())
             .override_global(CONFIG_GLOBAL, &kcfg, true)
-            .override_global(
-                ITER_CONFIG_GLOBAL,
-                icfg.as_ref().unwrap_or(&IterConfig::zeroed()),
-                true,
-            )
+            .override_global(ITER_CONFIG_GLOBAL, &loaded_offsets(&icfg, &offsets), true)
             .map_max_entries(PROCS_MAP, cfg.capacity())
             .map_max_entries(SLOTS_MAP, cfg.slots())
             .map_max_entries(EVENTS_MAP, cfg.ring_buffer_bytes)
@@ -133,7 +162,28 @@ impl EbpfSource {
         let logger = aya_log::EbpfLogger::init(&mut ebpf)
             .map_err(|e| tracing::debug!("aya-log not initialised: {e}"))
             .ok();
-        for (prog, category, name) in PROGRAMS {
+        let btf_wanted = match (&offsets, cfg.btf_tracepoints) {
+            (_, false) => Err("disabled by configuration (ebpf.btf_tracepoints = false)".into()),
+            (Err(e), true) => Err(e.clone()),
+            (Ok(_), true) => Ok(btf.as_ref().unwrap()),
+        };
+        let process_programs = match btf_wanted.map(|b| attach_btf(&mut ebpf, b)) {
+            Ok(Ok(())) => ProcessPrograms::Btf,
+            Err(why) => {
+                tracing::info!(reason = %why, "process programs on the classic tracepoints");
+                ProcessPrograms::Classic(why)
+            }
+            // Unexpected where BTF is there: worth a look, though nothing is lost.
+            Ok(Err(why)) => {
+                tracing::warn!(reason = %why, "BTF process programs did not load: on the classic tracepoints");
+                ProcessPrograms::Classic(why)
+            }
+        };
+        let classic = match process_programs {
+            ProcessPrograms::Btf => &PROGRAMS[3..],
+            ProcessPrograms::Classic(_) => &PROGRAMS[..],
+        };
+        for &(prog, category, name) in classic {
             let tp: &mut TracePoint = ebpf
                 .program_mut(prog)
                 .ok_or_else(|| format!("program {prog} missing from the object"))?
@@ -155,6 +205,7 @@ impl EbpfSource {
             PerCpuArray::try_from(take(&mut ebpf, COUNTERS_MAP)?).map_err(|e| e.to_string())?;
         Ok(EbpfSource {
             ebpf,
+            process_programs,
             procs,
             slots,
             slots_mask: kcfg.slots_mask,
@@ -348,12 +399,22 @@ impl EbpfSource {
     }
 
     /// Per-program run count and run time from the kernel (when program_stats is on).
+    /// The BTF programs report under the classic programs' names: they do the same work.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         PROGRAMS
             .iter()
-            .filter_map(|(name, _, _)| {
-                let tp: &TracePoint = self.ebpf.program(name)?.try_into().ok()?;
-                let info = tp.info().ok()?;
+            .enumerate()
+            .filter_map(|(i, (name, _, _))| {
+                let info = match (&self.process_programs, BTF_PROGRAMS.get(i)) {
+                    (ProcessPrograms::Btf, Some((btf_name, _))) => {
+                        let p: &BtfTracePoint = self.ebpf.program(btf_name)?.try_into().ok()?;
+                        p.info().ok()?
+                    }
+                    _ => {
+                        let tp: &TracePoint = self.ebpf.program(name)?.try_into().ok()?;
+                        tp.info().ok()?
+                    }
+                };
                 Some(ProgramStats {
                     name: name.to_string(),
                     run_count: info.run_count(),
@@ -375,14 +436,64 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, String> {
         .ok_or_else(|| format!("map {name} missing from the object"))
 }
 
-/// The task iterator's offsets from this kernel's BTF, or why it cannot run.
-fn iter_config(btf: &btf::Btf, v1: Option<(u32, &str)>) -> Result<IterConfig, String> {
+/// What the programs get in `ITER_CONFIG`: the iterator's offsets where it runs, else the
+/// offsets alone (`enabled` 0) for the BTF programs, else zeros.
+fn loaded_offsets(
+    icfg: &Result<IterConfig, String>,
+    offsets: &Result<(IterConfig, Option<String>), String>,
+) -> IterConfig {
+    match (icfg, offsets) {
+        (Ok(c), _) => *c,
+        (Err(_), Ok((o, _))) => *o,
+        (Err(_), Err(_)) => IterConfig::zeroed(),
+    }
+}
+
+/// Loads and attaches the BTF process programs, all or none: where one fails, those
+/// attached are detached again and the reason is returned.
+fn attach_btf(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), String> {
+    let mut attached = vec![];
+    let mut attach = |ebpf: &mut Ebpf, prog: &str, tp: &str| -> Result<(), String> {
+        let p: &mut BtfTracePoint = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| format!("program {prog} missing from the object"))?
+            .try_into()
+            .map_err(|e: ProgramError| format!("program {prog}: {e}"))?;
+        p.load(tp, btf)
+            .map_err(|e| format!("loading {prog} (verifier): {e:#}"))?;
+        p.attach()
+            .map_err(|e| format!("attaching {prog} to {tp}: {e:#}"))?;
+        attached.push(prog.to_string());
+        Ok(())
+    };
+    let result = BTF_PROGRAMS
+        .iter()
+        .try_for_each(|&(prog, tp)| attach(ebpf, prog, tp));
+    if result.is_err() {
+        for prog in &attached {
+            let p: Option<&mut BtfTracePoint> =
+                ebpf.program_mut(prog).and_then(|p| p.try_into().ok());
+            if let Some(p) = p {
+                let _ = p.unload();
+            }
+        }
+    }
+    result
+}
+
+/// This kernel's offsets from its BTF (`enabled` 0), and why the task iterator cannot use
+/// them (None: it can); Err where a field the programs read is missing.
+fn btf_offsets(
+    btf: &btf::Btf,
+    v1: Option<(u32, &str)>,
+) -> Result<(IterConfig, Option<String>), String> {
     let off = |s: &str, m: &str| {
         btf.offset_of(s, m)
             .ok_or_else(|| format!("this kernel's BTF has no {s}.{m}"))
     };
     let mut c = IterConfig {
-        enabled: 1,
+        enabled: 0,
+        cset_v1_css: ABSENT,
         task_pid: off("task_struct", "pid")?,
         task_tgid: off("task_struct", "tgid")?,
         task_start: off("task_struct", "start_boottime")?,
@@ -398,11 +509,14 @@ fn iter_config(btf: &btf::Btf, v1: Option<(u32, &str)>) -> Result<IterConfig, St
     };
     if let Some((_, controllers)) = v1 {
         // The v1 cgroup is reached through one of the hierarchy's controllers; a named
-        // hierarchy (name=systemd) has none.
-        let controller = controllers
-            .split(',')
-            .find(|c| !c.starts_with("name="))
-            .ok_or_else(|| format!("the v1 hierarchy {controllers} has no controller"))?;
+        // hierarchy (name=systemd) has none: the iterator cannot know a process's v1
+        // cgroup, and fork takes its parent's.
+        let Some(controller) = controllers.split(',').find(|c| !c.starts_with("name=")) else {
+            return Ok((
+                c,
+                Some(format!("the v1 hierarchy {controllers} has no controller")),
+            ));
+        };
         // The block controller's subsystem is `io` in the kernel, `blkio` in v1's name.
         let subsys = if controller == "blkio" {
             "io"
@@ -415,7 +529,7 @@ fn iter_config(btf: &btf::Btf, v1: Option<(u32, &str)>) -> Result<IterConfig, St
         c.cset_v1_css = off("css_set", "subsys")? + 8 * ssid as u32;
         c.css_cgroup = off("cgroup_subsys_state", "cgroup")?;
     }
-    Ok(c)
+    Ok((c, None))
 }
 
 fn load_task_iter(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), String> {
