@@ -554,3 +554,38 @@ impl RingReady {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The BTF programs' offsets do not depend on the task iterator: a v1 hierarchy
+    /// without a controller leaves them whole (fork takes the parent's v1 id) and only
+    /// the iterator gets a reason not to run.
+    #[test]
+    fn offsets_for_the_btf_programs_with_each_kind_of_v1_hierarchy() {
+        let btf = btf::Btf::from_sys_fs().expect("this kernel's BTF");
+        let (plain, why) = btf_offsets(&btf, None).unwrap();
+        assert_eq!((plain.enabled, plain.cset_v1_css, why), (0, ABSENT, None));
+        assert_eq!(
+            Some(plain.task_signal),
+            btf.offset_of("task_struct", "signal")
+        );
+        let (named, why) = btf_offsets(&btf, Some((1, "name=systemd"))).unwrap();
+        assert_eq!(named, plain, "the programs' offsets are the same");
+        assert!(why.unwrap().contains("no controller"));
+        let (memory, why) = btf_offsets(&btf, Some((4, "memory"))).unwrap();
+        assert_eq!(why, None);
+        let subsys = btf.offset_of("css_set", "subsys").unwrap();
+        let ssid = btf.enumerator("memory_cgrp_id").unwrap() as u32;
+        assert_eq!(memory.cset_v1_css, subsys + 8 * ssid);
+        assert_eq!(
+            IterConfig {
+                cset_v1_css: ABSENT,
+                css_cgroup: 0,
+                ..memory
+            },
+            plain
+        );
+    }
+}
