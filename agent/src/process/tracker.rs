@@ -919,6 +919,10 @@ fn apply(st: &mut State, ev: KernelEvent, at: usize, later: &mut Deferred) {
                 }
             }
             if hierarchy == 0 || Some(hierarchy) == v1_id {
+                // Followed here, in the batch's order, where the cache knows the process: an
+                // exit later in the batch keeps this cgroup. The kernel map (or /proc, for a
+                // process the cache does not know) waits for the batch's end.
+                st.cache.on_attach(pid, hierarchy == 0, id);
                 attaches.push((pid, hierarchy, id, at));
             }
         }
@@ -969,5 +973,32 @@ mod tests {
         }
         let followed: Vec<u32> = later.attaches_of_the_running().map(|a| a.0).collect();
         assert_eq!(followed, vec![20, 30, 40]);
+    }
+
+    /// A runtime's child moves into its pod and exits within one batch: the exit keeps the
+    /// pod's cgroup for the join (the migration is the cache's in the batch's order; only
+    /// what needs the kernel map or /proc waits for the batch's end, and not for it).
+    #[test]
+    fn a_process_that_moved_and_exited_in_one_batch_exits_in_its_new_cgroup() {
+        let cache = ProcessCache::new(Duration::from_secs(60), 100);
+        let mut st = State::on_cgroup2(cache, CgroupRegistry::default());
+        let mut later = Deferred::default();
+        let info = ProcInfo::new(Some(5), None, Some(1_000), 1);
+        let batch = [
+            KernelEvent::Fork {
+                tgid: 10,
+                info,
+                comm: "sleep".into(),
+            },
+            attach(10),
+            KernelEvent::Exit { tgid: 10 },
+        ];
+        for (at, ev) in batch.into_iter().enumerate() {
+            apply(&mut st, ev, at, &mut later);
+        }
+        let e = st.cache.get(10).expect("its tombstone");
+        assert!(!e.is_live());
+        assert_eq!(e.cgroup_v2(), Some(77));
+        assert_eq!(later.attaches_of_the_running().count(), 0);
     }
 }
