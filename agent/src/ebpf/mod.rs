@@ -111,10 +111,10 @@ impl EbpfSource {
                 missing.join(" and ")
             ));
         }
-        // The tracepoint programs use no CO-RE and need no BTF; the start-up task iterator
-        // does (its attach point and its offsets), and without it the walk reads /proc.
-        // Read once: aya parses it for the loader and the iterator's attach point, our
-        // reader for the offsets.
+        // The classic tracepoint programs need no BTF; the BTF programs and the start-up
+        // task iterator do (their attach points and offsets): without it the classic ones
+        // follow the processes and the walk reads /proc. Read once: aya parses it for the
+        // loader and the attach points, our reader for the offsets.
         let vmlinux = std::fs::read(btf::VMLINUX).map_err(|e| format!("no kernel BTF: {e}"));
         let btf = match &vmlinux {
             Ok(data) => Btf::parse(data, Endianness::default()).map_err(|e| format!("{e}")),
@@ -167,33 +167,7 @@ impl EbpfSource {
             (Err(e), true) => Err(e.clone()),
             (Ok(_), true) => Ok(btf.as_ref().unwrap()),
         };
-        let process_programs = match btf_wanted.map(|b| attach_btf(&mut ebpf, b)) {
-            Ok(Ok(())) => ProcessPrograms::Btf,
-            Err(why) => {
-                tracing::info!(reason = %why, "process programs on the classic tracepoints");
-                ProcessPrograms::Classic(why)
-            }
-            // Unexpected where BTF is there: worth a look, though nothing is lost.
-            Ok(Err(why)) => {
-                tracing::warn!(reason = %why, "BTF process programs did not load: on the classic tracepoints");
-                ProcessPrograms::Classic(why)
-            }
-        };
-        let classic = match process_programs {
-            ProcessPrograms::Btf => &PROGRAMS[3..],
-            ProcessPrograms::Classic(_) => &PROGRAMS[..],
-        };
-        for &(prog, category, name) in classic {
-            let tp: &mut TracePoint = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| format!("program {prog} missing from the object"))?
-                .try_into()
-                .map_err(|e| format!("program {prog}: {e}"))?;
-            tp.load()
-                .map_err(|e| format!("loading {prog} (verifier): {e:#}"))?;
-            tp.attach(category, name)
-                .map_err(|e| format!("attaching {prog} to {category}/{name}: {e:#}"))?;
-        }
+        let process_programs = attach_programs(&mut ebpf, btf_wanted)?;
         // After the tracepoints: a process that starts meanwhile is theirs.
         let task_iter = icfg
             .and_then(|_| load_task_iter(&mut ebpf, btf.as_ref().unwrap()))
@@ -434,6 +408,39 @@ fn fd(map: &MapData) -> RawFd {
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, String> {
     ebpf.take_map(name)
         .ok_or_else(|| format!("map {name} missing from the object"))
+}
+
+/// Attaches the process programs (the BTF ones where `btf` allows and they load, else the
+/// classic ones) and the cgroup programs; says which process programs.
+fn attach_programs(ebpf: &mut Ebpf, btf: Result<&Btf, String>) -> Result<ProcessPrograms, String> {
+    let process_programs = match btf.map(|b| attach_btf(ebpf, b)) {
+        Ok(Ok(())) => ProcessPrograms::Btf,
+        Err(why) => {
+            tracing::info!(reason = %why, "process programs on the classic tracepoints");
+            ProcessPrograms::Classic(why)
+        }
+        // Unexpected where BTF is there: worth a look, though nothing is lost.
+        Ok(Err(why)) => {
+            tracing::warn!(reason = %why, "BTF process programs did not load: on the classic tracepoints");
+            ProcessPrograms::Classic(why)
+        }
+    };
+    let classic = match process_programs {
+        ProcessPrograms::Btf => &PROGRAMS[3..],
+        ProcessPrograms::Classic(_) => &PROGRAMS[..],
+    };
+    for &(prog, category, name) in classic {
+        let tp: &mut TracePoint = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| format!("program {prog} missing from the object"))?
+            .try_into()
+            .map_err(|e| format!("program {prog}: {e}"))?;
+        tp.load()
+            .map_err(|e| format!("loading {prog} (verifier): {e:#}"))?;
+        tp.attach(category, name)
+            .map_err(|e| format!("attaching {prog} to {category}/{name}: {e:#}"))?;
+    }
+    Ok(process_programs)
 }
 
 /// What the programs get in `ITER_CONFIG`: the iterator's offsets where it runs, else the
