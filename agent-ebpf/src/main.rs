@@ -104,6 +104,37 @@ fn notify_proc(kind: u32, tgid: u32, info: &ProcInfo) {
     }
 }
 
+/// What both fork programs end with: the child's entry stored (a stale entry under a
+/// reused tgid is replaced by the new process) and userspace notified.
+#[inline(always)]
+fn enter_fork(procs: &shared::Procs, tgid: u32, info: &ProcInfo) {
+    if !procs.insert(tgid, info, true) {
+        count(COUNTER_MAP_FULL);
+    }
+    notify_proc(EVENT_FORK, tgid, info);
+}
+
+/// What both exec programs end with: the entry's new cgroup2 id and name, and the
+/// notification.
+#[inline(always)]
+fn enter_exec(tgid: u32, cgroup_id: u64, comm: [u8; 16]) {
+    let (info, stored) = shared::exec_entry(&procs(), tgid, cgroup_id, comm);
+    if !stored {
+        count(COUNTER_MAP_FULL);
+    }
+    notify_proc(EVENT_EXEC, tgid, &info);
+}
+
+/// What both exit programs end with once the group is dead. Userspace needs only the tgid
+/// of an exit: no lookup of the entry before removing it, and a notification of 8 bytes.
+#[inline(always)]
+fn leave(tgid: u32) {
+    procs().remove(tgid);
+    if !shared::notify_exit(&EVENTS, cfg!(wakeup_bytes), tgid) {
+        count(COUNTER_RINGBUF_LOST);
+    }
+}
+
 #[tracepoint]
 pub fn proc_exec(ctx: TracePointContext) -> u32 {
     match try_proc_exec(&ctx) {
@@ -121,11 +152,7 @@ fn try_proc_exec(_ctx: &TracePointContext) -> Result<(), i64> {
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     // The new image's name: sched_process_exec fires after the kernel set it.
     let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    let (info, stored) = shared::exec_entry(&procs(), tgid, cgroup_id, comm);
-    if !stored {
-        count(COUNTER_MAP_FULL);
-    }
-    notify_proc(EVENT_EXEC, tgid, &info);
+    enter_exec(tgid, cgroup_id, comm);
     Ok(())
 }
 
@@ -182,11 +209,7 @@ fn try_proc_fork(ctx: &TracePointContext) -> Result<(), i64> {
     if clone_flags & CLONE_INTO_CGROUP != 0 {
         info.mark_suspect();
     }
-    // A stale entry under a reused tgid is replaced by the new process.
-    if !procs.insert(child as u32, &info, true) {
-        count(COUNTER_MAP_FULL);
-    }
-    notify_proc(EVENT_FORK, child as u32, &info);
+    enter_fork(&procs, child as u32, &info);
     Ok(())
 }
 
@@ -220,12 +243,7 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
     if !group_dead {
         return Ok(());
     }
-    // Userspace needs only the tgid of an exit: no lookup of the entry before removing it,
-    // and a notification of 8 bytes.
-    procs().remove(tgid);
-    if !shared::notify_exit(&EVENTS, cfg!(wakeup_bytes), tgid) {
-        count(COUNTER_RINGBUF_LOST);
-    }
+    leave(tgid);
     Ok(())
 }
 
@@ -300,10 +318,7 @@ pub fn proc_fork_btf(ctx: BtfTracePointContext) -> u32 {
                 }
             }
         }
-        if !procs.insert(tgid, &info, true) {
-            count(COUNTER_MAP_FULL);
-        }
-        notify_proc(EVENT_FORK, tgid, &info);
+        enter_fork(&procs, tgid, &info);
     }
     0
 }
@@ -315,11 +330,7 @@ pub fn proc_exec_btf(ctx: BtfTracePointContext) -> u32 {
     unsafe {
         let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
         let (v2, _) = task_cgroups(task);
-        let (info, stored) = shared::exec_entry(&procs(), tgid, v2, task_comm(task));
-        if !stored {
-            count(COUNTER_MAP_FULL);
-        }
-        notify_proc(EVENT_EXEC, tgid, &info);
+        enter_exec(tgid, v2, task_comm(task));
     }
     0
 }
@@ -334,11 +345,7 @@ pub fn proc_exit_btf(ctx: BtfTracePointContext) -> u32 {
         if field::<i32>(signal, icfg!(signal_live)) != 0 {
             return 0;
         }
-        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
-        procs().remove(tgid);
-        if !shared::notify_exit(&EVENTS, cfg!(wakeup_bytes), tgid) {
-            count(COUNTER_RINGBUF_LOST);
-        }
+        leave(field::<i32>(task, icfg!(task_tgid)) as u32);
     }
     0
 }
