@@ -351,8 +351,8 @@ impl Tracker {
             src.remove(tgid);
         }
         self.stats.events_received.fetch_add(n as u64, Relaxed);
-        for (pid, hierarchy, id) in later.attaches_of_the_running() {
-            self.apply_attach(pid, hierarchy, id);
+        for (pid, hierarchy, id, known) in later.attaches_of_the_running() {
+            self.apply_attach(pid, hierarchy, id, known);
         }
         for pid in later.suspects_of_the_running() {
             self.stats.procfs_fallback_lookups.fetch_add(1, Relaxed);
@@ -407,11 +407,11 @@ impl Tracker {
         self.map_full_said.0 > 0
     }
 
-    /// A migration: the cache follows it, and the kernel entry too when the program found
-    /// none (a process that the start-up walk had not seeded yet).
-    fn apply_attach(&mut self, pid: u32, hierarchy: u32, id: u64) {
+    /// A migration, after its batch: the cache followed it in the batch where it `known`
+    /// the process; the kernel entry follows too when the program found none (a process
+    /// that the start-up walk had not seeded yet). An unknown process is read from /proc.
+    fn apply_attach(&mut self, pid: u32, hierarchy: u32, id: u64, known: bool) {
         let v2 = hierarchy == 0;
-        let known = self.state.write().unwrap().cache.on_attach(pid, v2, id);
         let Some(src) = self.source.as_mut() else {
             return;
         };
@@ -823,8 +823,9 @@ fn kernel_info(e: &ProcessEntry) -> ProcInfo {
 /// the kernel map or a /proc read, and cgroups the registry cannot name yet.
 #[derive(Default)]
 struct Deferred {
-    /// (pid, hierarchy, cgroup id) and the migration's place in the batch.
-    attaches: Vec<(u32, u32, u64, usize)>,
+    /// (pid, hierarchy, cgroup id, whether the cache knew the process) and the
+    /// migration's place in the batch.
+    attaches: Vec<(u32, u32, u64, bool, usize)>,
     unknown: HashSet<(u32, u64)>,
     /// The place of each exit that came after a migration or a suspect fork, by tgid (the
     /// last one).
@@ -838,11 +839,16 @@ impl Deferred {
     /// The migrations of processes that did not exit later in the batch: followed after
     /// it, an exited one's would read /proc for a process whose exit was already applied
     /// (a zombie is still there).
-    fn attaches_of_the_running(&self) -> impl Iterator<Item = (u32, u32, u64)> + '_ {
+    fn attaches_of_the_running(&self) -> impl Iterator<Item = (u32, u32, u64, bool)> + '_ {
         self.attaches
             .iter()
-            .filter(|(pid, _, _, at)| self.exited_at.get(pid).is_none_or(|e| e < at))
-            .map(|&(pid, hierarchy, id, _)| (pid, hierarchy, id))
+            .filter(|&&(pid, _, _, _, at)| self.running_after(pid, at))
+            .map(|&(pid, hierarchy, id, known, _)| (pid, hierarchy, id, known))
+    }
+
+    /// Whether the process of notification `at` did not exit later in the batch.
+    fn running_after(&self, pid: u32, at: usize) -> bool {
+        self.exited_at.get(&pid).is_none_or(|&e| e < at)
     }
 
     /// The suspect forks of processes that did not exit later in the batch: /proc says
@@ -850,7 +856,7 @@ impl Deferred {
     fn suspects_of_the_running(&self) -> impl Iterator<Item = u32> + '_ {
         self.suspects
             .iter()
-            .filter(|(pid, at)| self.exited_at.get(pid).is_none_or(|e| e < at))
+            .filter(|&&(pid, at)| self.running_after(pid, at))
             .map(|&(pid, _)| pid)
     }
 }
@@ -922,8 +928,8 @@ fn apply(st: &mut State, ev: KernelEvent, at: usize, later: &mut Deferred) {
                 // Followed here, in the batch's order, where the cache knows the process: an
                 // exit later in the batch keeps this cgroup. The kernel map (or /proc, for a
                 // process the cache does not know) waits for the batch's end.
-                st.cache.on_attach(pid, hierarchy == 0, id);
-                attaches.push((pid, hierarchy, id, at));
+                let known = st.cache.on_attach(pid, hierarchy == 0, id);
+                attaches.push((pid, hierarchy, id, known, at));
             }
         }
     }
