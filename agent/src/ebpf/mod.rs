@@ -51,19 +51,19 @@ pub const BTF_PROGRAMS: [(&str, &str); 3] = [
     ("proc_exit_btf", "sched_process_exit"),
 ];
 
-/// Which programs follow the processes: the BTF tracepoints', or the classic ones with
-/// why not the BTF ones.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which programs follow the processes: the BTF tracepoints', or the classic ones (why
+/// not the BTF ones is logged when they attach).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessPrograms {
     Btf,
-    Classic(String),
+    Classic,
 }
 
 impl ProcessPrograms {
     pub fn as_str(&self) -> &'static str {
         match self {
             ProcessPrograms::Btf => "tp_btf",
-            ProcessPrograms::Classic(_) => "tracepoint",
+            ProcessPrograms::Classic => "tracepoint",
         }
     }
 }
@@ -127,12 +127,14 @@ impl EbpfSource {
             .map_err(Clone::clone)
             .and(vmlinux)
             .and_then(|data| btf_offsets(&btf::Btf::parse(data)?, v1));
-        let icfg = match (cfg.task_iterator, &offsets) {
+        // Why the task iterator cannot run here (Ok: it can).
+        let iterator: Result<(), String> = match (cfg.task_iterator, &offsets) {
             (false, _) => Err("disabled by configuration (ebpf.task_iterator = false)".into()),
             (true, Err(e)) => Err(e.clone()),
             (true, Ok((_, Some(why)))) => Err(why.clone()),
-            (true, Ok((o, None))) => Ok(IterConfig { enabled: 1, ..*o }),
+            (true, Ok((_, None))) => Ok(()),
         };
+        let iter_config = iter_config(&offsets, iterator.is_ok());
         let tracefs = tracefs::find().ok_or(
             "tracefs is not mounted and could not be mounted (needs CAP_SYS_ADMIN)".to_string(),
         )?;
@@ -152,7 +154,7 @@ impl EbpfSource {
         let mut ebpf = EbpfLoader::new()
             .btf(btf.as_ref().ok())
             .override_global(CONFIG_GLOBAL, &kcfg, true)
-            .override_global(ITER_CONFIG_GLOBAL, &loaded_offsets(&icfg, &offsets), true)
+            .override_global(ITER_CONFIG_GLOBAL, &iter_config, true)
             .map_max_entries(PROCS_MAP, cfg.capacity())
             .map_max_entries(SLOTS_MAP, cfg.slots())
             .map_max_entries(EVENTS_MAP, cfg.ring_buffer_bytes)
@@ -169,7 +171,7 @@ impl EbpfSource {
         };
         let process_programs = attach_programs(&mut ebpf, btf_wanted)?;
         // After the tracepoints: a process that starts meanwhile is theirs.
-        let task_iter = icfg
+        let task_iter = iterator
             .and_then(|_| load_task_iter(&mut ebpf, btf.as_ref().unwrap()))
             .err();
         let procs = HashMap::try_from(take(&mut ebpf, PROCS_MAP)?).map_err(|e| e.to_string())?;
@@ -417,17 +419,17 @@ fn attach_programs(ebpf: &mut Ebpf, btf: Result<&Btf, String>) -> Result<Process
         Ok(Ok(())) => ProcessPrograms::Btf,
         Err(why) => {
             tracing::info!(reason = %why, "process programs on the classic tracepoints");
-            ProcessPrograms::Classic(why)
+            ProcessPrograms::Classic
         }
         // Unexpected where BTF is there: worth a look, though nothing is lost.
         Ok(Err(why)) => {
             tracing::warn!(reason = %why, "BTF process programs did not load: on the classic tracepoints");
-            ProcessPrograms::Classic(why)
+            ProcessPrograms::Classic
         }
     };
     let classic = match process_programs {
         ProcessPrograms::Btf => &PROGRAMS[3..],
-        ProcessPrograms::Classic(_) => &PROGRAMS[..],
+        ProcessPrograms::Classic => &PROGRAMS[..],
     };
     for &(prog, category, name) in classic {
         let tp: &mut TracePoint = ebpf
@@ -443,24 +445,22 @@ fn attach_programs(ebpf: &mut Ebpf, btf: Result<&Btf, String>) -> Result<Process
     Ok(process_programs)
 }
 
-/// What the programs get in `ITER_CONFIG`: the iterator's offsets where it runs, else the
-/// offsets alone (`enabled` 0) for the BTF programs, else zeros.
-fn loaded_offsets(
-    icfg: &Result<IterConfig, String>,
-    offsets: &Result<(IterConfig, Option<String>), String>,
-) -> IterConfig {
-    match (icfg, offsets) {
-        (Ok(c), _) => *c,
-        (Err(_), Ok((o, _))) => *o,
-        (Err(_), Err(_)) => IterConfig::zeroed(),
+/// What the programs get in `ITER_CONFIG`: this kernel's offsets (zeros without BTF), the
+/// iterator enabled where it can run.
+fn iter_config(offsets: &Result<(IterConfig, Option<String>), String>, run: bool) -> IterConfig {
+    match offsets {
+        Ok((o, _)) => IterConfig {
+            enabled: run as u32,
+            ..*o
+        },
+        Err(_) => IterConfig::zeroed(),
     }
 }
 
 /// Loads and attaches the BTF process programs, all or none: where one fails, those
 /// attached are detached again and the reason is returned.
 fn attach_btf(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), String> {
-    let mut attached = vec![];
-    let mut attach = |ebpf: &mut Ebpf, prog: &str, tp: &str| -> Result<(), String> {
+    let attach = |ebpf: &mut Ebpf, prog: &str, tp: &str| -> Result<(), String> {
         let p: &mut BtfTracePoint = ebpf
             .program_mut(prog)
             .ok_or_else(|| format!("program {prog} missing from the object"))?
@@ -470,14 +470,14 @@ fn attach_btf(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), String> {
             .map_err(|e| format!("loading {prog} (verifier): {e:#}"))?;
         p.attach()
             .map_err(|e| format!("attaching {prog} to {tp}: {e:#}"))?;
-        attached.push(prog.to_string());
         Ok(())
     };
     let result = BTF_PROGRAMS
         .iter()
         .try_for_each(|&(prog, tp)| attach(ebpf, prog, tp));
     if result.is_err() {
-        for prog in &attached {
+        // Unloading detaches; one that never loaded refuses, which is nothing to undo.
+        for (prog, _) in BTF_PROGRAMS {
             let p: Option<&mut BtfTracePoint> =
                 ebpf.program_mut(prog).and_then(|p| p.try_into().ok());
             if let Some(p) = p {
