@@ -9,19 +9,22 @@
 #![no_std]
 #![no_main]
 
-use agent_common::{NewTaskRecord, ProcInfo, Slot, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL};
+use agent_common::{
+    IterConfig, NewTaskRecord, ProcInfo, Slot, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+};
 use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_ktime_get_boot_ns,
     },
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, RingBuf},
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
 
 mod shared;
+use shared::{field, field_ptr, task_cgroups, task_comm};
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 /// The agent's default `ebpf.wakeup_bytes`.
@@ -47,6 +50,17 @@ fn procs() -> shared::Procs<'static> {
 }
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+/// This kernel's offsets, as the agent's loader sets its own; set by the bench.
+#[no_mangle]
+static ITER_CONFIG: IterConfig = IterConfig::zeroed();
+
+macro_rules! icfg {
+    ($field:ident) => {{
+        #[allow(unused_unsafe)]
+        let v = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(ITER_CONFIG.$field)) };
+        v as u64
+    }};
+}
 
 /// Steps 1..=N of `proc_fork` (agent-ebpf/src/main.rs), in its order.
 #[inline(always)]
@@ -131,6 +145,146 @@ fn exit_steps<const N: u32>(ctx: &TracePointContext) -> u32 {
     0
 }
 
+/// Every field of an entry folded into one value, so that a prefix that stops before using
+/// the entry still makes each of its loads.
+#[inline(always)]
+fn fold(info: &ProcInfo) -> u64 {
+    let name = u64::from_ne_bytes(info.comm[..8].try_into().unwrap());
+    let hi = u64::from_ne_bytes(info.comm[8..].try_into().unwrap());
+    info.cgroup_id ^ info.cgroup_v1_id ^ info.start_ns ^ info.ppid as u64 ^ name ^ hi
+}
+
+/// Steps 1..=N of `proc_fork_btf`; `OUTPUT`: step 4 notifies with one helper
+/// (`bpf_ringbuf_output`). The parent's entry is not read: the agent reads it only where
+/// the tracked v1 hierarchy has no controller.
+#[inline(always)]
+fn fork_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) -> u32 {
+    // 1: the clone flags (threads stop here), the child's tgid, start time and parent.
+    let task: *const u8 = ctx.arg(0);
+    let clone_flags: u64 = ctx.arg(1);
+    if clone_flags & CLONE_THREAD != 0 || N < 1 {
+        return 0;
+    }
+    unsafe {
+        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        let start: u64 = field(task, icfg!(task_start));
+        let parent = field_ptr(task, icfg!(task_parent));
+        let ppid = field::<i32>(parent, icfg!(task_tgid)) as u32;
+        if N < 2 {
+            // Every value kept: a prefix must not leave out a load the next one needs.
+            return (start ^ (tgid ^ ppid) as u64 == 1) as u32;
+        }
+        // 2: its cgroups (v2 and the tracked v1) and name.
+        let (v2, v1) = task_cgroups(&ITER_CONFIG, task);
+        let mut info = ProcInfo::new(Some(v2), v1, Some(start), ppid);
+        info.comm = task_comm(&ITER_CONFIG, task);
+        if N < 3 {
+            return (fold(&info) ^ tgid as u64 == 1) as u32;
+        }
+        // 3: its entry.
+        let procs = procs();
+        let _ = procs.insert(tgid, &info, true);
+        if N < 4 {
+            return 0;
+        }
+        // 4: the notification.
+        if OUTPUT {
+            shared::notify_proc_output(&EVENTS, WAKEUP_BYTES, EVENT_FORK, tgid, &info);
+        } else {
+            shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_FORK, tgid, &info);
+        }
+    }
+    0
+}
+
+/// Steps 1..=N of `proc_exec_btf`; `OUTPUT` as for fork.
+#[inline(always)]
+fn exec_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) -> u32 {
+    // 1: the process, its cgroup2 id and its new name.
+    let task: *const u8 = ctx.arg(0);
+    unsafe {
+        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        let (v2, _) = task_cgroups(&ITER_CONFIG, task);
+        let comm = task_comm(&ITER_CONFIG, task);
+        if N < 2 {
+            let name = u64::from_ne_bytes(comm[..8].try_into().unwrap());
+            return (v2 ^ name ^ tgid as u64 == 1) as u32;
+        }
+        // 2: its entry, updated in place.
+        let (info, _) = shared::exec_entry(&procs(), tgid, v2, comm);
+        if N < 3 {
+            return 0;
+        }
+        // 3: the notification.
+        if OUTPUT {
+            shared::notify_proc_output(&EVENTS, WAKEUP_BYTES, EVENT_EXEC, tgid, &info);
+        } else {
+            shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_EXEC, tgid, &info);
+        }
+    }
+    0
+}
+
+/// Steps 1..=N of `proc_exit_btf`; `OUTPUT` as for fork.
+#[inline(always)]
+fn exit_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) -> u32 {
+    // 1: whether the group is dead (`signal->live`), and its tgid.
+    let task: *const u8 = ctx.arg(0);
+    unsafe {
+        let signal = field_ptr(task, icfg!(task_signal));
+        if field::<i32>(signal, icfg!(signal_live)) != 0 {
+            return 0;
+        }
+        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        if N < 2 {
+            return (tgid == 1) as u32;
+        }
+        // 2: the entry removed.
+        procs().remove(tgid);
+        if N < 3 {
+            return 0;
+        }
+        // 3: the notification.
+        if OUTPUT {
+            shared::notify_exit_output(&EVENTS, WAKEUP_BYTES, tgid);
+        } else {
+            shared::notify_exit(&EVENTS, WAKEUP_BYTES, tgid);
+        }
+    }
+    0
+}
+
+/// One BTF program per prefix, as `prefixes`.
+macro_rules! btf_prefixes {
+    ($($name:ident($ctx:ident) on $function:literal => $body:expr;)*) => {
+        $(
+            #[btf_tracepoint(function = $function)]
+            pub fn $name($ctx: BtfTracePointContext) -> u32 {
+                $body
+            }
+        )*
+    };
+}
+
+btf_prefixes! {
+    fork_btf_0(_ctx) on "task_newtask" => 0;
+    fork_btf_1(ctx) on "task_newtask" => fork_btf_steps::<1, false>(&ctx);
+    fork_btf_2(ctx) on "task_newtask" => fork_btf_steps::<2, false>(&ctx);
+    fork_btf_3(ctx) on "task_newtask" => fork_btf_steps::<3, false>(&ctx);
+    fork_btf_4(ctx) on "task_newtask" => fork_btf_steps::<4, false>(&ctx);
+    fork_btf_out(ctx) on "task_newtask" => fork_btf_steps::<4, true>(&ctx);
+    exec_btf_0(_ctx) on "sched_process_exec" => 0;
+    exec_btf_1(ctx) on "sched_process_exec" => exec_btf_steps::<1, false>(&ctx);
+    exec_btf_2(ctx) on "sched_process_exec" => exec_btf_steps::<2, false>(&ctx);
+    exec_btf_3(ctx) on "sched_process_exec" => exec_btf_steps::<3, false>(&ctx);
+    exec_btf_out(ctx) on "sched_process_exec" => exec_btf_steps::<3, true>(&ctx);
+    exit_btf_0(_ctx) on "sched_process_exit" => 0;
+    exit_btf_1(ctx) on "sched_process_exit" => exit_btf_steps::<1, false>(&ctx);
+    exit_btf_2(ctx) on "sched_process_exit" => exit_btf_steps::<2, false>(&ctx);
+    exit_btf_3(ctx) on "sched_process_exit" => exit_btf_steps::<3, false>(&ctx);
+    exit_btf_out(ctx) on "sched_process_exit" => exit_btf_steps::<3, true>(&ctx);
+}
+
 /// One program per prefix: each must be its own symbol for the bench to attach it.
 macro_rules! prefixes {
     ($($name:ident($ctx:ident) => $body:expr;)*) => {
@@ -171,4 +325,10 @@ pub fn exit_remove(_ctx: TracePointContext) -> u32 {
         procs().remove(tgid);
     }
     0
+}
+
+/// `exit_remove` for the BTF families, as the agent's BTF exit program decides.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn exit_btf_remove(ctx: BtfTracePointContext) -> u32 {
+    exit_btf_steps::<2, false>(&ctx)
 }

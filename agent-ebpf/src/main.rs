@@ -25,6 +25,7 @@ use aya_ebpf::{
 use aya_log_ebpf::error;
 
 mod shared;
+use shared::{field, field_ptr, task_cgroups, task_comm};
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
@@ -247,50 +248,6 @@ fn try_proc_exit(ctx: &TracePointContext) -> Result<(), i64> {
     Ok(())
 }
 
-/// A field of a kernel object whose type the verifier knows from BTF (a `tp_btf` argument,
-/// or a pointer loaded from one), at an offset from this kernel's BTF (`ITER_CONFIG`, in
-/// the frozen .rodata: the verifier sees a constant). A plain load: no helper call, where
-/// each call costs a return through this host's mitigation thunks.
-#[inline(always)]
-unsafe fn field<T: Copy>(base: *const u8, offset: u64) -> T {
-    core::ptr::read(base.add(offset as usize) as *const T)
-}
-
-/// A pointer field of a kernel object, as `field`.
-#[inline(always)]
-unsafe fn field_ptr(base: *const u8, offset: u64) -> *const u8 {
-    field::<u64>(base, offset) as *const u8
-}
-
-/// `task`'s cgroup2 id, and the id of its cgroup in the tracked v1 hierarchy when that has
-/// a controller (else None: the caller takes the parent's).
-#[inline(always)]
-unsafe fn task_cgroups(task: *const u8) -> (u64, Option<u64>) {
-    let cset = field_ptr(task, icfg!(task_cgroups));
-    let dfl = field_ptr(cset, icfg!(cset_dfl_cgrp));
-    let v2 = field::<u64>(field_ptr(dfl, icfg!(cgroup_kn)), icfg!(kn_id));
-    let v1_css = icfg!(cset_v1_css);
-    if v1_css == ABSENT as u64 {
-        return (v2, None);
-    }
-    let css = field_ptr(cset, v1_css);
-    let cgroup = field_ptr(css, icfg!(css_cgroup));
-    let v1 = field::<u64>(field_ptr(cgroup, icfg!(cgroup_kn)), icfg!(kn_id));
-    (v2, Some(v1))
-}
-
-/// `task->comm`, two plain loads.
-#[inline(always)]
-unsafe fn task_comm(task: *const u8) -> [u8; 16] {
-    let at = icfg!(task_comm);
-    let lo: u64 = field(task, at);
-    let hi: u64 = field(task, at + 8);
-    let mut comm = [0u8; 16];
-    comm[..8].copy_from_slice(&lo.to_ne_bytes());
-    comm[8..].copy_from_slice(&hi.to_ne_bytes());
-    comm
-}
-
 /// `task_newtask` with BTF: the child itself, read with plain loads. Its own cgroups (so a
 /// `CLONE_INTO_CGROUP` child is exact, not suspect), its start time as /proc tells it,
 /// its parent as /proc tells it (`real_parent`), its name.
@@ -306,9 +263,9 @@ pub fn proc_fork_btf(ctx: BtfTracePointContext) -> u32 {
         let start: u64 = field(task, icfg!(task_start));
         let parent = field_ptr(task, icfg!(task_parent));
         let ppid = field::<i32>(parent, icfg!(task_tgid)) as u32;
-        let (v2, v1) = task_cgroups(task);
+        let (v2, v1) = task_cgroups(&ITER_CONFIG, task);
         let mut info = ProcInfo::new(Some(v2), v1, Some(start), ppid);
-        info.comm = task_comm(task);
+        info.comm = task_comm(&ITER_CONFIG, task);
         let procs = procs();
         if v1.is_none() && cfg!(v1_hierarchy) != ABSENT {
             if let Some(p) = procs.find(ppid) {
@@ -329,8 +286,8 @@ pub fn proc_exec_btf(ctx: BtfTracePointContext) -> u32 {
     let task: *const u8 = ctx.arg(0);
     unsafe {
         let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
-        let (v2, _) = task_cgroups(task);
-        enter_exec(tgid, v2, task_comm(task));
+        let (v2, _) = task_cgroups(&ITER_CONFIG, task);
+        enter_exec(tgid, v2, task_comm(&ITER_CONFIG, task));
     }
     0
 }

@@ -1,7 +1,7 @@
 //! What the agent's programs (main.rs) and the calibration object (floor.rs) share: the
 //! steps, so that `cargo xtask bench floor` times the agent's own code (each binary passes
 //! its maps), and what every eBPF binary needs (panic handler, license).
-use agent_common::{ExitEvent, ProcEvent, ProcInfo, Slot, EVENT_EXIT};
+use agent_common::{ExitEvent, IterConfig, ProcEvent, ProcInfo, Slot, ABSENT, EVENT_EXIT};
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     maps::{Array, HashMap, RingBuf},
@@ -78,6 +78,60 @@ impl Procs<'_> {
     }
 }
 
+/// One field of the binary's `IterConfig` static. Volatile: the value is patched into the
+/// frozen .rodata at load time, after compilation, and the verifier reads it as a constant.
+#[inline(always)]
+fn at(cfg: &IterConfig, field: impl FnOnce(&IterConfig) -> &u32) -> u64 {
+    // SAFETY: a reference to a static's field.
+    unsafe { core::ptr::read_volatile(field(cfg)) as u64 }
+}
+
+/// A field of a kernel object whose type the verifier knows from BTF (a `tp_btf` argument,
+/// or a pointer loaded from one), at an offset from this kernel's BTF (`IterConfig`, in
+/// the frozen .rodata: the verifier sees a constant). A plain load: no helper call, where
+/// each call costs a return through this host's mitigation thunks.
+#[inline(always)]
+pub unsafe fn field<T: Copy>(base: *const u8, offset: u64) -> T {
+    core::ptr::read(base.add(offset as usize) as *const T)
+}
+
+/// A pointer field of a kernel object, as `field`.
+#[inline(always)]
+pub unsafe fn field_ptr(base: *const u8, offset: u64) -> *const u8 {
+    field::<u64>(base, offset) as *const u8
+}
+
+/// `task`'s cgroup2 id, and the id of its cgroup in the tracked v1 hierarchy when that has
+/// a controller (else None: the caller takes the parent's). `cfg`: the binary's static.
+#[inline(always)]
+pub unsafe fn task_cgroups(cfg: &IterConfig, task: *const u8) -> (u64, Option<u64>) {
+    let cset = field_ptr(task, at(cfg, |c| &c.task_cgroups));
+    let dfl = field_ptr(cset, at(cfg, |c| &c.cset_dfl_cgrp));
+    let kn = at(cfg, |c| &c.cgroup_kn);
+    let kn_id = at(cfg, |c| &c.kn_id);
+    let v2 = field::<u64>(field_ptr(dfl, kn), kn_id);
+    let v1_css = at(cfg, |c| &c.cset_v1_css);
+    if v1_css == ABSENT as u64 {
+        return (v2, None);
+    }
+    let css = field_ptr(cset, v1_css);
+    let cgroup = field_ptr(css, at(cfg, |c| &c.css_cgroup));
+    let v1 = field::<u64>(field_ptr(cgroup, kn), kn_id);
+    (v2, Some(v1))
+}
+
+/// `task->comm`, two plain loads.
+#[inline(always)]
+pub unsafe fn task_comm(cfg: &IterConfig, task: *const u8) -> [u8; 16] {
+    let at = at(cfg, |c| &c.task_comm);
+    let lo: u64 = field(task, at);
+    let hi: u64 = field(task, at + 8);
+    let mut comm = [0u8; 16];
+    comm[..8].copy_from_slice(&lo.to_ne_bytes());
+    comm[8..].copy_from_slice(&hi.to_ne_bytes());
+    comm
+}
+
 /// Wake the consumer only when `wakeup_bytes` have piled up (0: on every event); it polls
 /// on a timer otherwise.
 #[inline(always)]
@@ -123,6 +177,38 @@ pub fn notify_exit(ring: &RingBuf, wakeup_bytes: u32, tgid: u32) -> bool {
     });
     entry.submit(wakeup_flags(ring, wakeup_bytes));
     true
+}
+
+/// `notify_proc` with one helper (`bpf_ringbuf_output`, which copies the event from the
+/// stack) in place of reserve and submit. Measured against it by `cargo xtask bench floor`.
+#[allow(dead_code)] // the calibration object's
+#[inline(always)]
+pub fn notify_proc_output(
+    ring: &RingBuf,
+    wakeup_bytes: u32,
+    kind: u32,
+    tgid: u32,
+    info: &ProcInfo,
+) -> bool {
+    let ev = ProcEvent {
+        kind,
+        tgid,
+        info: *info,
+    };
+    ring.output::<ProcEvent>(&ev, wakeup_flags(ring, wakeup_bytes))
+        .is_ok()
+}
+
+/// `notify_exit` with one helper, as `notify_proc_output`.
+#[allow(dead_code)] // the calibration object's
+#[inline(always)]
+pub fn notify_exit_output(ring: &RingBuf, wakeup_bytes: u32, tgid: u32) -> bool {
+    let ev = ExitEvent {
+        kind: EVENT_EXIT,
+        tgid,
+    };
+    ring.output::<ExitEvent>(&ev, wakeup_flags(ring, wakeup_bytes))
+        .is_ok()
 }
 
 /// exec's entry: the new image's cgroup2 id and name, in place; inserted where the entry is

@@ -34,9 +34,10 @@ pub enum Which {
         #[arg(long)]
         no_write: bool,
     },
-    /// The floor under the eBPF figures: `proc_fork`'s work as cumulative prefixes (a
-    /// calibration object the agent never loads), each alone on `task_newtask` for a storm,
-    /// so that each step's cost, cold caches and all, is the difference of two medians.
+    /// The floor under the eBPF figures: the fork, exec and exit programs' work as
+    /// cumulative prefixes (a calibration object the agent never loads), each alone on its
+    /// tracepoint for a storm, so that each step's cost, cold caches and all, is the
+    /// difference of two medians. The BTF programs (the agent's where the kernel has BTF).
     Floor {
         /// fork+exec per prefix and round.
         #[arg(long, default_value_t = 10_000)]
@@ -44,6 +45,9 @@ pub enum Which {
         /// Rounds over the prefixes, the order alternated; medians are reported.
         #[arg(long, default_value_t = 3)]
         rounds: u32,
+        /// The classic tracepoint programs (the agent's without BTF) instead.
+        #[arg(long)]
+        classic: bool,
         #[arg(long)]
         no_write: bool,
     },
@@ -85,8 +89,9 @@ pub fn run(which: Which) -> Result<()> {
         Which::Floor {
             processes,
             rounds,
+            classic,
             no_write,
-        } => crate::floor::floor(processes.max(1), rounds.max(1), no_write),
+        } => crate::floor::floor(processes.max(1), rounds.max(1), classic, no_write),
         Which::Gpu {
             processes,
             pods,

@@ -488,6 +488,13 @@ fn attach_btf(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), String> {
     result
 }
 
+/// This kernel's offsets for the BTF programs, as `load` gives them (`cargo xtask bench
+/// floor` loads its calibration programs with them). `v1`: as for `load`.
+pub fn kernel_offsets(v1: Option<(u32, &str)>) -> Result<IterConfig, String> {
+    let data = std::fs::read(btf::VMLINUX).map_err(|e| format!("no kernel BTF: {e}"))?;
+    btf_offsets(&btf::Btf::parse(data)?, v1).map(|(c, _)| c)
+}
+
 /// This kernel's offsets from its BTF (`enabled` 0), and why the task iterator cannot use
 /// them (None: it can); Err where a field the programs read is missing.
 fn btf_offsets(
