@@ -162,7 +162,7 @@ fn fork_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
     // 1: the clone flags (threads stop here), the child's tgid, start time and parent.
     let task: *const u8 = ctx.arg(0);
     let clone_flags: u64 = ctx.arg(1);
-    if clone_flags & CLONE_THREAD != 0 || N < 1 {
+    if clone_flags & CLONE_THREAD != 0 {
         return 0;
     }
     unsafe {

@@ -165,23 +165,27 @@ const BTF: [Family; 3] = [
     },
 ];
 
+/// On exit, beside every prefix (after it): keeps the map at the storm's few live processes
+/// where no exit prefix removes them yet, as the agent's exit program does.
+fn remover(btf: bool) -> (&'static str, (&'static str, &'static str)) {
+    match btf {
+        true => ("exit_btf_remove", ("", "sched_process_exit")),
+        false => ("exit_remove", ("sched", "sched_process_exit")),
+    }
+}
+
 /// Beside every prefix, attached after it, as the agent's: the other two programs whole,
-/// which warm what they share with it (the ring, the map), and a remover on exit, which
-/// keeps an entry per live process where no prefix on exit removes them yet. None is
+/// which warm what they share with it (the ring, the map), and the remover. None is
 /// measured.
 fn background(
     families: &[Family],
     measured: &Family,
 ) -> Vec<(&'static str, (&'static str, &'static str))> {
-    let remover = match measured.btf() {
-        true => ("exit_btf_remove", ("", "sched_process_exit")),
-        false => ("exit_remove", ("sched", "sched_process_exit")),
-    };
     families
         .iter()
         .filter(|f| f.program != measured.program)
         .map(|f| (f.whole(), f.tracepoint))
-        .chain([remover])
+        .chain([remover(measured.btf())])
         .collect()
 }
 
@@ -206,13 +210,12 @@ pub(crate) fn floor(n: u32, rounds: u32, classic: bool, no_write: bool) -> Resul
     let _stats = enable_stats(Stats::RunTime).context("enabling program statistics")?;
     let mut bpf = load(&bytes, n, classic)?;
     let btf = (!classic).then(Btf::from_sys_fs).transpose()?;
-    for fam in families {
-        for name in fam.programs() {
-            load_program(&mut bpf, name, fam, btf.as_ref())?;
-        }
+    let programs = families
+        .iter()
+        .flat_map(|f| f.programs().map(|p| (p, f.tracepoint)));
+    for (name, tp) in programs.chain([remover(!classic)]) {
+        load_program(&mut bpf, name, tp.1, btf.as_ref())?;
     }
-    let remover = background(families, &families[0]).pop().unwrap();
-    load_program(&mut bpf, remover.0, &families[2], btf.as_ref())?;
     // The agent's consumer polls; so does this one, often enough that the ring never
     // reaches the wake-up threshold (which would add a wake-up to the notifications).
     let ring = RingBuf::try_from(bpf.take_map("EVENTS").context("EVENTS")?)?;
@@ -288,12 +291,13 @@ fn load(bytes: &[u8], n: u32, classic: bool) -> Result<aya::Ebpf> {
         .context("loading the calibration object")
 }
 
-fn load_program(bpf: &mut aya::Ebpf, name: &str, fam: &Family, btf: Option<&Btf>) -> Result<()> {
+/// Loads a program: a BTF one (with `btf`) for the kernel function `event`.
+fn load_program(bpf: &mut aya::Ebpf, name: &str, event: &str, btf: Option<&Btf>) -> Result<()> {
     let prog = bpf.program_mut(name).context(name.to_string())?;
     match btf {
         Some(btf) => {
             let tp: &mut BtfTracePoint = prog.try_into()?;
-            tp.load(fam.tracepoint.1, btf)
+            tp.load(event, btf)
         }
         None => {
             let tp: &mut TracePoint = prog.try_into()?;
