@@ -10,7 +10,8 @@
 #![no_main]
 
 use agent_common::{
-    IterConfig, NewTaskRecord, ProcInfo, Slot, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+    ExitEvent, IterConfig, NewTaskRecord, ProcEvent, ProcInfo, Slot, EVENT_EXEC, EVENT_EXIT,
+    EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
 };
 use aya_ebpf::{
     helpers::{
@@ -189,7 +190,8 @@ fn fork_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
         }
         // 4: the notification.
         if OUTPUT {
-            shared::notify_proc_output(&EVENTS, WAKEUP_BYTES, EVENT_FORK, tgid, &info);
+            let kind = EVENT_FORK;
+            shared::output(&EVENTS, WAKEUP_BYTES, &ProcEvent { kind, tgid, info });
         } else {
             shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_FORK, tgid, &info);
         }
@@ -217,7 +219,8 @@ fn exec_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
         }
         // 3: the notification.
         if OUTPUT {
-            shared::notify_proc_output(&EVENTS, WAKEUP_BYTES, EVENT_EXEC, tgid, &info);
+            let kind = EVENT_EXEC;
+            shared::output(&EVENTS, WAKEUP_BYTES, &ProcEvent { kind, tgid, info });
         } else {
             shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_EXEC, tgid, &info);
         }
@@ -246,7 +249,8 @@ fn exit_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
         }
         // 3: the notification.
         if OUTPUT {
-            shared::notify_exit_output(&EVENTS, WAKEUP_BYTES, tgid);
+            let kind = EVENT_EXIT;
+            shared::output(&EVENTS, WAKEUP_BYTES, &ExitEvent { kind, tgid });
         } else {
             shared::notify_exit(&EVENTS, WAKEUP_BYTES, tgid);
         }

@@ -179,35 +179,13 @@ pub fn notify_exit(ring: &RingBuf, wakeup_bytes: u32, tgid: u32) -> bool {
     true
 }
 
-/// `notify_proc` with one helper (`bpf_ringbuf_output`, which copies the event from the
-/// stack) in place of reserve and submit. Measured against it by `cargo xtask bench floor`.
+/// An event copied into the ring by one helper (`bpf_ringbuf_output`, from the stack), where
+/// `notify_proc` and `notify_exit` reserve and submit: measured against them by `cargo xtask
+/// bench floor`. False when the ring is full.
 #[allow(dead_code)] // the calibration object's
 #[inline(always)]
-pub fn notify_proc_output(
-    ring: &RingBuf,
-    wakeup_bytes: u32,
-    kind: u32,
-    tgid: u32,
-    info: &ProcInfo,
-) -> bool {
-    let ev = ProcEvent {
-        kind,
-        tgid,
-        info: *info,
-    };
-    ring.output::<ProcEvent>(&ev, wakeup_flags(ring, wakeup_bytes))
-        .is_ok()
-}
-
-/// `notify_exit` with one helper, as `notify_proc_output`.
-#[allow(dead_code)] // the calibration object's
-#[inline(always)]
-pub fn notify_exit_output(ring: &RingBuf, wakeup_bytes: u32, tgid: u32) -> bool {
-    let ev = ExitEvent {
-        kind: EVENT_EXIT,
-        tgid,
-    };
-    ring.output::<ExitEvent>(&ev, wakeup_flags(ring, wakeup_bytes))
+pub fn output<T>(ring: &RingBuf, wakeup_bytes: u32, event: &T) -> bool {
+    ring.output::<T>(event, wakeup_flags(ring, wakeup_bytes))
         .is_ok()
 }
 
