@@ -229,10 +229,11 @@ pub(crate) fn floor(n: u32, rounds: u32, classic: bool, no_write: bool) -> Resul
     let cg = TestCgroup::v2(&path);
     eprintln!("bench floor: {n} fork+exec in {path} per prefix, {rounds} rounds");
     run_storm(&cg, n / 10)?; // warm the page cache
-    let runs: Vec<(usize, &str)> = families
+                             // (family, position in it, program)
+    let runs: Vec<(usize, usize, &str)> = families
         .iter()
         .enumerate()
-        .flat_map(|(f, fam)| fam.programs().map(move |p| (f, p)))
+        .flat_map(|(f, fam)| fam.programs().enumerate().map(move |(p, n)| (f, p, n)))
         .collect();
     let mut ns: Vec<Vec<Vec<f64>>> = families
         .iter()
@@ -243,10 +244,9 @@ pub(crate) fn floor(n: u32, rounds: u32, classic: bool, no_write: bool) -> Resul
         if round % 2 == 1 {
             order.reverse();
         }
-        for (f, name) in order {
+        for (f, p, name) in order {
             let per_run = measure(&mut bpf, &cg, n, families, f, name)?;
             eprintln!("round {round}: {name} {per_run:.0} ns");
-            let p = families[f].programs().position(|p| p == name).unwrap();
             ns[f][p].push(per_run);
         }
     }
