@@ -169,6 +169,29 @@ fn fold(info: &ProcInfo) -> u64 {
     info.cgroup_id ^ info.cgroup_v1_id ^ info.start_ns ^ info.ppid as u64 ^ name ^ hi
 }
 
+/// The notification of a fork or exec: reserve and submit as the agent, or with one helper
+/// (`OUTPUT`).
+#[inline(always)]
+fn notify_proc<const OUTPUT: bool>(kind: u32, tgid: u32, info: &ProcInfo) {
+    if OUTPUT {
+        let info = *info;
+        shared::output(&EVENTS, WAKEUP_BYTES, &ProcEvent { kind, tgid, info });
+    } else {
+        shared::notify_proc(&EVENTS, WAKEUP_BYTES, kind, tgid, info);
+    }
+}
+
+/// The tgid of an exiting task whose group is dead (`signal->live` is 0), as the agent's
+/// exit program decides; None for a thread that leaves a live group.
+#[inline(always)]
+unsafe fn dead_group(task: *const u8) -> Option<u32> {
+    let signal = field_ptr(task, icfg!(task_signal));
+    if field::<i32>(signal, icfg!(signal_live)) != 0 {
+        return None;
+    }
+    Some(field::<i32>(task, icfg!(task_tgid)) as u32)
+}
+
 /// Steps 1..=N of `proc_fork_btf`; `OUTPUT`: step 4 notifies with one helper
 /// (`bpf_ringbuf_output`). The parent's entry is not read: the agent reads it only where
 /// the tracked v1 hierarchy has no controller.
@@ -203,12 +226,7 @@ fn fork_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
             return 0;
         }
         // 4: the notification.
-        if OUTPUT {
-            let kind = EVENT_FORK;
-            shared::output(&EVENTS, WAKEUP_BYTES, &ProcEvent { kind, tgid, info });
-        } else {
-            shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_FORK, tgid, &info);
-        }
+        notify_proc::<OUTPUT>(EVENT_FORK, tgid, &info);
     }
     0
 }
@@ -232,12 +250,7 @@ fn exec_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
             return 0;
         }
         // 3: the notification.
-        if OUTPUT {
-            let kind = EVENT_EXEC;
-            shared::output(&EVENTS, WAKEUP_BYTES, &ProcEvent { kind, tgid, info });
-        } else {
-            shared::notify_proc(&EVENTS, WAKEUP_BYTES, EVENT_EXEC, tgid, &info);
-        }
+        notify_proc::<OUTPUT>(EVENT_EXEC, tgid, &info);
     }
     0
 }
@@ -248,11 +261,9 @@ fn exit_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
     // 1: whether the group is dead (`signal->live`), and its tgid.
     let task: *const u8 = ctx.arg(0);
     unsafe {
-        let signal = field_ptr(task, icfg!(task_signal));
-        if field::<i32>(signal, icfg!(signal_live)) != 0 {
+        let Some(tgid) = dead_group(task) else {
             return 0;
-        }
-        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        };
         if N < 2 {
             return (tgid == 1) as u32;
         }
@@ -280,11 +291,9 @@ fn exit_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
 fn exit_btf_batched(ctx: &BtfTracePointContext) -> u32 {
     let task: *const u8 = ctx.arg(0);
     unsafe {
-        let signal = field_ptr(task, icfg!(task_signal));
-        if field::<i32>(signal, icfg!(signal_live)) != 0 {
+        let Some(tgid) = dead_group(task) else {
             return 0;
-        }
-        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
+        };
         let start: u64 = field(task, icfg!(task_start));
         procs().remove(tgid);
         let Some(b) = EXIT_BATCH.get_ptr_mut(0) else {
