@@ -458,15 +458,17 @@ pub(crate) struct ShortLived {
     pub proc_scan: usize,
 }
 
+/// The short-lived GPU processes run and are looked up this many at a time.
+pub(crate) const SHORT_ROUND: usize = 25;
+
 /// GPU processes that live 5-50 ms: NVML saw them during its sampling window; by the time a
 /// per-scrape collector looks them up in /proc they are gone. How many does each attribute
-/// to the right pod? They run in rounds of `ROUND`, each listed by NVML once it is over and
+/// to the right pod? They run in rounds of `SHORT_ROUND`, each listed by NVML once it is over and
 /// joined at the next sample, as a 1 Hz sampler would see them: one listing of all of them
 /// after the last had run made the first ones' exits as old as the spawning took (4.6 s for
 /// 300 after the large node, more in a slow hour), past the agent's tombstones
 /// (`cache.tombstone_secs`, 5 s), and measured the harness's speed, not the agent.
 fn short_lived(bin: &Path, lib: &Path, count: usize) -> Result<ShortLived> {
-    const ROUND: usize = 25;
     let pods = make_pods(10);
     let scenario = std::env::temp_dir().join(format!("bench-short-{}.json", random_hex(8)));
     write_scenario(&scenario, Layout::Gpus, &[])?;
@@ -483,8 +485,8 @@ fn short_lived(bin: &Path, lib: &Path, count: usize) -> Result<ShortLived> {
         pid_read: 0,
         proc_scan: 0,
     };
-    for first in (0..count).step_by(ROUND) {
-        let truth = short_round(&pods, first..count.min(first + ROUND))?;
+    for first in (0..count).step_by(SHORT_ROUND) {
+        let truth = short_round(&pods, first..count.min(first + SHORT_ROUND))?;
         let pids: Vec<u32> = truth.keys().copied().collect();
         // NVML's sample listed them; the join happens now, after they exited.
         write_scenario(&scenario, Layout::Gpus, &pids)?;

@@ -202,13 +202,14 @@ fn others(md: &mut String, r: &Report) {
     let pct = |k: usize| 100.0 * k as f64 / s.total.max(1) as f64;
     let _ = writeln!(
         md,
-        "\nShort-lived GPU processes (5-50 ms, {} of them in rounds of 25, each round looked up \
+        "\nShort-lived GPU processes (5-50 ms, {} of them in rounds of {}, each round looked up \
          after NVML listed it, at the next sample): \
          gpu-agent attributed {} ({:.0}%), per-PID /proc reads {} ({:.0}%), full /proc scan {} \
          ({:.0}%).\n\n\
          Exec storm ({} fork+exec): {} notifications lost, slowdown {:.3}x, agent {:.2} us CPU \
          per event, eBPF {:.0} ns per event (mean of the programs), proc_fork {:.0} ns per run.",
         s.total,
+        crate::overhead::SHORT_ROUND,
         s.agent,
         pct(s.agent),
         s.pid_read,
