@@ -342,6 +342,47 @@ fn reused_pid_is_a_new_process_in_its_new_pod() {
     );
 }
 
+/// The BTF exit program sends exits in per-CPU batches, and userspace reads those that
+/// wait on its timer: an exit can come after the fork of the next process of its PID. It
+/// must end only its own process (the start times differ).
+#[test]
+#[ignore = "needs root: loads the eBPF programs, creates pod cgroups and writes ns_last_pid"]
+fn a_late_exit_does_not_end_the_next_process_of_its_pid() {
+    // One drain every 3 s, and no early wake-up: the exit and the next fork of its PID
+    // nearly always fall between two drains, so the fork comes first.
+    let agent = Agent::start(
+        "[ebpf]\npoll_interval_ms = 3000\nwakeup_bytes = 524288\nring_buffer_bytes = 1048576\n",
+    );
+    let (uid_a, id_a) = (random_uid(), random_hex(64));
+    let (uid_b, id_b) = (random_uid(), random_hex(64));
+    let a = TestCgroup::v2(&systemd_container(&uid_a, &id_a));
+    let b = TestCgroup::v2(&systemd_container(&uid_b, &id_b));
+    for round in 0..3 {
+        let first = Proc(a.spawn(&mut sleeper()));
+        let pid = first.pid();
+        agent.wait_for_process(pid, "container_id", &json!(id_a));
+        drop(first);
+        let Some(second) = spawn_with_pid(pid, &b) else {
+            panic!("could not get pid {pid} again: other processes fork too fast here");
+        };
+        let row = agent.wait_for_process(second.pid(), "container_id", &json!(id_b));
+        assert_attributed(&row, &id_b, &uid_b);
+        // Two more drains: the first process's exit has been read by then.
+        std::thread::sleep(tests::slow(Duration::from_millis(6500)));
+        let row = agent.process(pid);
+        assert!(
+            row.as_ref()
+                .is_some_and(|r| r["container_id"] == json!(id_b)),
+            "round {round}: the second process of pid {pid} is not live: {row:?}\n{}",
+            agent.log()
+        );
+        drop(second);
+        agent.wait_until("the second exit", Duration::from_secs(10), || {
+            agent.process(pid).is_none()
+        });
+    }
+}
+
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn ring_buffer_overflow_is_repaired_by_a_resync() {

@@ -11,8 +11,8 @@ use rustc_hash::FxBuildHasher;
 
 use agent_common::ProcInfo;
 
-use crate::ebpf::events::comm_str;
 pub use crate::ebpf::events::Comm;
+use crate::ebpf::{events::comm_str, START_SLACK_NS};
 
 /// 56 bytes, stored in the table as they are (the PID is the key): a large node keeps
 /// 50,000 of them, and each byte here is 64 KiB of its table.
@@ -216,6 +216,20 @@ impl ProcessCache {
         self.bury(tgid, now);
     }
 
+    /// The exit of the process that started at `start_ns` (0: of whichever holds `tgid`).
+    /// An exit that comes late, from a batch, does not end a later process of its tgid:
+    /// false then.
+    pub fn on_exit_of(&mut self, tgid: u32, start_ns: u64, now: Instant) -> bool {
+        let later = |e: &ProcessEntry| {
+            start_ns != 0 && e.start_ns != 0 && e.start_ns.abs_diff(start_ns) > START_SLACK_NS
+        };
+        if self.get(tgid).is_some_and(later) {
+            return false;
+        }
+        self.bury(tgid, now);
+        true
+    }
+
     /// A migration. Returns false when the PID is unknown to the cache.
     pub fn on_attach(&mut self, tgid: u32, v2: bool, cgroup_id: u64) -> bool {
         match self.find_mut(tgid) {
@@ -346,6 +360,38 @@ mod tests {
         assert!(c.get(10).is_some(), "tombstone still joinable");
         c.gc(t0 + Duration::from_secs(6));
         assert!(c.get(10).is_none());
+    }
+
+    /// A batched exit may come after its tgid's next process forked: it ends only the
+    /// process that started when it says (within /proc's ticks), or whichever holds the
+    /// tgid where either start is unknown.
+    #[test]
+    fn a_late_exit_ends_only_its_own_process() {
+        let mut c = ProcessCache::new(Duration::from_secs(5), 1000);
+        let t0 = Instant::now();
+        let s1 = 1_000_000_000;
+        c.on_fork(10, &info(100, s1 + 3_000_000_000), "later".into());
+        c.on_exit_of(10, s1, t0);
+        assert!(
+            c.get(10).unwrap().is_live(),
+            "the later process is still live"
+        );
+        c.on_exit_of(10, s1 + 3_000_000_000 + 15_000_000, t0);
+        assert!(
+            !c.get(10).unwrap().is_live(),
+            "its own exit, within two ticks"
+        );
+        c.on_fork(11, &info(100, 0), "unknown".into());
+        c.on_exit_of(11, s1, t0);
+        assert!(!c.get(11).unwrap().is_live(), "no start time known: ended");
+        c.on_fork(12, &info(100, s1), "classic".into());
+        c.on_exit_of(12, 0, t0);
+        assert!(
+            !c.get(12).unwrap().is_live(),
+            "the exit's start unknown: ended"
+        );
+        c.on_exit_of(12, s1, t0);
+        assert_eq!(c.tombstone_count(), 3, "an exit applied twice buries once");
     }
 
     #[test]
