@@ -81,8 +81,6 @@ pub struct EbpfSource {
     /// The BTF exit program's exits that wait for a full batch, per CPU; None on the
     /// classic programs, which notify each exit.
     exit_batches: Option<PerCpuArray<MapData, ExitBatch>>,
-    /// Each CPU's batch as last read: one that has not changed is not read out again.
-    last_batches: Vec<ExitBatch>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     _stats: Option<OwnedFd>,
@@ -199,7 +197,6 @@ impl EbpfSource {
             slots_mask: kcfg.slots_mask,
             ring,
             exit_batches,
-            last_batches: vec![],
             counters,
             logger,
             _stats: stats,
@@ -273,23 +270,19 @@ impl EbpfSource {
         n
     }
 
-    /// The exits that wait in each CPU's batch, where it changed since the last read. Read
+    /// The exits that wait in each CPU's batch (at most 6 a CPU), all of them at every
+    /// drain: one read before its process's fork was (a fork behind a record another CPU
+    /// had not finished writing stops the ring's reader) is applied again at the next. Read
     /// while the programs may write them: a pair torn apart is left out (its exit comes
-    /// with its batch), and an exit read twice is applied once (the cache's exit of a
-    /// process that is no longer live, or whose start differs, is nothing).
+    /// with its batch), and an exit read again is nothing (the cache's exit of a process
+    /// that is no longer live, or whose start differs, changes nothing).
     fn read_waiting_exits(&mut self, out: &mut Vec<KernelEvent>) {
         let Some(batches) = self.exit_batches.as_ref() else {
             return;
         };
-        let Ok(per_cpu) = batches.get(&0, 0) else {
-            return;
-        };
-        self.last_batches
-            .resize(per_cpu.len(), ExitBatch::default());
-        for (batch, last) in per_cpu.iter().zip(&mut self.last_batches) {
-            if batch != last {
+        if let Ok(per_cpu) = batches.get(&0, 0) {
+            for batch in per_cpu.iter() {
                 events::exits(batch, out);
-                *last = *batch;
             }
         }
     }
