@@ -147,10 +147,22 @@ impl ProcessCache {
 
     /// Marks a live entry exited, evicting the oldest tombstones beyond the cap.
     fn bury(&mut self, pid: u32, now: Instant) {
+        self.bury_started(pid, 0, now);
+    }
+
+    /// `bury`, unless the entry's process started more than two ticks from `start_ns` (0:
+    /// whenever). False then.
+    fn bury_started(&mut self, pid: u32, start_ns: u64, now: Instant) -> bool {
         let seq = NonZeroU32::new(self.exit_seq.wrapping_add(1)).unwrap_or(NonZeroU32::MIN);
-        let Some(e) = self.find_mut(pid).filter(|e| e.is_live()) else {
-            return;
+        let Some(e) = self.find_mut(pid) else {
+            return true;
         };
+        if start_ns != 0 && e.start_ns != 0 && e.start_ns.abs_diff(start_ns) > START_SLACK_NS {
+            return false;
+        }
+        if !e.is_live() {
+            return true;
+        }
         e.exit = Some(seq);
         self.exit_seq = seq.get();
         self.tombstones += 1;
@@ -162,6 +174,7 @@ impl ProcessCache {
                 None => break,
             }
         }
+        true
     }
 
     /// Pops the oldest exit and removes its tombstone if it is still that one (the pid may
@@ -220,14 +233,7 @@ impl ProcessCache {
     /// An exit that comes late, from a batch, does not end a later process of its tgid:
     /// false then.
     pub fn on_exit_of(&mut self, tgid: u32, start_ns: u64, now: Instant) -> bool {
-        let later = |e: &ProcessEntry| {
-            start_ns != 0 && e.start_ns != 0 && e.start_ns.abs_diff(start_ns) > START_SLACK_NS
-        };
-        if self.get(tgid).is_some_and(later) {
-            return false;
-        }
-        self.bury(tgid, now);
-        true
+        self.bury_started(tgid, start_ns, now)
     }
 
     /// A migration. Returns false when the PID is unknown to the cache.
