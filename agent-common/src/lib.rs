@@ -13,8 +13,6 @@ pub const F_CGROUP_SUSPECT: u32 = 1 << 3;
 pub const EVENT_EXEC: u32 = 1;
 pub const EVENT_FORK: u32 = 2;
 pub const EVENT_EXIT: u32 = 3;
-/// `ExitBatch`: the exits of the BTF exit program, `EXIT_BATCH_LEN` at a time.
-pub const EVENT_EXIT_BATCH: u32 = 4;
 pub const EVENT_CGROUP_MKDIR: u32 = 10;
 pub const EVENT_CGROUP_RMDIR: u32 = 11;
 pub const EVENT_CGROUP_ATTACH: u32 = 12;
@@ -34,7 +32,6 @@ pub const PROCS_MAP: &str = "PROCS";
 pub const SLOTS_MAP: &str = "SLOTS";
 pub const EVENTS_MAP: &str = "EVENTS";
 pub const COUNTERS_MAP: &str = "COUNTERS";
-pub const EXIT_BATCH_MAP: &str = "EXIT_BATCH";
 pub const CONFIG_GLOBAL: &str = "AGENT_CONFIG";
 pub const ITER_CONFIG_GLOBAL: &str = "ITER_CONFIG";
 /// The start-up task iterator (`iter/task`).
@@ -216,69 +213,6 @@ pub struct ExitEvent {
     pub tgid: u32,
 }
 
-/// Exits per `ExitBatch`.
-pub const EXIT_BATCH_LEN: usize = 7;
-
-/// One exit of an `ExitBatch`: the process's tgid and start time (a late exit cannot end a
-/// new process under a reused tgid), with a check over both in the high half of the
-/// second word. Userspace also reads the batch that is still filling, from the per-CPU map,
-/// while its CPU may write it: the check tells a pair whose two words come from two exits
-/// (each word is copied whole).
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct BatchedExit {
-    pub start_ns: u64,
-    pub tgid_check: u64,
-}
-
-impl BatchedExit {
-    #[inline(always)]
-    pub const fn new(tgid: u32, start_ns: u64) -> BatchedExit {
-        BatchedExit {
-            start_ns,
-            tgid_check: ((exit_check(tgid, start_ns) as u64) << 32) | tgid as u64,
-        }
-    }
-
-    /// (tgid, start time), or None where the words do not belong together (a torn read, an
-    /// element never written).
-    pub const fn get(&self) -> Option<(u32, u64)> {
-        let tgid = self.tgid_check as u32;
-        if (self.tgid_check >> 32) as u32 == exit_check(tgid, self.start_ns) {
-            Some((tgid, self.start_ns))
-        } else {
-            None
-        }
-    }
-}
-
-/// A 32-bit mix of both (one multiply in the program); never 0, so zeroed memory fails it.
-#[inline(always)]
-const fn exit_check(tgid: u32, start_ns: u64) -> u32 {
-    let x = (start_ns ^ ((tgid as u64) << 21)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (x >> 32) as u32 | 1
-}
-
-/// Exits of the BTF exit program, kept per CPU (`EXIT_BATCH`, where `count` are filled)
-/// and sent to the ring as one notification when `EXIT_BATCH_LEN` are: an exit's own
-/// notification was its program's largest step (`cargo xtask bench floor`). Userspace
-/// reads the kept ones on its timer, so none waits for a full batch to be seen.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct ExitBatch {
-    pub kind: u32,
-    pub count: u32,
-    pub exits: [BatchedExit; EXIT_BATCH_LEN],
-}
-
-impl ExitBatch {
-    /// The filled exits whose words belong together.
-    pub fn exits(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        let n = (self.count as usize).min(EXIT_BATCH_LEN);
-        self.exits[..n].iter().filter_map(BatchedExit::get)
-    }
-}
-
 /// Ring-buffer notification for cgroup mkdir, rmdir and attach.
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -456,7 +390,6 @@ mod pod {
     // SAFETY: plain-old-data, #[repr(C)], every bit pattern valid, no padding.
     unsafe impl aya::Pod for super::ProcInfo {}
     unsafe impl aya::Pod for super::Slot {}
-    unsafe impl aya::Pod for super::ExitBatch {}
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::IterConfig {}
 }
@@ -467,7 +400,6 @@ const _: () = assert!(core::mem::size_of::<ProcEvent>() == 56);
 const _: () = assert!(core::mem::size_of::<ExitEvent>() == 8);
 const _: () = assert!(core::mem::size_of::<CgroupEvent>() == 32 + CGROUP_PATH_MAX);
 const _: () = assert!(core::mem::size_of::<Slot>() == 64);
-const _: () = assert!(core::mem::size_of::<ExitBatch>() == 8 + 16 * EXIT_BATCH_LEN);
 const _: () = assert!(core::mem::size_of::<Config>() == 20 * 4);
 const _: () = assert!(core::mem::size_of::<IterConfig>() == 14 * 4);
 
@@ -492,33 +424,6 @@ mod tests {
         assert!(p.knows_cgroup(false, 3) && p.is_complete(true, true));
         let partial = ProcInfo::new(Some(7), None, None, 0);
         assert!(!partial.is_complete(false, false), "no start time");
-    }
-
-    /// A batched exit reads back; a pair made of two exits' words, or zeroed memory, does
-    /// not.
-    #[test]
-    fn a_batched_exit_tells_a_torn_pair() {
-        let (a, b) = (
-            BatchedExit::new(4242, 17_000_123),
-            BatchedExit::new(4243, 17_000_456),
-        );
-        assert_eq!(a.get(), Some((4242, 17_000_123)));
-        let torn = BatchedExit {
-            start_ns: a.start_ns,
-            tgid_check: b.tgid_check,
-        };
-        assert_eq!(torn.get(), None);
-        assert_eq!(BatchedExit::default().get(), None);
-        let mut batch = ExitBatch {
-            count: 2,
-            ..Default::default()
-        };
-        batch.exits[0] = a;
-        batch.exits[1] = torn;
-        batch.exits[2] = b; // beyond `count`: not filled yet
-        let mut filled = batch.exits();
-        assert_eq!(filled.next(), Some((4242, 17_000_123)));
-        assert_eq!(filled.next(), None);
     }
 
     /// A `task_newtask` record as the kernel writes it (format file offsets), read back.

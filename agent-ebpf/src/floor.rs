@@ -10,8 +10,8 @@
 #![no_main]
 
 use agent_common::{
-    ExitBatch, ExitEvent, IterConfig, NewTaskRecord, ProcEvent, ProcInfo, Slot, EVENT_EXEC,
-    EVENT_EXIT, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+    ExitEvent, IterConfig, NewTaskRecord, ProcEvent, ProcInfo, Slot, EVENT_EXEC, EVENT_EXIT,
+    EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
 };
 use aya_ebpf::{
     helpers::{
@@ -51,7 +51,17 @@ fn procs() -> shared::Procs<'static> {
 }
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
-/// The exits waiting for a full batch, per CPU, as the agent's `EXIT_BATCH`.
+/// Exits waiting to be notified, per CPU (`exit_btf_batch`): a record of `BATCH` goes out
+/// once they are all there.
+const BATCH: usize = 7;
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ExitBatch {
+    count: u64,
+    /// (start time, tgid): the start time makes a late exit unable to remove a reused
+    /// tgid's new process.
+    exits: [(u64, u64); BATCH],
+}
 #[map]
 static EXIT_BATCH: PerCpuArray<ExitBatch> = PerCpuArray::with_max_entries(1, 0);
 
@@ -245,24 +255,17 @@ fn exec_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) 
     0
 }
 
-/// How `exit_btf_steps` notifies: in per-CPU batches as the agent, one exit a record by
-/// one helper, or one exit a record by reserve and submit (the agent before batches).
-const BATCHED: u8 = 0;
-const ONE_HELPER: u8 = 1;
-const EACH: u8 = 2;
-
-/// Steps 1..=N of `proc_exit_btf`; `HOW` its notification.
+/// Steps 1..=N of `proc_exit_btf`; `OUTPUT` as for fork.
 #[inline(always)]
-fn exit_btf_steps<const N: u32, const HOW: u8>(ctx: &BtfTracePointContext) -> u32 {
-    // 1: whether the group is dead (`signal->live`), its tgid and start time.
+fn exit_btf_steps<const N: u32, const OUTPUT: bool>(ctx: &BtfTracePointContext) -> u32 {
+    // 1: whether the group is dead (`signal->live`), and its tgid.
     let task: *const u8 = ctx.arg(0);
     unsafe {
         let Some(tgid) = dead_group(task) else {
             return 0;
         };
-        let start: u64 = field(task, icfg!(task_start));
         if N < 2 {
-            return (start ^ tgid as u64 == 1) as u32;
+            return (tgid == 1) as u32;
         }
         // 2: the entry removed.
         procs().remove(tgid);
@@ -270,17 +273,46 @@ fn exit_btf_steps<const N: u32, const HOW: u8>(ctx: &BtfTracePointContext) -> u3
             return 0;
         }
         // 3: the notification.
-        match HOW {
-            BATCHED => {
-                shared::batch_exit(&EXIT_BATCH, &EVENTS, WAKEUP_BYTES, tgid, start);
-            }
-            ONE_HELPER => {
-                let kind = EVENT_EXIT;
-                shared::output(&EVENTS, WAKEUP_BYTES, &ExitEvent { kind, tgid });
-            }
-            _ => {
-                shared::notify_exit(&EVENTS, WAKEUP_BYTES, tgid);
-            }
+        if OUTPUT {
+            let kind = EVENT_EXIT;
+            shared::output(&EVENTS, WAKEUP_BYTES, &ExitEvent { kind, tgid });
+        } else {
+            shared::notify_exit(&EVENTS, WAKEUP_BYTES, tgid);
+        }
+    }
+    0
+}
+
+/// `proc_exit_btf` with its exits notified in batches: each kept in a per-CPU record (hot
+/// in this CPU's cache), the record sent to the ring when it holds `BATCH`. What the exit's
+/// notification would cost if userspace took exits late (it would also have to read the
+/// records that wait, on its timer).
+#[inline(always)]
+fn exit_btf_batched(ctx: &BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    unsafe {
+        let Some(tgid) = dead_group(task) else {
+            return 0;
+        };
+        let start: u64 = field(task, icfg!(task_start));
+        procs().remove(tgid);
+        let Some(b) = EXIT_BATCH.get_ptr_mut(0) else {
+            return 0;
+        };
+        let n = (*b).count as usize;
+        if n >= BATCH {
+            (*b).count = 0;
+            return 0;
+        }
+        (*b).exits[n] = (start, tgid as u64);
+        if n + 1 < BATCH {
+            (*b).count = n as u64 + 1;
+            return 0;
+        }
+        (*b).count = 0;
+        if let Some(mut entry) = EVENTS.reserve::<ExitBatch>(0) {
+            entry.write(*b);
+            entry.submit(shared::wakeup_flags(&EVENTS, WAKEUP_BYTES));
         }
     }
     0
@@ -311,11 +343,11 @@ btf_prefixes! {
     exec_btf_3(ctx) on "sched_process_exec" => exec_btf_steps::<3, false>(&ctx);
     exec_btf_out(ctx) on "sched_process_exec" => exec_btf_steps::<3, true>(&ctx);
     exit_btf_0(_ctx) on "sched_process_exit" => 0;
-    exit_btf_1(ctx) on "sched_process_exit" => exit_btf_steps::<1, BATCHED>(&ctx);
-    exit_btf_2(ctx) on "sched_process_exit" => exit_btf_steps::<2, BATCHED>(&ctx);
-    exit_btf_3(ctx) on "sched_process_exit" => exit_btf_steps::<3, BATCHED>(&ctx);
-    exit_btf_out(ctx) on "sched_process_exit" => exit_btf_steps::<3, ONE_HELPER>(&ctx);
-    exit_btf_each(ctx) on "sched_process_exit" => exit_btf_steps::<3, EACH>(&ctx);
+    exit_btf_1(ctx) on "sched_process_exit" => exit_btf_steps::<1, false>(&ctx);
+    exit_btf_2(ctx) on "sched_process_exit" => exit_btf_steps::<2, false>(&ctx);
+    exit_btf_3(ctx) on "sched_process_exit" => exit_btf_steps::<3, false>(&ctx);
+    exit_btf_out(ctx) on "sched_process_exit" => exit_btf_steps::<3, true>(&ctx);
+    exit_btf_batch(ctx) on "sched_process_exit" => exit_btf_batched(&ctx);
 }
 
 /// One program per prefix: each must be its own symbol for the bench to attach it.
@@ -363,5 +395,5 @@ pub fn exit_remove(_ctx: TracePointContext) -> u32 {
 /// `exit_remove` for the BTF families, as the agent's BTF exit program decides.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn exit_btf_remove(ctx: BtfTracePointContext) -> u32 {
-    exit_btf_steps::<2, BATCHED>(&ctx)
+    exit_btf_steps::<2, false>(&ctx)
 }

@@ -5,10 +5,10 @@
 #![no_main]
 
 use agent_common::{
-    CgroupEvent, Config, ExitBatch, IterConfig, NewTaskRecord, ProcInfo, Slot, ABSENT,
-    CGROUP_PATH_MAX, COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST,
-    EVENT_CGROUP_ATTACH, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_FORK,
-    EXIT_GROUP_DEAD_USUAL, F_START_KNOWN,
+    CgroupEvent, Config, IterConfig, NewTaskRecord, ProcInfo, Slot, ABSENT, CGROUP_PATH_MAX,
+    COUNTERS_LEN, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENT_CGROUP_ATTACH,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_FORK, EXIT_GROUP_DEAD_USUAL,
+    F_START_KNOWN,
 };
 use aya_ebpf::{
     bindings::seq_file,
@@ -43,9 +43,6 @@ static SLOTS: Array<Slot> = Array::with_max_entries(65536, 0);
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
-/// The BTF exit program's exits waiting for a full batch, per CPU (`ExitBatch`).
-#[map]
-static EXIT_BATCH: PerCpuArray<ExitBatch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Offsets for the start-up task iterator, from BTF (`IterConfig` in agent-common).
 #[no_mangle]
@@ -129,9 +126,8 @@ fn enter_exec(tgid: u32, cgroup_id: u64, comm: [u8; 16]) {
     notify_proc(EVENT_EXEC, tgid, &info);
 }
 
-/// What the classic exit program ends with once the group is dead. Userspace needs only the
-/// tgid of an exit: no lookup of the entry before removing it, and a notification of 8
-/// bytes.
+/// What both exit programs end with once the group is dead. Userspace needs only the tgid
+/// of an exit: no lookup of the entry before removing it, and a notification of 8 bytes.
 #[inline(always)]
 fn leave(tgid: u32) {
     procs().remove(tgid);
@@ -297,8 +293,7 @@ pub fn proc_exec_btf(ctx: BtfTracePointContext) -> u32 {
 }
 
 /// `sched_process_exit` with BTF: the group is dead when no thread of it is left live
-/// (`signal->live` is decremented before the tracepoint, on every kernel). Its exits go to
-/// userspace in per-CPU batches, with their start times.
+/// (`signal->live` is decremented before the tracepoint, on every kernel).
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn proc_exit_btf(ctx: BtfTracePointContext) -> u32 {
     let task: *const u8 = ctx.arg(0);
@@ -307,12 +302,7 @@ pub fn proc_exit_btf(ctx: BtfTracePointContext) -> u32 {
         if field::<i32>(signal, icfg!(signal_live)) != 0 {
             return 0;
         }
-        let tgid = field::<i32>(task, icfg!(task_tgid)) as u32;
-        let start: u64 = field(task, icfg!(task_start));
-        procs().remove(tgid);
-        if !shared::batch_exit(&EXIT_BATCH, &EVENTS, cfg!(wakeup_bytes), tgid, start) {
-            count(COUNTER_RINGBUF_LOST);
-        }
+        leave(field::<i32>(task, icfg!(task_tgid)) as u32);
     }
     0
 }

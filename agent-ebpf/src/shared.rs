@@ -1,13 +1,10 @@
 //! What the agent's programs (main.rs) and the calibration object (floor.rs) share: the
 //! steps, so that `cargo xtask bench floor` times the agent's own code (each binary passes
 //! its maps), and what every eBPF binary needs (panic handler, license).
-use agent_common::{
-    BatchedExit, ExitBatch, ExitEvent, IterConfig, ProcEvent, ProcInfo, Slot, ABSENT, EVENT_EXIT,
-    EVENT_EXIT_BATCH, EXIT_BATCH_LEN,
-};
+use agent_common::{ExitEvent, IterConfig, ProcEvent, ProcInfo, Slot, ABSENT, EVENT_EXIT};
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, RingBuf},
 };
 
 /// The process entries: in a process's slot of `slots` where it holds it, else in `hash`
@@ -179,44 +176,6 @@ pub fn notify_exit(ring: &RingBuf, wakeup_bytes: u32, tgid: u32) -> bool {
         tgid,
     });
     entry.submit(wakeup_flags(ring, wakeup_bytes));
-    true
-}
-
-/// An exit kept in this CPU's batch (`ExitBatch`), the batch sent to the ring once it is
-/// full: most exits cost a store into a line this CPU holds, not a reservation in the
-/// shared ring. False when the ring is full (the batch's exits are lost with it).
-#[inline(always)]
-pub fn batch_exit(
-    batches: &PerCpuArray<ExitBatch>,
-    ring: &RingBuf,
-    wakeup_bytes: u32,
-    tgid: u32,
-    start_ns: u64,
-) -> bool {
-    let Some(b) = batches.get_ptr_mut(0) else {
-        return notify_exit(ring, wakeup_bytes, tgid);
-    };
-    // SAFETY: a map value, valid for the program's run; this CPU's alone (a program does
-    // not run again on its CPU before it ends).
-    unsafe {
-        let n = (*b).count as usize;
-        let n = if n < EXIT_BATCH_LEN { n } else { 0 };
-        (*b).exits[n] = BatchedExit::new(tgid, start_ns);
-        if n + 1 < EXIT_BATCH_LEN {
-            (*b).count = n as u32 + 1;
-            return true;
-        }
-        (*b).count = 0;
-        let Some(mut entry) = ring.reserve::<ExitBatch>(0) else {
-            return false;
-        };
-        entry.write(ExitBatch {
-            kind: EVENT_EXIT_BATCH,
-            count: EXIT_BATCH_LEN as u32,
-            exits: (*b).exits,
-        });
-        entry.submit(wakeup_flags(ring, wakeup_bytes));
-    }
     true
 }
 

@@ -342,14 +342,14 @@ fn reused_pid_is_a_new_process_in_its_new_pod() {
     );
 }
 
-/// The BTF exit program sends exits in per-CPU batches, and userspace reads those that
-/// wait on its timer: an exit can come after the fork of the next process of its PID. It
-/// must end only its own process (the start times differ).
+/// A process exits and the next process of its PID forks within one drain of the ring:
+/// the exit, read in the same batch, must end only the first (a reordering of exits, such
+/// as the per-CPU exit batches tried in the twenty-fourth session, would end the second).
 #[test]
 #[ignore = "needs root: loads the eBPF programs, creates pod cgroups and writes ns_last_pid"]
 fn a_late_exit_does_not_end_the_next_process_of_its_pid() {
     // One drain every 3 s, and no early wake-up: the exit and the next fork of its PID
-    // nearly always fall between two drains, so the fork comes first.
+    // nearly always fall between two drains.
     let agent = Agent::start(
         "[ebpf]\npoll_interval_ms = 3000\nwakeup_bytes = 524288\nring_buffer_bytes = 1048576\n",
     );

@@ -155,19 +155,16 @@ const BTF: [Family; 3] = [
             ("exit_btf_0", "an empty program"),
             (
                 "exit_btf_1",
-                "whether the group is dead (signal->live), the tgid and start time",
+                "whether the group is dead (signal->live), the tgid",
             ),
             ("exit_btf_2", "free the entry (its slot)"),
-            (
-                "exit_btf_3",
-                "notify userspace: kept in this CPU's batch, a record of 7 to the ring",
-            ),
+            ("exit_btf_3", "notify userspace"),
         ],
         alternatives: &[
-            ("exit_btf_out", "notify each exit with one helper instead"),
+            ("exit_btf_out", "notify with one helper instead"),
             (
-                "exit_btf_each",
-                "notify each exit by ring reserve and submit instead",
+                "exit_btf_batch",
+                "notify in batches instead: tgid and start time kept per CPU, a record of 7",
             ),
         ],
     },

@@ -1,8 +1,8 @@
 //! Kernel notifications, decoded where they are read: the ring buffer's records become
 //! `KernelEvent`s here, and nowhere else touches their bytes.
 use agent_common::{
-    CgroupEvent, ExitBatch, ExitEvent, ProcEvent, ProcInfo, CGROUP_PATH_MAX, EVENT_CGROUP_ATTACH,
-    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_EXIT_BATCH, EVENT_FORK,
+    CgroupEvent, ExitEvent, ProcEvent, ProcInfo, CGROUP_PATH_MAX, EVENT_CGROUP_ATTACH,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_EXEC, EVENT_EXIT, EVENT_FORK,
 };
 
 /// One notification from the programs. The kernel `PROCS` map stays the truth; these only
@@ -21,12 +21,9 @@ pub enum KernelEvent {
         info: ProcInfo,
         comm: Comm,
     },
-    /// A thread group ended. `start_ns` is its start time (`ProcInfo::start_ns`), 0 where
-    /// the program did not tell it (the classic exit program): an exit that comes late,
-    /// from a batch, must not end a new process under a reused tgid.
+    /// A thread group ended.
     Exit {
         tgid: u32,
-        start_ns: u64,
     },
     /// A cgroup appeared. `path` is None when the record could not carry it (truncated):
     /// the hierarchy must be walked to learn it.
@@ -48,32 +45,10 @@ pub enum KernelEvent {
     },
 }
 
-/// Appends the notifications of one ring-buffer record to `out`: one, or the exits of an
-/// exit batch. Returns how many; None for a record this build does not know (a newer
+/// Decodes one ring-buffer record; None for a record this build does not know (a newer
 /// program, or a short record).
-pub fn decode(bytes: &[u8], out: &mut Vec<KernelEvent>) -> Option<usize> {
+pub fn decode(bytes: &[u8]) -> Option<KernelEvent> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
-    if kind == EVENT_EXIT_BATCH {
-        let batch: ExitBatch = read(bytes)?;
-        return Some(exits(&batch, out));
-    }
-    out.push(decode_one(kind, bytes)?);
-    Some(1)
-}
-
-/// The exits of a batch (from the ring, or still filling in the per-CPU map) whose words
-/// belong together, appended to `out`. Returns how many.
-pub fn exits(batch: &ExitBatch, out: &mut Vec<KernelEvent>) -> usize {
-    let before = out.len();
-    out.extend(
-        batch
-            .exits()
-            .map(|(tgid, start_ns)| KernelEvent::Exit { tgid, start_ns }),
-    );
-    out.len() - before
-}
-
-fn decode_one(kind: u32, bytes: &[u8]) -> Option<KernelEvent> {
     match kind {
         EVENT_EXEC | EVENT_FORK => {
             let ev: ProcEvent = read(bytes)?;
@@ -86,10 +61,7 @@ fn decode_one(kind: u32, bytes: &[u8]) -> Option<KernelEvent> {
         }
         EVENT_EXIT => {
             let ev: ExitEvent = read(bytes)?;
-            Some(KernelEvent::Exit {
-                tgid: ev.tgid,
-                start_ns: 0,
-            })
+            Some(KernelEvent::Exit { tgid: ev.tgid })
         }
         EVENT_CGROUP_MKDIR | EVENT_CGROUP_RMDIR | EVENT_CGROUP_ATTACH => {
             let ev: CgroupEvent = read(bytes)?;
@@ -118,7 +90,7 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < size_of::<T>() {
         return None;
     }
-    // SAFETY: the length is checked, and T (ProcEvent, ExitEvent, ExitBatch, CgroupEvent) is #[repr(C)]
+    // SAFETY: the length is checked, and T (ProcEvent, ExitEvent, CgroupEvent) is #[repr(C)]
     // plain old data for which every bit pattern is valid.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) })
 }
@@ -220,15 +192,6 @@ mod tests {
         );
     }
 
-    /// The one notification of a record.
-    fn decode(bytes: &[u8]) -> Option<KernelEvent> {
-        let mut out = vec![];
-        match super::decode(bytes, &mut out)? {
-            1 => out.pop(),
-            n => panic!("{n} notifications in one record"),
-        }
-    }
-
     #[test]
     fn process_records() {
         let info = ProcInfo::new(Some(7), None, Some(9), 1).with_comm(b"python");
@@ -249,45 +212,13 @@ mod tests {
             tgid: 42,
         };
         assert_eq!(bytes(&exit).len(), 8);
-        let exited = KernelEvent::Exit {
-            tgid: 42,
-            start_ns: 0,
-        };
-        assert_eq!(decode(&bytes(&exit)), Some(exited));
+        assert_eq!(decode(&bytes(&exit)), Some(KernelEvent::Exit { tgid: 42 }));
         assert_eq!(decode(&bytes(&exit)[..6]), None);
         // Short or unknown records are skipped, not misread.
         assert_eq!(decode(&bytes(&ev)[..20]), None);
         ev.kind = 99;
         assert_eq!(decode(&bytes(&ev)), None);
         assert_eq!(decode(&[1, 0]), None);
-    }
-
-    /// A batch's exits, with their start times; a pair torn apart is left out.
-    #[test]
-    fn exit_batch_records() {
-        let mut batch = ExitBatch {
-            kind: EVENT_EXIT_BATCH,
-            count: agent_common::EXIT_BATCH_LEN as u32,
-            ..Default::default()
-        };
-        for (i, e) in batch.exits.iter_mut().enumerate() {
-            *e = agent_common::BatchedExit::new(100 + i as u32, 5_000 + i as u64);
-        }
-        batch.exits[3].start_ns = 1; // the other word of another exit
-        let mut out = vec![];
-        assert_eq!(super::decode(&bytes(&batch), &mut out), Some(6));
-        assert_eq!(
-            out[0],
-            KernelEvent::Exit {
-                tgid: 100,
-                start_ns: 5_000
-            }
-        );
-        assert!(!out.contains(&KernelEvent::Exit {
-            tgid: 103,
-            start_ns: 1
-        }));
-        assert_eq!(super::decode(&bytes(&batch)[..100], &mut out), None);
     }
 
     #[test]

@@ -14,9 +14,9 @@ use std::{
 };
 
 use agent_common::{
-    Config as KernelConfig, ExitBatch, IterConfig, ProcInfo, Slot, ABSENT, CONFIG_GLOBAL,
-    COUNTERS_MAP, COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENTS_MAP,
-    EXIT_BATCH_MAP, ITER_CONFIG_GLOBAL, PROCS_MAP, SLOTS_MAP, TASK_ITER_PROGRAM,
+    Config as KernelConfig, IterConfig, ProcInfo, Slot, ABSENT, CONFIG_GLOBAL, COUNTERS_MAP,
+    COUNTER_MAP_FULL, COUNTER_READ_ERRORS, COUNTER_RINGBUF_LOST, EVENTS_MAP, ITER_CONFIG_GLOBAL,
+    PROCS_MAP, SLOTS_MAP, TASK_ITER_PROGRAM,
 };
 use aya::{
     maps::{Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, RingBuf},
@@ -78,9 +78,6 @@ pub struct EbpfSource {
     slots: Array<MapData, Slot>,
     slots_mask: u32,
     ring: RingBuf<MapData>,
-    /// The BTF exit program's exits that wait for a full batch, per CPU; None on the
-    /// classic programs, which notify each exit.
-    exit_batches: Option<PerCpuArray<MapData, ExitBatch>>,
     counters: PerCpuArray<MapData, u64>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     _stats: Option<OwnedFd>,
@@ -182,13 +179,6 @@ impl EbpfSource {
         let ring = RingBuf::try_from(take(&mut ebpf, EVENTS_MAP)?).map_err(|e| e.to_string())?;
         let counters =
             PerCpuArray::try_from(take(&mut ebpf, COUNTERS_MAP)?).map_err(|e| e.to_string())?;
-        let exit_batches = match process_programs {
-            ProcessPrograms::Btf => Some(
-                PerCpuArray::try_from(take(&mut ebpf, EXIT_BATCH_MAP)?)
-                    .map_err(|e| e.to_string())?,
-            ),
-            ProcessPrograms::Classic => None,
-        };
         Ok(EbpfSource {
             ebpf,
             process_programs,
@@ -196,7 +186,6 @@ impl EbpfSource {
             slots,
             slots_mask: kcfg.slots_mask,
             ring,
-            exit_batches,
             counters,
             logger,
             _stats: stats,
@@ -251,40 +240,18 @@ impl EbpfSource {
         self.capacity
     }
 
-    /// Appends the queued notifications to `out`, decoded, then the exits that wait in
-    /// the per-CPU batches (after: a fork in the ring may be their process's). Returns how
-    /// many notifications the ring held (a record this build cannot decode counts as one
-    /// and is skipped; the waiting exits count when their batch arrives).
+    /// Appends the queued notifications to `out`, decoded. Returns how many records were
+    /// read (records this build cannot decode are counted and skipped).
     pub fn read_events(&mut self, out: &mut Vec<KernelEvent>) -> usize {
         let mut n = 0;
         while let Some(record) = self.ring.next() {
-            match events::decode(&record, out) {
-                Some(k) => n += k,
-                None => {
-                    n += 1;
-                    tracing::debug!(len = record.len(), "unknown notification");
-                }
+            n += 1;
+            match events::decode(&record) {
+                Some(ev) => out.push(ev),
+                None => tracing::debug!(len = record.len(), "unknown notification"),
             }
         }
-        self.read_waiting_exits(out);
         n
-    }
-
-    /// The exits that wait in each CPU's batch (at most 6 a CPU), all of them at every
-    /// drain: one read before its process's fork was (a fork behind a record another CPU
-    /// had not finished writing stops the ring's reader) is applied again at the next. Read
-    /// while the programs may write them: a pair torn apart is left out (its exit comes
-    /// with its batch), and an exit read again is nothing (the cache's exit of a process
-    /// that is no longer live, or whose start differs, changes nothing).
-    fn read_waiting_exits(&mut self, out: &mut Vec<KernelEvent>) {
-        let Some(batches) = self.exit_batches.as_ref() else {
-            return;
-        };
-        if let Ok(per_cpu) = batches.get(&0, 0) {
-            for batch in per_cpu.iter() {
-                events::exits(batch, out);
-            }
-        }
     }
 
     /// Wakes when the kernel signals queued notifications (see `ebpf.wakeup_bytes`).
@@ -392,17 +359,6 @@ impl EbpfSource {
         self.procs.insert(tgid, info, BPF_EXIST)
     }
 
-    /// Removes the entry of a process that exited (`start_ns`: its start time, 0 where
-    /// unknown), unless the entry is of a later process under the same tgid.
-    pub fn remove_exited(&mut self, tgid: u32, start_ns: u64) {
-        let later = |info: ProcInfo| {
-            start_ns != 0 && info.start_known() && info.start_ns.abs_diff(start_ns) > START_SLACK_NS
-        };
-        if !self.get(tgid).is_some_and(later) {
-            self.remove(tgid);
-        }
-    }
-
     /// Removes the entry of a process that exited: its slot freed if it holds it, and any
     /// hash entry of its tgid.
     pub fn remove(&mut self, tgid: u32) {
@@ -444,10 +400,6 @@ impl EbpfSource {
             .collect()
     }
 }
-
-/// Two start times of one process, from /proc (in clock ticks) and from the kernel (in
-/// nanoseconds), are at most this far apart (two ticks).
-pub const START_SLACK_NS: u64 = 20_000_000;
 
 /// A map's file descriptor, for the batched lookups.
 fn fd(map: &MapData) -> RawFd {

@@ -11,8 +11,8 @@ use rustc_hash::FxBuildHasher;
 
 use agent_common::ProcInfo;
 
+use crate::ebpf::events::comm_str;
 pub use crate::ebpf::events::Comm;
-use crate::ebpf::{events::comm_str, START_SLACK_NS};
 
 /// 56 bytes, stored in the table as they are (the PID is the key): a large node keeps
 /// 50,000 of them, and each byte here is 64 KiB of its table.
@@ -147,22 +147,10 @@ impl ProcessCache {
 
     /// Marks a live entry exited, evicting the oldest tombstones beyond the cap.
     fn bury(&mut self, pid: u32, now: Instant) {
-        self.bury_started(pid, 0, now);
-    }
-
-    /// `bury`, unless the entry's process started more than two ticks from `start_ns` (0:
-    /// whenever). False then.
-    fn bury_started(&mut self, pid: u32, start_ns: u64, now: Instant) -> bool {
         let seq = NonZeroU32::new(self.exit_seq.wrapping_add(1)).unwrap_or(NonZeroU32::MIN);
-        let Some(e) = self.find_mut(pid) else {
-            return true;
+        let Some(e) = self.find_mut(pid).filter(|e| e.is_live()) else {
+            return;
         };
-        if start_ns != 0 && e.start_ns != 0 && e.start_ns.abs_diff(start_ns) > START_SLACK_NS {
-            return false;
-        }
-        if !e.is_live() {
-            return true;
-        }
         e.exit = Some(seq);
         self.exit_seq = seq.get();
         self.tombstones += 1;
@@ -174,7 +162,6 @@ impl ProcessCache {
                 None => break,
             }
         }
-        true
     }
 
     /// Pops the oldest exit and removes its tombstone if it is still that one (the pid may
@@ -227,13 +214,6 @@ impl ProcessCache {
 
     pub fn on_exit(&mut self, tgid: u32, now: Instant) {
         self.bury(tgid, now);
-    }
-
-    /// The exit of the process that started at `start_ns` (0: of whichever holds `tgid`).
-    /// An exit that comes late, from a batch, does not end a later process of its tgid:
-    /// false then.
-    pub fn on_exit_of(&mut self, tgid: u32, start_ns: u64, now: Instant) -> bool {
-        self.bury_started(tgid, start_ns, now)
     }
 
     /// A migration. Returns false when the PID is unknown to the cache.
@@ -366,38 +346,6 @@ mod tests {
         assert!(c.get(10).is_some(), "tombstone still joinable");
         c.gc(t0 + Duration::from_secs(6));
         assert!(c.get(10).is_none());
-    }
-
-    /// A batched exit may come after its tgid's next process forked: it ends only the
-    /// process that started when it says (within /proc's ticks), or whichever holds the
-    /// tgid where either start is unknown.
-    #[test]
-    fn a_late_exit_ends_only_its_own_process() {
-        let mut c = ProcessCache::new(Duration::from_secs(5), 1000);
-        let t0 = Instant::now();
-        let s1 = 1_000_000_000;
-        c.on_fork(10, &info(100, s1 + 3_000_000_000), "later".into());
-        c.on_exit_of(10, s1, t0);
-        assert!(
-            c.get(10).unwrap().is_live(),
-            "the later process is still live"
-        );
-        c.on_exit_of(10, s1 + 3_000_000_000 + 15_000_000, t0);
-        assert!(
-            !c.get(10).unwrap().is_live(),
-            "its own exit, within two ticks"
-        );
-        c.on_fork(11, &info(100, 0), "unknown".into());
-        c.on_exit_of(11, s1, t0);
-        assert!(!c.get(11).unwrap().is_live(), "no start time known: ended");
-        c.on_fork(12, &info(100, s1), "classic".into());
-        c.on_exit_of(12, 0, t0);
-        assert!(
-            !c.get(12).unwrap().is_live(),
-            "the exit's start unknown: ended"
-        );
-        c.on_exit_of(12, s1, t0);
-        assert_eq!(c.tombstone_count(), 3, "an exit applied twice buries once");
     }
 
     #[test]

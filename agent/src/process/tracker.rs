@@ -30,7 +30,7 @@ const MAP_FULL_REPEAT: Duration = Duration::from_secs(60);
 /// /proc gives start times in clock ticks, the kernel in nanoseconds: the same process
 /// if they agree within two ticks (or one side does not know).
 fn same_start(a: u64, b: u64) -> bool {
-    a == 0 || b == 0 || a.abs_diff(b) <= crate::ebpf::START_SLACK_NS
+    a == 0 || b == 0 || a.abs_diff(b) <= 20_000_000
 }
 
 pub struct Tracker {
@@ -329,29 +329,26 @@ impl Tracker {
         let mut events = std::mem::take(&mut self.events);
         let n = src.read_events(&mut events);
         let mut later = Deferred::default();
-        // tgid -> start time of its exit.
-        let mut exited: HashMap<u32, u64> = HashMap::new();
+        let mut exited: HashSet<u32> = HashSet::new();
         {
             let mut guard = self.state.write().unwrap();
             let st = &mut *guard;
             for (at, ev) in events.drain(..).enumerate() {
                 if reap_exits {
                     match ev {
-                        KernelEvent::Exit { tgid, start_ns } => {
-                            exited.insert(tgid, start_ns);
-                        }
+                        KernelEvent::Exit { tgid } => exited.insert(tgid),
                         KernelEvent::Fork { tgid, .. } | KernelEvent::Exec { tgid, .. } => {
-                            exited.remove(&tgid);
+                            exited.remove(&tgid)
                         }
-                        _ => {}
-                    }
+                        _ => false,
+                    };
                 }
                 apply(st, ev, at, &mut later);
             }
         }
         self.events = events;
-        for (tgid, start_ns) in exited {
-            src.remove_exited(tgid, start_ns);
+        for tgid in exited {
+            src.remove(tgid);
         }
         self.stats.events_received.fetch_add(n as u64, Relaxed);
         for (pid, hierarchy, id, known) in later.attaches_of_the_running() {
@@ -898,10 +895,9 @@ fn apply(st: &mut State, ev: KernelEvent, at: usize, later: &mut Deferred) {
             st.cache.on_exec(tgid, &info, comm);
             note(st, &info);
         }
-        KernelEvent::Exit { tgid, start_ns } => {
-            // A late exit of an earlier process of the tgid says nothing of this one.
-            let own = st.cache.on_exit_of(tgid, start_ns, Instant::now());
-            if own && (!attaches.is_empty() || !suspects.is_empty()) {
+        KernelEvent::Exit { tgid } => {
+            st.cache.on_exit(tgid, Instant::now());
+            if !attaches.is_empty() || !suspects.is_empty() {
                 exited_at.insert(tgid, at);
             }
         }
@@ -969,22 +965,13 @@ mod tests {
         let mut st = State::on_cgroup2(cache, CgroupRegistry::default());
         let mut later = Deferred::default();
         let batch = [
-            KernelEvent::Exit {
-                tgid: 30,
-                start_ns: 0,
-            }, // before its migration: a reused PID's
+            KernelEvent::Exit { tgid: 30 }, // before its migration: a reused PID's
             attach(10),
             attach(20),
             attach(30),
-            KernelEvent::Exit {
-                tgid: 10,
-                start_ns: 0,
-            },
+            KernelEvent::Exit { tgid: 10 },
             attach(40),
-            KernelEvent::Exit {
-                tgid: 40,
-                start_ns: 0,
-            },
+            KernelEvent::Exit { tgid: 40 },
             attach(40), // a new process under the PID
         ];
         for (at, ev) in batch.into_iter().enumerate() {
@@ -1010,10 +997,7 @@ mod tests {
                 comm: "sleep".into(),
             },
             attach(10),
-            KernelEvent::Exit {
-                tgid: 10,
-                start_ns: 0,
-            },
+            KernelEvent::Exit { tgid: 10 },
         ];
         for (at, ev) in batch.into_iter().enumerate() {
             apply(&mut st, ev, at, &mut later);
