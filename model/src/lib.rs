@@ -293,8 +293,10 @@ pub struct UsageRecord {
     /// First and last sample that saw the container on the device, unix ms.
     pub start_ms: u64,
     pub end_ms: u64,
-    /// SM-utilization-weighted seconds, from the samples.
-    pub gpu_seconds: f64,
+    /// SM-utilization-weighted seconds, from the samples; None where the device never gave
+    /// its processes' SM utilization (MIG devices): unknown, not 0.
+    #[serde(default)]
+    pub gpu_seconds: Option<f64>,
     pub memory_byte_seconds: f64,
     pub memory_peak_bytes: u64,
     pub energy_joules: f64,
@@ -371,8 +373,10 @@ pub struct ContainerGpu {
     pub enc_util: Option<u32>,
     pub dec_util: Option<u32>,
     pub pids: Vec<u32>,
-    /// Cumulative: SM-utilization-weighted seconds on this device.
-    pub gpu_time_seconds: f64,
+    /// Cumulative: SM-utilization-weighted seconds on this device; None while the device
+    /// never gave the SM utilization of the container's processes (MIG devices cannot):
+    /// unknown, not 0.
+    pub gpu_time_seconds: Option<f64>,
     /// Cumulative: memory held x seconds.
     pub memory_byte_seconds: f64,
     /// When the two cumulative counters started (first sight of this owner on this

@@ -48,7 +48,7 @@ fn synthetic_snapshot(n: u32, gpus: u32) -> gpu_model::Snapshot {
                     enc_util: Some(0),
                     dec_util: Some(0),
                     pids: vec![1000 + c],
-                    gpu_time_seconds: 12.5,
+                    gpu_time_seconds: Some(12.5),
                     memory_byte_seconds: 1e12,
                     counters_since_ms: 1,
                 })

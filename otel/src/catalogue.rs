@@ -1044,7 +1044,7 @@ table! {
             unit: "s",
             kind: Counter,
             help: "GPU time used: seconds weighted by SM utilization.",
-            note: "OTLP start time: when the agent first saw this container on this device",
+            note: "Absent where the device cannot say its processes' SM utilization (MIG: see the MIG device's `hw.gpu.activity`), never 0 for unknown. OTLP start time: when the agent first saw this container on this device",
             ..CONTAINER_METRIC
         },
         ContainerGpuMemoryTime => Metric {

@@ -87,7 +87,7 @@ mod drop_rule_tests {
                     enc_util: None,
                     dec_util: None,
                     pids: vec![1],
-                    gpu_time_seconds: 0.0,
+                    gpu_time_seconds: None,
                     memory_byte_seconds: 0.0,
                     counters_since_ms: 0,
                 }],

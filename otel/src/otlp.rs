@@ -718,7 +718,10 @@ fn container_metrics(m: &mut Metrics, c: &ContainerUsage) {
         } else {
             m.start_ns
         };
-        m.point_since(M::ContainerGpuTime, g.gpu_time_seconds, a, since);
+        // Absent where the device cannot say its processes' SM utilization (MIG).
+        if let Some(t) = g.gpu_time_seconds {
+            m.point_since(M::ContainerGpuTime, t, a, since);
+        }
         m.point_since(M::ContainerGpuMemoryTime, g.memory_byte_seconds, a, since);
         m.point(M::ContainerGpuProcesses, g.pids.len() as f64, a);
     }
@@ -1511,7 +1514,8 @@ mod tests {
                         enc_util: None,
                         dec_util: None,
                         pids: vec![1],
-                        gpu_time_seconds: 1.5,
+                        // A MIG device cannot say its processes' SM utilization.
+                        gpu_time_seconds: None,
                         memory_byte_seconds: 9.0,
                         counters_since_ms: 1_000,
                     }],
@@ -1570,7 +1574,7 @@ mod tests {
         let time = c.scope_metrics[0]
             .metrics
             .iter()
-            .find(|m| m.name == "container.gpu.time")
+            .find(|m| m.name == "container.gpu.memory.time")
             .unwrap();
         let Some(Data::Sum(s)) = &time.data else {
             panic!()
@@ -1584,8 +1588,9 @@ mod tests {
         // MIG: charged to the MIG device, parent named.
         let a = &s.data_points[0].attributes;
         assert!(a.iter().any(|k| k.key == "hw.parent"));
-        // No utilization known: no point rather than a zero.
+        // No utilization known, nor GPU time: no point rather than a zero.
         assert!(!names(c).contains(&"container.gpu.utilization"));
+        assert!(!names(c).contains(&"container.gpu.time"));
         assert!(names(&r.resource_metrics[0]).contains(&"hw.gpu.memory.usage"));
     }
 
@@ -1773,7 +1778,7 @@ mod tests {
                 enc_util: None,
                 dec_util: None,
                 pids: vec![i, i + 1],
-                gpu_time_seconds: 1.0,
+                gpu_time_seconds: Some(1.0),
                 memory_byte_seconds: 2.0,
                 counters_since_ms: 1_000 + i as u64,
             }],
@@ -1861,7 +1866,7 @@ mod tests {
         patched_through_changes(true);
     }
 
-    /// Fourteen changes in turn, each export checked (`export_kept`): in one request, or
+    /// Sixteen changes in turn, each export checked (`export_kept`): in one request, or
     /// (`split`) in requests of about three containers each.
     fn patched_through_changes(split: bool) {
         use gpu_model::LimitSource;
@@ -1876,14 +1881,14 @@ mod tests {
         // Each change, and the request after it: the last one patched, in its buffer (past
         // more changes than are moved in place, the rest of it is encoded afresh).
         type Change = fn(&mut Snapshot);
-        let changes: [(&str, Change); 14] = [
+        let changes: [(&str, Change); 16] = [
             ("numbers", |s| {
                 s.taken_at_ms += 1_000;
                 for (k, c) in s.containers.iter_mut().enumerate() {
                     for g in &mut c.gpus {
                         g.memory_used_bytes += k as u64;
                         g.sm_util = Some(g.sm_util.unwrap_or(0) + 1);
-                        g.gpu_time_seconds += 0.5;
+                        *g.gpu_time_seconds.get_or_insert(0.0) += 0.5;
                         g.counters_since_ms += 1;
                         g.pids.push(7);
                     }
@@ -1898,6 +1903,12 @@ mod tests {
             }),
             ("a utilization now known", |s| {
                 s.containers[2].gpus[0].enc_util = Some(1)
+            }),
+            ("a GPU time unknown (a MIG device's)", |s| {
+                s.containers[4].gpus[0].gpu_time_seconds = None
+            }),
+            ("that GPU time known", |s| {
+                s.containers[4].gpus[0].gpu_time_seconds = Some(3.0)
             }),
             ("a pod named", |s| {
                 s.containers[5].pod_name = Some("named".into())
@@ -1995,7 +2006,9 @@ mod tests {
             for c in &mut sn.containers {
                 for g in &mut c.gpus {
                     g.memory_used_bytes += 1;
-                    g.gpu_time_seconds += 0.25;
+                    if let Some(t) = &mut g.gpu_time_seconds {
+                        *t += 0.25;
+                    }
                 }
             }
             for _ in 0..rand(4) {
@@ -2011,6 +2024,8 @@ mod tests {
                     3 => {
                         let g = &mut sn.containers[i].gpus[0];
                         g.enc_util = g.enc_util.xor(Some(3));
+                        // Its GPU time unknown, or known again.
+                        g.gpu_time_seconds = g.gpu_time_seconds.xor(Some(1.0));
                     }
                     4 => sn.containers[i].pod_name = Some(format!("p{round}").into()),
                     5 => {

@@ -691,7 +691,11 @@ impl Renderer<'_> {
                             M::ContainerGpuUtilization => {
                                 utilizations(f, l, [g.sm_util, g.mem_util, g.enc_util, g.dec_util])
                             }
-                            M::ContainerGpuTime => f.series(l, &[], g.gpu_time_seconds),
+                            M::ContainerGpuTime => {
+                                if let Some(t) = g.gpu_time_seconds {
+                                    f.series(l, &[], t)
+                                }
+                            }
                             M::ContainerGpuMemoryTime => f.series(l, &[], g.memory_byte_seconds),
                             M::ContainerGpuProcesses => f.series(l, &[], g.pids.len() as f64),
                             _ => {}
@@ -927,7 +931,8 @@ mod tests {
             enc_util: sm.map(|_| 0),
             dec_util: None,
             pids: pids.to_vec(),
-            gpu_time_seconds: 12.5,
+            // Unknown where the SM utilization is (MIG).
+            gpu_time_seconds: sm.map(|_| 12.5),
             memory_byte_seconds: 1.5e12,
             counters_since_ms: 1,
         }
@@ -1201,6 +1206,7 @@ mod tests {
             &format!("container_gpu_memory_usage_bytes{{{on_mig}}} 5368709120"),
         );
         assert!(!t.contains(&format!("container_gpu_utilization_ratio{{{on_mig}")));
+        assert!(!t.contains(&format!("container_gpu_time_seconds_total{{{on_mig}")));
         // A pod-level cgroup and the host entry.
         has(
             &t,

@@ -107,7 +107,6 @@ pub fn log_record(r: &UsageRecord, observed_ms: u64) -> LogRecord {
             duration,
             r.end_ms.saturating_sub(r.start_ms) as f64 / 1000.0,
         ),
-        double(gpu_s, r.gpu_seconds),
         double(mem_bs, r.memory_byte_seconds),
         int(peak, r.memory_peak_bytes as i64),
         double(energy, r.energy_joules),
@@ -115,6 +114,10 @@ pub fn log_record(r: &UsageRecord, observed_ms: u64) -> LogRecord {
         double(acct_s, r.accounted_gpu_seconds),
         kv(reason, r.reason.clone()),
     ];
+    // Absent where the device cannot say its processes' SM utilization (MIG).
+    if let Some(s) = r.gpu_seconds {
+        attributes.push(double(gpu_s, s));
+    }
     if r.gpu_uuid != r.uuid {
         attributes.push(kv("hw.parent", r.gpu_uuid.clone()));
     }
@@ -355,7 +358,7 @@ mod tests {
             gpu_uuid: "GPU-1".into(),
             start_ms: 1_000,
             end_ms: 61_000,
-            gpu_seconds: 30.0,
+            gpu_seconds: Some(30.0),
             memory_byte_seconds: 6e10,
             memory_peak_bytes: 1 << 30,
             energy_joules: 12_000.0,
@@ -410,6 +413,19 @@ mod tests {
         for key in RECORD_ATTRIBUTES {
             assert!(a.iter().any(|k| k.key == key), "{key}");
         }
+        // A MIG device cannot say its processes' SM utilization: no GPU seconds, not 0.
+        let mig = UsageRecord {
+            gpu_seconds: None,
+            ..record("exited")
+        };
+        let log = log_record(&mig, 99_000);
+        let gpu_s = RECORD_ATTRIBUTES[3];
+        assert!(!log.attributes.iter().any(|k| k.key == gpu_s));
+        let body = match &log.body.as_ref().unwrap().value {
+            Some(any_value::Value::StringValue(s)) => s.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(body.contains("\"gpu_seconds\":null"), "{body}");
     }
 
     #[test]

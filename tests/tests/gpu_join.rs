@@ -209,10 +209,15 @@ fn mig_process_is_charged_to_its_mig_device() {
     ]);
     let sc = Scenario::new(&scenario(json!([dev])));
     let agent = start(&sc, "");
-    let snap = wait_snapshot(&agent, "the MIG container", |s| {
-        container(s, Some(&id)).is_some()
+    // Two cycles at least: its memory time is credited. The MIG device cannot say its
+    // processes' SM utilization (the scenario's 0 is not read): GPU time unknown, not 0.
+    let snap = wait_snapshot(&agent, "the MIG container's memory time", |s| {
+        container(s, Some(&id))
+            .is_some_and(|c| c["gpus"][0]["memory_byte_seconds"].as_f64() > Some(0.0))
     });
     let g = &container(&snap, Some(&id)).unwrap()["gpus"][0];
+    assert!(g["gpu_time_seconds"].is_null(), "{g}");
+    assert_eq!(g["sm_util"], json!(null), "{g}");
     assert_eq!(g["uuid"], mig);
     assert_eq!(g["gpu_uuid"], "GPU-99999999-2222-3333-4444-555555555555");
     assert_eq!(g["memory_used_bytes"], json!(5 * GIB));

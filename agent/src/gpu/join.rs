@@ -138,7 +138,11 @@ where
 /// again) when the owner has not used the device for `FORGET_AFTER_MS`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Accumulated {
+    /// Credited only by cycles that knew the SM utilization (`gpu_known`).
     pub gpu_seconds: f64,
+    /// Whether any cycle since `since_ms` knew the SM utilization: a MIG device never does,
+    /// and its GPU time is unknown rather than 0.
+    pub gpu_known: bool,
     pub byte_seconds: f64,
     /// First sample that saw it: when its counters started.
     pub since_ms: u64,
@@ -478,7 +482,7 @@ impl Group<'_> {
                     enc_util: None,
                     dec_util: None,
                     pids: spare.pids(),
-                    gpu_time_seconds: 0.0,
+                    gpu_time_seconds: None,
                     memory_byte_seconds: 0.0,
                     counters_since_ms: 0,
                 });
@@ -680,13 +684,16 @@ fn accumulate(
             l.last_used_ms = taken_at_ms;
             let acc = l.acc.get_or_insert_with(Accumulated::default);
             acc.before = (acc.gpu_seconds, acc.byte_seconds);
-            acc.gpu_seconds += cg.sm_util.unwrap_or(0) as f64 / 100.0 * dt;
+            if let Some(sm) = cg.sm_util {
+                acc.gpu_known = true;
+                acc.gpu_seconds += sm as f64 / 100.0 * dt;
+            }
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
             if acc.since_ms == 0 {
                 acc.since_ms = taken_at_ms;
             }
             cg.counters_since_ms = acc.since_ms;
-            cg.gpu_time_seconds = acc.gpu_seconds;
+            cg.gpu_time_seconds = acc.gpu_known.then_some(acc.gpu_seconds);
             cg.memory_byte_seconds = acc.byte_seconds;
             cg.pids.sort_unstable();
         }
@@ -1120,8 +1127,8 @@ mod tests {
         let (s2, c2) = step(sample(3000, vec![proc(100, 1000, 50)]), &c1);
         let g = &find(&s2, Some(A)).gpus[0];
         assert!(
-            (g.gpu_time_seconds - 1.0).abs() < 1e-9,
-            "{}",
+            (g.gpu_time_seconds.unwrap() - 1.0).abs() < 1e-9,
+            "{:?}",
             g.gpu_time_seconds
         );
         assert!((g.memory_byte_seconds - 2000.0).abs() < 1e-9);
@@ -1132,8 +1139,8 @@ mod tests {
         let (s4, _) = step(sample(100_000, vec![proc(100, 1000, 100)]), &c3);
         let g = &find(&s4, Some(A)).gpus[0];
         assert!(
-            (g.gpu_time_seconds - 4.0).abs() < 1e-9,
-            "{}",
+            (g.gpu_time_seconds.unwrap() - 4.0).abs() < 1e-9,
+            "{:?}",
             g.gpu_time_seconds
         );
     }
@@ -1870,8 +1877,8 @@ mod sharing_tests {
         let g = &g.unwrap().gpus[0];
         assert_eq!(g.counters_since_ms, gone + 1000, "started again");
         assert!(
-            (g.gpu_time_seconds - 0.5).abs() < 1e-9,
-            "{}",
+            (g.gpu_time_seconds.unwrap() - 0.5).abs() < 1e-9,
+            "{:?}",
             g.gpu_time_seconds
         );
         // 100 J a cycle: at 2 s half A's, at 3 s and at `gone` all A's (idle, and allocated
@@ -1911,7 +1918,8 @@ mod sharing_tests {
         let r = &records[0];
         assert_eq!(r.container_id.as_deref(), Some(A));
         assert_eq!((r.start_ms, r.end_ms), (1000, 2000));
-        assert!((r.gpu_seconds - 0.5).abs() < 1e-9, "{}", r.gpu_seconds);
+        let gpu_s = r.gpu_seconds.unwrap();
+        assert!((gpu_s - 0.5).abs() < 1e-9, "{gpu_s}");
         assert!((r.memory_byte_seconds - 30.0).abs() < 1e-9);
         assert_eq!(r.memory_peak_bytes, 30);
         assert_eq!(r.reason, "exited");
@@ -1920,6 +1928,34 @@ mod sharing_tests {
         let key = (Owner::Container(B.into()), "GPU-1".into());
         let open = account::close(&mut counters, &key, "agent_stopped").unwrap();
         assert_eq!((open.start_ms, open.end_ms), (1000, 4000));
+    }
+
+    #[test]
+    fn gpu_time_is_unknown_where_the_device_never_says_the_sm_utilization() {
+        // A's process has no SM utilization (a MIG device cannot say it); B's is idle (0 %,
+        // known). A's memory time is known all the same.
+        let samples = [
+            sample(1000, 0, vec![p(100, 10, None), p(200, 5, Some(0))]),
+            sample(2000, 0, vec![p(100, 10, None), p(200, 5, Some(0))]),
+            sample(3000, 0, vec![p(200, 5, Some(0))]),
+        ];
+        let run_to = |n: usize| run(&Metadata::default(), &samples[..n], &Inputs::default());
+        let (snap, _, _) = run_to(2);
+        let gpu = |id: &str| {
+            let mut c = snap.containers.iter();
+            let c = c.find(|c| c.container_id.as_deref() == Some(id));
+            c.unwrap().gpus[0].clone()
+        };
+        let (a, b) = (gpu(A), gpu(B));
+        assert_eq!(a.gpu_time_seconds, None, "{a:?}");
+        assert!((a.memory_byte_seconds - 10.0).abs() < 1e-9, "{a:?}");
+        assert_eq!(b.gpu_time_seconds, Some(0.0), "{b:?}");
+        // A's stretch ends: its record does not say 0 GPU seconds either.
+        let (_, _, records) = run_to(3);
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0].container_id.as_deref(), Some(A));
+        assert_eq!(records[0].gpu_seconds, None);
+        assert!((records[0].memory_byte_seconds - 10.0).abs() < 1e-9);
     }
 
     #[test]

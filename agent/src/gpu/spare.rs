@@ -156,7 +156,7 @@ mod tests {
                     enc_util: None,
                     dec_util: None,
                     pids: (0..pids as u32).collect(),
-                    gpu_time_seconds: 0.0,
+                    gpu_time_seconds: None,
                     memory_byte_seconds: 0.0,
                     counters_since_ms: 0,
                 })

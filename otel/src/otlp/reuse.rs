@@ -151,12 +151,14 @@ fn identity(c: &ContainerUsage) -> [&Option<Name>; 5] {
     ]
 }
 
+/// Which of a device's utilizations, and whether its GPU time, have a point.
 fn util_bits(g: &gpu_model::ContainerGpu) -> u8 {
     let known = [g.sm_util, g.mem_util, g.enc_util, g.dec_util].map(|u| u.is_some());
-    known
+    let bits = known
         .iter()
         .enumerate()
-        .fold(0, |b, (i, &k)| b | (k as u8) << i)
+        .fold(0, |b, (i, &k)| b | (k as u8) << i);
+    bits | (g.gpu_time_seconds.is_some() as u8) << 4
 }
 
 /// Which of an account's figures have a point, and the limit's source (an attribute).

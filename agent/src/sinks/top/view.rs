@@ -560,7 +560,7 @@ pub(crate) mod tests {
             enc_util: Some(0),
             dec_util: None,
             pids: pids.to_vec(),
-            gpu_time_seconds: 0.0,
+            gpu_time_seconds: None,
             memory_byte_seconds: 0.0,
             counters_since_ms: 0,
         }

@@ -65,7 +65,8 @@ pub struct Row {
     #[serde(flatten)]
     pub key: BTreeMap<&'static str, String>,
     pub records: u64,
-    pub gpu_hours: f64,
+    /// None where no record of the group knew its GPU time (MIG devices cannot say it).
+    pub gpu_hours: Option<f64>,
     pub accounted_gpu_hours: f64,
     pub memory_gib_hours: f64,
     pub peak_memory_gib: f64,
@@ -143,7 +144,9 @@ pub fn summarize(records: &[UsageRecord], o: &Options) -> Vec<Row> {
             ..Default::default()
         });
         row.records += 1;
-        row.gpu_hours += r.gpu_seconds * f / 3600.0;
+        if let Some(s) = r.gpu_seconds {
+            *row.gpu_hours.get_or_insert(0.0) += s * f / 3600.0;
+        }
         row.accounted_gpu_hours += r.accounted_gpu_seconds * f / 3600.0;
         row.memory_gib_hours += r.memory_byte_seconds * f / (1u64 << 30) as f64 / 3600.0;
         row.peak_memory_gib = row
@@ -152,7 +155,9 @@ pub fn summarize(records: &[UsageRecord], o: &Options) -> Vec<Row> {
         row.energy_kwh += r.energy_joules * f / 3.6e6;
     }
     let mut out: Vec<Row> = rows.into_values().collect();
-    out.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours));
+    // Unknown GPU time sorts last.
+    let hours = |r: &Row| r.gpu_hours.unwrap_or(f64::NEG_INFINITY);
+    out.sort_by(|a, b| hours(b).total_cmp(&hours(a)));
     out
 }
 
@@ -168,7 +173,8 @@ const COLUMNS: [&str; 6] = [
 fn cells(r: &Row) -> [String; 6] {
     [
         r.records.to_string(),
-        format!("{:.4}", r.gpu_hours),
+        // Empty where unknown (CSV); the table shows "-".
+        r.gpu_hours.map_or(String::new(), |h| format!("{h:.4}")),
         format!("{:.4}", r.accounted_gpu_hours),
         format!("{:.4}", r.memory_gib_hours),
         format!("{:.3}", r.peak_memory_gib),
@@ -225,9 +231,10 @@ pub fn render(rows: &[Row], o: &Options) -> String {
             for l in std::iter::once(&upper).chain(&lines) {
                 let mut line = String::new();
                 for (i, (cell, w)) in l.iter().zip(&widths).enumerate() {
-                    // Keys left-aligned, numbers right-aligned.
+                    // Keys left-aligned, numbers right-aligned; an unknown number is "-".
                     let _ = match i < keys.len() {
                         true => write!(line, "{cell:<w$}  "),
+                        false if cell.is_empty() => write!(line, "{:>w$}  ", "-"),
                         false => write!(line, "{cell:>w$}  "),
                     };
                 }
@@ -250,7 +257,7 @@ mod tests {
             gpu_uuid: "GPU-1".into(),
             start_ms: start_s * 1000,
             end_ms: end_s * 1000,
-            gpu_seconds: gpu_s,
+            gpu_seconds: Some(gpu_s),
             memory_byte_seconds: (1u64 << 30) as f64 * 3600.0,
             memory_peak_bytes: 2 << 30,
             energy_joules: 3.6e6,
@@ -294,8 +301,8 @@ mod tests {
         assert_eq!(rows[0].key["namespace"], "ml");
         assert_eq!(rows[0].records, 2);
         assert!(
-            (rows[0].gpu_hours - 2.5).abs() < 1e-9,
-            "{}",
+            (rows[0].gpu_hours.unwrap() - 2.5).abs() < 1e-9,
+            "{:?}",
             rows[0].gpu_hours
         );
         assert!((rows[0].energy_kwh - 1.5).abs() < 1e-9);
@@ -317,5 +324,34 @@ mod tests {
             serde_json::from_str(&render(&rows, &opts(Format::Json))).unwrap();
         assert_eq!(json[1]["namespace"], "web");
         assert_eq!(json[1]["records"], 1);
+    }
+
+    #[test]
+    fn gpu_hours_no_record_knew_are_unknown_not_zero() {
+        // A MIG device cannot say its processes' SM utilization: its records have no GPU
+        // seconds, and a group of such records only has no GPU hours.
+        let mut mig = rec("mig", 9_000, 9_600, 0.0);
+        mig.gpu_seconds = None;
+        let records = [mig.clone(), rec("web", 9_900, 9_990, 360.0)];
+        let rows = summarize(&records, &opts(Format::Table));
+        let keys: Vec<_> = rows.iter().map(|r| r.key["namespace"].as_str()).collect();
+        assert_eq!(keys, ["web", "mig"], "unknown sorts last");
+        assert_eq!(rows[1].gpu_hours, None);
+        assert!(
+            (rows[1].memory_gib_hours - 1.0).abs() < 1e-9,
+            "{:?}",
+            rows[1]
+        );
+        let table = render(&rows, &opts(Format::Table));
+        let line = table.lines().find(|l| l.starts_with("mig")).unwrap();
+        assert_eq!(line.split_whitespace().nth(2), Some("-"), "{table}");
+        let csv = render(&rows, &opts(Format::Csv));
+        assert!(csv.contains("\nmig,1,,0.0000,"), "{csv}");
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&rows, &opts(Format::Json))).unwrap();
+        assert!(json[1]["gpu_hours"].is_null(), "{json}");
+        // One known record makes the group's hours known: its own.
+        let rows = summarize(&[mig, rec("mig", 9_000, 9_600, 36.0)], &opts(Format::Table));
+        assert!((rows[0].gpu_hours.unwrap() - 0.01).abs() < 1e-9);
     }
 }
