@@ -632,9 +632,8 @@ fn sample_device<'h>(
     if d.mig_enabled && !r.lost {
         read_mig_devices(&mut r, nvml, dev, &mut d, ctx.fixed);
     }
-    let mut procs = sample_processes(&mut r, dev, &d, ctx);
-    procs.sort_by_key(|p| p.pid);
-    d.processes = procs;
+    d.processes = sample_processes(&mut r, dev, &d, ctx);
+    debug_assert!(d.processes.is_sorted_by_key(|p| p.pid));
     d.unsupported = r.unsupported;
     d.unsupported.dedup();
     if r.lost {
@@ -772,7 +771,7 @@ fn mig_profile(name: &str) -> Option<String> {
     (!p.is_empty()).then(|| p.to_string())
 }
 
-/// The device's processes with this cycle's utilization. A crowded GPU's lists are held
+/// The device's processes by PID, with this cycle's utilization. A crowded GPU's lists are held
 /// (`Lists`) while its memory in use stays put and no new PID shows up in its utilization.
 fn sample_processes(
     r: &mut Reader,
@@ -784,9 +783,12 @@ fn sample_processes(
     let interval = ctx.lists.interval;
     let held = (ctx.lists.held.get(&d.uuid)).filter(|h| h.stand(d, now, interval));
     let mut unsupported = vec![];
+    // By PID, as the sample's lists are: sorted once as read, and held so (a crowded GPU's
+    // held lists were sorted again every cycle).
     let mut read = |r: &mut Reader| {
         let n = r.unsupported.len();
-        let procs = read_process_lists(r, dev, d);
+        let mut procs = read_process_lists(r, dev, d);
+        procs.sort_by_key(|p| p.pid);
         unsupported = r.unsupported[n..].to_vec();
         procs
     };
