@@ -1866,7 +1866,7 @@ mod tests {
         patched_through_changes(true);
     }
 
-    /// Sixteen changes in turn, each export checked (`export_kept`): in one request, or
+    /// Seventeen changes in turn, each export checked (`export_kept`): in one request, or
     /// (`split`) in requests of about three containers each.
     fn patched_through_changes(split: bool) {
         use gpu_model::LimitSource;
@@ -1881,7 +1881,7 @@ mod tests {
         // Each change, and the request after it: the last one patched, in its buffer (past
         // more changes than are moved in place, the rest of it is encoded afresh).
         type Change = fn(&mut Snapshot);
-        let changes: [(&str, Change); 16] = [
+        let changes: [(&str, Change); 17] = [
             ("numbers", |s| {
                 s.taken_at_ms += 1_000;
                 for (k, c) in s.containers.iter_mut().enumerate() {
@@ -1910,6 +1910,13 @@ mod tests {
             ("that GPU time known", |s| {
                 s.containers[4].gpus[0].gpu_time_seconds = Some(3.0)
             }),
+            (
+                "a GPU time gone as a utilization came: as many points",
+                |s| {
+                    let g = &mut s.containers[4].gpus[0];
+                    (g.gpu_time_seconds, g.dec_util) = (None, Some(2));
+                },
+            ),
             ("a pod named", |s| {
                 s.containers[5].pod_name = Some("named".into())
             }),
