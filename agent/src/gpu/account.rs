@@ -784,9 +784,7 @@ pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Opti
         gpu_uuid: s.gpu_uuid.to_string(),
         start_ms: s.start_ms,
         end_ms: s.end_ms,
-        gpu_seconds: acc
-            .gpu_known
-            .then(|| (acc.gpu_seconds - s.gpu_seconds).max(0.0)),
+        gpu_seconds: acc.gpu_seconds.map(|g| (g - s.gpu_seconds).max(0.0)),
         memory_byte_seconds: (acc.byte_seconds - s.byte_seconds).max(0.0),
         memory_peak_bytes: s.peak,
         energy_joules: (l.energy_j - s.energy_j).max(0.0),

@@ -138,11 +138,9 @@ where
 /// again) when the owner has not used the device for `FORGET_AFTER_MS`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Accumulated {
-    /// Credited only by cycles that knew the SM utilization (`gpu_known`).
-    pub gpu_seconds: f64,
-    /// Whether any cycle since `since_ms` knew the SM utilization: a MIG device never does,
-    /// and its GPU time is unknown rather than 0.
-    pub gpu_known: bool,
+    /// None until a cycle since `since_ms` knew the SM utilization: a MIG device never
+    /// does, and its GPU time is unknown rather than 0.
+    pub gpu_seconds: Option<f64>,
     pub byte_seconds: f64,
     /// First sample that saw it: when its counters started.
     pub since_ms: u64,
@@ -683,17 +681,16 @@ fn accumulate(
             // Used now: neither its counters nor its ledger are forgotten this cycle.
             l.last_used_ms = taken_at_ms;
             let acc = l.acc.get_or_insert_with(Accumulated::default);
-            acc.before = (acc.gpu_seconds, acc.byte_seconds);
+            acc.before = (acc.gpu_seconds.unwrap_or(0.0), acc.byte_seconds);
             if let Some(sm) = cg.sm_util {
-                acc.gpu_known = true;
-                acc.gpu_seconds += sm as f64 / 100.0 * dt;
+                *acc.gpu_seconds.get_or_insert(0.0) += sm as f64 / 100.0 * dt;
             }
             acc.byte_seconds += cg.memory_used_bytes as f64 * dt;
             if acc.since_ms == 0 {
                 acc.since_ms = taken_at_ms;
             }
             cg.counters_since_ms = acc.since_ms;
-            cg.gpu_time_seconds = acc.gpu_known.then_some(acc.gpu_seconds);
+            cg.gpu_time_seconds = acc.gpu_seconds;
             cg.memory_byte_seconds = acc.byte_seconds;
             cg.pids.sort_unstable();
         }
