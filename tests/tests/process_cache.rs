@@ -315,24 +315,28 @@ fn reused_pid_is_a_new_process_in_its_new_pod() {
     let (uid_b, id_b) = (random_uid(), random_hex(64));
     let a = TestCgroup::v2(&systemd_container(&uid_a, &id_a));
     let b = TestCgroup::v2(&cgroupfs_container(&uid_b, &id_b));
-    let first = Proc(a.spawn(&mut sleeper()));
-    let pid = first.pid();
-    let row_a = agent.wait_for_process(pid, "container_id", &json!(id_a));
-    drop(first);
-    agent.wait_until("the exit", Duration::from_secs(10), || {
-        agent.process(pid).is_none()
-    });
-    let tomb = agent.json("/debug/processes?all=true");
-    assert!(
-        tomb.as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["pid"] == json!(pid) && r["exited"] == json!(true)),
-        "a tombstone stays joinable"
-    );
-    let second = spawn_with_pid(pid, &b).unwrap_or_else(|| {
-        panic!("could not get pid {pid} again in 200 tries: other processes fork too fast here")
-    });
+    // The tests beside this one fork too, and one of theirs may take the freed PID first:
+    // then it starts again with another.
+    let (row_a, second) = (0..10)
+        .find_map(|_| {
+            let first = Proc(a.spawn(&mut sleeper()));
+            let pid = first.pid();
+            let row_a = agent.wait_for_process(pid, "container_id", &json!(id_a));
+            drop(first);
+            agent.wait_until("the exit", Duration::from_secs(10), || {
+                agent.process(pid).is_none()
+            });
+            let tomb = agent.json("/debug/processes?all=true");
+            assert!(
+                tomb.as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|r| r["pid"] == json!(pid) && r["exited"] == json!(true)),
+                "a tombstone stays joinable"
+            );
+            spawn_with_pid(pid, &b).map(|second| (row_a, second))
+        })
+        .expect("ten freed PIDs were all taken by other processes first");
     let row_b = agent.wait_for_process(second.pid(), "container_id", &json!(id_b));
     assert_attributed(&row_b, &id_b, &uid_b);
     assert_eq!(row_b["exited"], false);
@@ -358,13 +362,17 @@ fn a_late_exit_does_not_end_the_next_process_of_its_pid() {
     let a = TestCgroup::v2(&systemd_container(&uid_a, &id_a));
     let b = TestCgroup::v2(&systemd_container(&uid_b, &id_b));
     for round in 0..3 {
-        let first = Proc(a.spawn(&mut sleeper()));
-        let pid = first.pid();
-        agent.wait_for_process(pid, "container_id", &json!(id_a));
-        drop(first);
-        let Some(second) = spawn_with_pid(pid, &b) else {
-            panic!("could not get pid {pid} again: other processes fork too fast here");
-        };
+        // The tests beside this one fork too, and one of theirs may take the freed PID
+        // first: then the round starts again with another.
+        let (pid, second) = (0..10)
+            .find_map(|_| {
+                let first = Proc(a.spawn(&mut sleeper()));
+                let pid = first.pid();
+                agent.wait_for_process(pid, "container_id", &json!(id_a));
+                drop(first);
+                spawn_with_pid(pid, &b).map(|second| (pid, second))
+            })
+            .expect("ten freed PIDs were all taken by other processes first");
         let row = agent.wait_for_process(second.pid(), "container_id", &json!(id_b));
         assert_attributed(&row, &id_b, &uid_b);
         // Two more drains: the first process's exit has been read by then.
