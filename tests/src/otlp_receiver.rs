@@ -266,6 +266,9 @@ impl Receiver {
                                                 vec![],
                                             );
                                         }
+                                        let Some(body) = decoded(&headers, body) else {
+                                            return (axum::http::StatusCode::BAD_REQUEST, vec![]);
+                                        };
                                         let Ok(req) = ExportMetricsServiceRequest::decode(body)
                                         else {
                                             return (axum::http::StatusCode::BAD_REQUEST, vec![]);
@@ -335,6 +338,20 @@ impl Drop for Receiver {
 }
 
 // ---- helpers to read requests ----
+
+/// The body as sent, or unzipped where its Content-Encoding says gzip (as a Collector's
+/// HTTP receiver takes it); None for a gzip body that does not unzip.
+fn decoded(headers: &axum::http::HeaderMap, body: axum::body::Bytes) -> Option<axum::body::Bytes> {
+    let gzip = headers
+        .get("content-encoding")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+    if !gzip {
+        return Some(body);
+    }
+    let mut out = vec![];
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut out).ok()?;
+    Some(out.into())
+}
 
 pub fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
     attrs

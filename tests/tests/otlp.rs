@@ -182,6 +182,33 @@ fn http_protobuf_export_carries_one_resource_per_container() {
     exact_assertions(Kind::Http, "http/protobuf");
 }
 
+/// HTTP/protobuf with gzip, as deploy/kubernetes configures it: the body is gzipped, says
+/// so, and unzips to the request (the receiver refuses a body that does not).
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn http_protobuf_gzip_arrives_zipped_and_whole() {
+    let fx = Fixture::new();
+    let rx = Receiver::start(Kind::Http, 0);
+    let url = rx.url();
+    let agent = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+    ]);
+    rx.received
+        .wait_for(Duration::from_secs(20), |r| has_container_bytes(r, &fx.id))
+        .unwrap_or_else(|| panic!("no gzipped export\n{}", agent.log()));
+    let (_, headers) = rx.received.all().into_iter().last().unwrap();
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "content-encoding" && v == "gzip"),
+        "{headers:?}"
+    );
+    assert_eq!(agent.stats()["export_failures"], 0, "{}", agent.log());
+}
+
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn sigterm_flushes_one_last_export_and_exits_zero() {
