@@ -20,8 +20,8 @@ use crate::{
     bench::settle,
     classic,
     overhead::{
-        finish, other_protocol, start_agent, start_agent_with, window, write_scenario, BigFigures,
-        Layout, Mark, OtherProtocol, Row,
+        finish, other_protocol, start_agent, start_agent_env, start_agent_with, window,
+        write_scenario, BigFigures, Deployed, Layout, Mark, OtherProtocol, Row,
     },
     workspace_root,
 };
@@ -410,12 +410,17 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     hold(&r);
     let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
     let (protocol, ratio) = protocols(bin, lib, secs)?;
+    let deployed = deployed(bin, lib, secs)?;
     row.pods = PODS;
     row.big = Some(BigFigures {
         other: Some(OtherProtocol {
             protocol,
             ratio,
             cpu_pct: ratio * row.agent_cpu_pct,
+        }),
+        deployed: Some(Deployed {
+            cpu_pct: deployed.ratio * row.agent_cpu_pct,
+            ..deployed
         }),
         cgroups: CGROUPS,
         calls_320: small.calls,
@@ -450,6 +455,106 @@ fn protocols(bin: &Path, lib: &Path, secs: u64) -> Result<(String, f64)> {
     Ok((other.to_string(), median))
 }
 
+/// deploy/kubernetes/config.toml's `[otlp]` table: the protocol, the export interval and
+/// the compression the DaemonSet's agent runs with.
+fn deployed_otlp() -> Result<(String, u64, String)> {
+    let path = workspace_root().join("deploy/kubernetes/config.toml");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let doc: toml::Table = text.parse().with_context(|| path.display().to_string())?;
+    let otlp = doc.get("otlp").and_then(|t| t.as_table());
+    let get = |k: &str| otlp.and_then(|t| t.get(k));
+    let protocol = get("protocol").and_then(|v| v.as_str());
+    let interval = get("interval_ms").and_then(|v| v.as_integer());
+    let compression = get("compression")
+        .and_then(|v| v.as_str())
+        .unwrap_or("none");
+    match (protocol, interval) {
+        (Some(p), Some(i)) if i > 0 => Ok((p.into(), i as u64, compression.into())),
+        _ => bail!("{}: no [otlp] protocol and interval_ms", path.display()),
+    }
+}
+
+/// The agent as the DaemonSet runs it (`deployed_otlp`: an export every 30 s, gzipped)
+/// against the bench's own (an export every second, not compressed), side by side on the
+/// large node over six windows of `secs / 2`. An export falls in some windows and not in
+/// others, so the ratio is of the sums over all six (a few exports in all), not a median
+/// of rounds. `cpu_pct` is left for the caller to scale.
+fn deployed(bin: &Path, lib: &Path, secs: u64) -> Result<Deployed> {
+    let (protocol, interval_ms, compression) = deployed_otlp()?;
+    let this = crate::overhead::protocol();
+    eprintln!(
+        "  as deployed ({protocol}, an export every {interval_ms} ms, compression {compression}) \
+         against the bench's, side by side:"
+    );
+    let interval = interval_ms.to_string();
+    let env = [
+        ("OTEL_METRIC_EXPORT_INTERVAL", interval.as_str()),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", compression.as_str()),
+    ];
+    let b = start_agent_env(bin, lib, &protocol, &env)?;
+    let a = start_agent_with(bin, lib, &this)?;
+    settle(&b.agent);
+    settle(&a.agent);
+    std::thread::sleep(Duration::from_secs(2));
+    let (wa, wb) = rounds(&a, &b, 6, (secs / 2).max(5))?;
+    if b.rx.received.count() == 0 {
+        bail!(
+            "the agent as deployed exported nothing in {} s",
+            6 * (secs / 2).max(5)
+        );
+    }
+    let ratio = (wb.0 / wb.1) / (wa.0 / wa.1);
+    eprintln!("  as deployed/the bench's: {ratio:.3} (CPU a cycle, summed over the rounds)");
+    Ok(Deployed {
+        protocol,
+        interval_ms,
+        compression,
+        ratio,
+        cpu_pct: f64::NAN,
+    })
+}
+
+/// Measures `a` and `b` over the same `rounds` windows of `secs`; each one's CPU (ns) and
+/// cycles summed over them.
+fn rounds(
+    a: &crate::overhead::Running,
+    b: &crate::overhead::Running,
+    rounds: usize,
+    secs: u64,
+) -> Result<((f64, f64), (f64, f64))> {
+    let (mut sa, mut sb) = ((0.0, 0.0), (0.0, 0.0));
+    for round in 1..=rounds {
+        let (ma, mb) = marks(a, b, round)?;
+        std::thread::sleep(Duration::from_secs(secs));
+        let (wa, wb) = (ma.window(a)?, mb.window(b)?);
+        (sa.0, sa.1, sb.0, sb.1) = (
+            sa.0 + wa.cpu_ns,
+            sa.1 + wa.cycles,
+            sb.0 + wb.cpu_ns,
+            sb.1 + wb.cycles,
+        );
+        a.rx.received.keep_last();
+        b.rx.received.keep_last();
+    }
+    Ok((sa, sb))
+}
+
+/// Both agents' marks, in alternate order by round, so that neither is always measured a
+/// little longer.
+fn marks(
+    a: &crate::overhead::Running,
+    b: &crate::overhead::Running,
+    round: usize,
+) -> Result<(Mark, Mark)> {
+    Ok(if round % 2 == 1 {
+        let ma = Mark::take(a)?;
+        (ma, Mark::take(b)?)
+    } else {
+        let mb = Mark::take(b)?;
+        (Mark::take(a)?, mb)
+    })
+}
+
 /// Measures `a` and `b` over the same `rounds` windows of `secs`; each round's ratio of
 /// b's cost a cycle to a's.
 fn side_by_side(
@@ -469,14 +574,7 @@ fn side_by_side(
     };
     let mut ratios = vec![];
     for round in 1..=rounds {
-        // Alternate which one is read first, so neither is always measured a little longer.
-        let (ma, mb) = if round % 2 == 1 {
-            let ma = Mark::take(a)?;
-            (ma, Mark::take(b)?)
-        } else {
-            let mb = Mark::take(b)?;
-            (Mark::take(a)?, mb)
-        };
+        let (ma, mb) = marks(a, b, round)?;
         std::thread::sleep(Duration::from_secs(secs));
         let (wa, wb) = (ma.window(a)?, mb.window(b)?);
         let ratio = us(&wb) / us(&wa);

@@ -163,10 +163,24 @@ pub(crate) struct BigFigures {
     pub cgroups: usize,
     /// The same node and build exporting with the other protocol (`bignode::protocols`).
     pub other: Option<OtherProtocol>,
+    /// The same node and build with the export as deployed.
+    pub deployed: Option<Deployed>,
     /// NVML calls per cycle with 320 GPU processes, same MIG layout, same agent.
     pub calls_320: Option<Calls>,
     pub node_mem_mib: f64,
     pub node_start_s: f64,
+}
+
+/// The large node with the agent as deploy/kubernetes configures its export
+/// (`bignode::deployed`).
+pub(crate) struct Deployed {
+    pub protocol: String,
+    pub interval_ms: u64,
+    pub compression: String,
+    /// Its cost a cycle over the bench's agent's, side by side (summed over the rounds).
+    pub ratio: f64,
+    /// The agent's figure times that ratio, % of a core.
+    pub cpu_pct: f64,
 }
 
 /// The large node over the protocol the bench's agents do not use (`other_protocol`).
@@ -256,6 +270,16 @@ pub(crate) fn other_protocol(protocol: &str) -> &'static str {
 
 /// `start_agent`, exporting with `protocol` (`grpc` or `http/protobuf`).
 pub(crate) fn start_agent_with(bin: &Path, lib: &Path, protocol: &str) -> Result<Running> {
+    start_agent_env(bin, lib, protocol, &[])
+}
+
+/// `start_agent_with`, with `env` set after the bench's own (which it overrides).
+pub(crate) fn start_agent_env(
+    bin: &Path,
+    lib: &Path,
+    protocol: &str,
+    env: &[(&str, &str)],
+) -> Result<Running> {
     let kind = if protocol == "http/protobuf" {
         Kind::Http
     } else {
@@ -280,7 +304,10 @@ pub(crate) fn start_agent_with(bin: &Path, lib: &Path, protocol: &str) -> Result
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
             ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
-        ],
+        ]
+        .into_iter()
+        .chain(env.iter().copied())
+        .collect::<Vec<_>>(),
     );
     let ready_s = t0.elapsed().as_secs_f64();
     Ok(Running {
