@@ -476,39 +476,49 @@ fn deployed_otlp() -> Result<(String, u64, String)> {
 
 /// The agent as the DaemonSet runs it (`deployed_otlp`: an export every 30 s, gzipped)
 /// against the bench's own (an export every second, not compressed), side by side on the
-/// large node over six windows of `secs / 2`. An export falls in some windows and not in
-/// others, so the ratio is of the sums over all six (a few exports in all), not a median
-/// of rounds. `cpu_pct` is left for the caller to scale.
+/// large node. Each window is one export interval long, so that each holds one export
+/// whatever its phase; as many as fit in three of the bench's windows, at least two; the
+/// ratio is of their CPU summed. The bench's agent starts first, so the bias of the agent
+/// started second (about 3 %) counts against the deployed one. `cpu_pct` is left for the
+/// caller to scale.
 fn deployed(bin: &Path, lib: &Path, secs: u64) -> Result<Deployed> {
     let (protocol, interval_ms, compression) = deployed_otlp()?;
     let this = crate::overhead::protocol();
+    let window = interval_ms.div_ceil(1000).max(1);
+    let n = (3 * secs / window).clamp(2, 6) as usize;
     eprintln!(
         "  as deployed ({protocol}, an export every {interval_ms} ms, compression {compression}) \
-         against the bench's, side by side:"
+         against the bench's, side by side, {n} windows of {window} s:"
     );
     let interval = interval_ms.to_string();
     let env = [
         ("OTEL_METRIC_EXPORT_INTERVAL", interval.as_str()),
         ("OTEL_EXPORTER_OTLP_COMPRESSION", compression.as_str()),
     ];
-    let b = start_agent_env(bin, lib, &protocol, &env)?;
     let a = start_agent_with(bin, lib, &this)?;
-    settle(&b.agent);
+    let b = start_agent_env(bin, lib, &protocol, &env)?;
     settle(&a.agent);
+    settle(&b.agent);
     std::thread::sleep(Duration::from_secs(2));
-    let (wa, wb) = rounds(&a, &b, 6, (secs / 2).max(5))?;
-    if b.rx.received.count() == 0 {
+    let sent = || b.agent.stats()["export_sent"].as_u64().unwrap_or(0);
+    let before = sent();
+    let (wa, wb) = rounds(&a, &b, n, window)?;
+    let exports = sent() - before;
+    if exports == 0 {
         bail!(
             "the agent as deployed exported nothing in {} s",
-            6 * (secs / 2).max(5)
+            n as u64 * window
         );
     }
+    eprintln!("  the deployed agent exported {exports} times in the {n} windows");
     let ratio = (wb.0 / wb.1) / (wa.0 / wa.1);
-    eprintln!("  as deployed/the bench's: {ratio:.3} (CPU a cycle, summed over the rounds)");
+    eprintln!("  as deployed/the bench's: {ratio:.3} (CPU a cycle, summed over the windows)");
     Ok(Deployed {
         protocol,
         interval_ms,
         compression,
+        windows: n,
+        exports,
         ratio,
         cpu_pct: f64::NAN,
     })

@@ -177,7 +177,10 @@ pub(crate) struct Deployed {
     pub protocol: String,
     pub interval_ms: u64,
     pub compression: String,
-    /// Its cost a cycle over the bench's agent's, side by side (summed over the rounds).
+    /// Windows of one export interval each, and the exports in them.
+    pub windows: usize,
+    pub exports: u64,
+    /// Its cost a cycle over the bench's agent's, side by side (summed over the windows).
     pub ratio: f64,
     /// The agent's figure times that ratio, % of a core.
     pub cpu_pct: f64,

@@ -163,12 +163,16 @@ fn big_node(md: &mut String, r: &Report) {
             md,
             "\nAs deploy/kubernetes/config.toml runs it ({}, an export every {} s, compression \
              {}; the bench's agents export every second, uncompressed): a cycle costs {:.3} \
-             times as much (side by side with the bench's agent on this node, six windows, \
-             CPU summed over them), which puts it at {:.3} % of a core.",
+             times as much (side by side with the bench's agent on this node, {} windows of \
+             one export interval, {} exports in them, CPU summed over them; the bench's agent \
+             started first, so the bias of the agent started second, about 3 %, is against \
+             the deployed one), which puts it at {:.3} % of a core.",
             shown(&d.protocol),
             d.interval_ms as f64 / 1000.0,
             d.compression,
             d.ratio,
+            d.windows,
+            d.exports,
             d.cpu_pct,
         );
     }
