@@ -410,7 +410,7 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     hold(&r);
     let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
     let (protocol, ratio) = protocols(bin, lib, secs)?;
-    let deployed = deployed(bin, lib, secs)?;
+    let deployed = deployed(bin, lib, secs, row.agent_cpu_pct)?;
     row.pods = PODS;
     row.big = Some(BigFigures {
         other: Some(OtherProtocol {
@@ -418,10 +418,7 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
             ratio,
             cpu_pct: ratio * row.agent_cpu_pct,
         }),
-        deployed: Some(Deployed {
-            cpu_pct: deployed.ratio * row.agent_cpu_pct,
-            ..deployed
-        }),
+        deployed: Some(deployed),
         cgroups: CGROUPS,
         calls_320: small.calls,
         node_mem_mib: node.mem_used_kib as f64 / 1024.0,
@@ -479,9 +476,9 @@ fn deployed_otlp() -> Result<(String, u64, String)> {
 /// large node. Each window is one export interval long, so that each holds one export
 /// whatever its phase; as many as fit in three of the bench's windows, at least two; the
 /// ratio is of their CPU summed. The bench's agent starts first, so the bias of the agent
-/// started second (about 3 %) counts against the deployed one. `cpu_pct` is left for the
-/// caller to scale.
-fn deployed(bin: &Path, lib: &Path, secs: u64) -> Result<Deployed> {
+/// started second (about 3 %) counts against the deployed one. `bench_pct` is the bench's
+/// agent's figure, which the ratio scales.
+fn deployed(bin: &Path, lib: &Path, secs: u64, bench_pct: f64) -> Result<Deployed> {
     let (protocol, interval_ms, compression) = deployed_otlp()?;
     let this = crate::overhead::protocol();
     let window = interval_ms.div_ceil(1000).max(1);
@@ -520,7 +517,7 @@ fn deployed(bin: &Path, lib: &Path, secs: u64) -> Result<Deployed> {
         windows: n,
         exports,
         ratio,
-        cpu_pct: f64::NAN,
+        cpu_pct: ratio * bench_pct,
     })
 }
 
