@@ -31,9 +31,13 @@ fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn state(containers: u32) -> State {
+/// With `filler`, as on the large node: 24 more processes a GPU container (in its own cgroup
+/// or in one of four others, of its pod), so the cache holds 50,000 processes and the
+/// registry 10,000 cgroups, as the agent's do there.
+fn state(containers: u32, filler: bool) -> State {
     let mut registry = CgroupRegistry::default();
     let mut cache = ProcessCache::new(Duration::from_secs(5), 1000);
+    let mut next_pid = 200_000;
     for c in 0..containers {
         // Random-looking, like real ids: ordered compares end at the first bytes.
         let h = |i: u64| mix(c as u64 * 4 + i);
@@ -58,6 +62,25 @@ fn state(containers: u32) -> State {
             Some(1000 + c as u64),
             None,
         ));
+        if !filler {
+            continue;
+        }
+        for k in 0..4u64 {
+            let other = format!("{path}.{k}.scope");
+            let id = 1_000_000 + c as u64 * 4 + k;
+            registry.insert(0, id, &other);
+            for _ in 0..5 {
+                next_pid += 1;
+                let entry = ProcessEntry::new(next_pid, 1, 1, "sleep".into(), Some(id), None);
+                cache.upsert(entry);
+            }
+        }
+        for _ in 0..4 {
+            next_pid += 1;
+            let entry =
+                ProcessEntry::new(next_pid, 1, 1, "sleep".into(), Some(1000 + c as u64), None);
+            cache.upsert(entry);
+        }
     }
     State::on_cgroup2(cache, registry)
 }
@@ -164,7 +187,7 @@ fn main() {
             .unwrap_or(default)
     };
     let (containers, cycles) = (arg(1, 2000), arg(2, 200));
-    let state = state(containers);
+    let state = state(containers, std::env::args().any(|a| a == "--filler"));
     let migs = mig_names();
     let metadata = match std::env::args().any(|a| a == "--named") {
         true => named(containers),
