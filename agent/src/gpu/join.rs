@@ -399,7 +399,7 @@ fn meta_ref(pl: Placement<'_>) -> Option<MetaRef<'_>> {
 /// Sets a name, cloning it only when `slot` holds another: the entry a recycled snapshot
 /// left in place holds the same names cycle after cycle, and neither their reference counts
 /// nor the memory they sit in (cold a second later) are touched then.
-fn set_name(slot: &mut Option<Name>, name: Option<&Name>) {
+pub(super) fn set_name(slot: &mut Option<Name>, name: Option<&Name>) {
     match (slot.as_ref(), name) {
         (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b) => {}
         (None, None) => {}
@@ -410,20 +410,24 @@ fn set_name(slot: &mut Option<Name>, name: Option<&Name>) {
 /// Makes `c` the entry of an owner whose cgroup says `meta` (None: the host), with devices
 /// `gpus`, whatever entry it was before: as `ContainerUsage { .., gpus, ..Default }` would
 /// be, with the names it holds already kept. Its lists were taken out when it was recycled.
+/// The names and allocations the runtime and the kubelet give are left as they are:
+/// `Naming::name_all`, which runs next, sets every one of them (the same names, mostly,
+/// and then nothing is touched; cleared here and cloned there, seven reference counts in
+/// memory cold since the last cycle were a fifth of the large node's join).
 fn fill_entry(c: &mut ContainerUsage, meta: Option<MetaRef<'_>>, gpus: Vec<ContainerGpu>) {
-    // Every field named: one added to the entry must be filled here too.
+    // Every field named: one added to the entry must be filled here or by the naming.
     let ContainerUsage {
         container_id,
         pod_uid,
         qos,
         runtime,
         cgroup_path,
-        pod_name,
-        namespace,
-        container_name,
+        pod_name: _,
+        namespace: _,
+        container_name: _,
         gpus: old_gpus,
-        allocated_gpus,
-        allocated_device_ids,
+        allocated_gpus: _,
+        allocated_device_ids: _,
         accounts,
     } = c;
     let r = meta.map(|m| m.container);
@@ -432,14 +436,6 @@ fn fill_entry(c: &mut ContainerUsage, meta: Option<MetaRef<'_>>, gpus: Vec<Conta
     set_name(cgroup_path, meta.and_then(|m| m.cgroup_path));
     *qos = r.and_then(|r| r.qos).map(|q| q.as_str());
     *runtime = r.and_then(|r| r.runtime).map(|r| r.as_str());
-    for n in [pod_name, namespace, container_name] {
-        set_name(n, None);
-    }
-    for a in [allocated_gpus, allocated_device_ids] {
-        if !a.is_empty() {
-            *a = Default::default();
-        }
-    }
     // Taken out when the snapshot was recycled.
     debug_assert!(old_gpus.is_empty() && accounts.is_empty());
     *old_gpus = gpus;
@@ -821,7 +817,7 @@ pub fn join_with(
     });
     counters
         .naming
-        .name_all(&mut containers, &owners, metadata, sample, &names);
+        .name_all(&mut containers, &owners, &slots, metadata, sample, &names);
     let idle = counters.naming.idle(|| {
         let mut idle = allocated_but_idle(metadata, &containers);
         for c in &mut idle {

@@ -6,12 +6,11 @@ use std::{
     sync::Arc,
 };
 
-use rustc_hash::FxHashMap;
-
 use gpu_model::{ContainerUsage, Name};
 
 use super::{
-    join::{DeviceNames, Owner},
+    account::Slot,
+    join::{set_name, DeviceNames, Owner},
     DeviceSample, GpuSample,
 };
 use crate::metadata::{DeviceRef, Metadata};
@@ -25,7 +24,12 @@ pub struct Naming {
     /// (the metadata's generation, `devices_signature` of the sample) that the entries
     /// were found under: either changes, and all are found again.
     found_under: (u64, u64),
-    entries: FxHashMap<Owner, Named>,
+    /// By the owner's ledger slot, with the owner it was found for: a cycle finds each
+    /// owner's entry by index and pointer, where a map by owner hashed and compared ids
+    /// in memory cold since the last cycle (a tenth of the large node's join).
+    entries: Vec<Option<(Owner, Named)>>,
+    /// How many entries there are.
+    live: usize,
     /// No owner came, went or was named anew in the last `name_all`: the names present
     /// are those of the cycle before.
     stable: bool,
@@ -70,67 +74,107 @@ impl Named {
         gpu_model::same_opt(&self.pod_uid_before, &c.pod_uid) && self.runtime_before == c.runtime
     }
 
+    /// Gives `c` these names, touching only those it does not hold already: the recycled
+    /// entry of the same owner holds them all, cycle after cycle.
     fn apply(&self, c: &mut ContainerUsage) {
-        c.pod_name.clone_from(&self.pod_name);
-        c.namespace.clone_from(&self.namespace);
-        c.container_name.clone_from(&self.container_name);
-        c.pod_uid.clone_from(&self.pod_uid);
+        set_name(&mut c.pod_name, self.pod_name.as_ref());
+        set_name(&mut c.namespace, self.namespace.as_ref());
+        set_name(&mut c.container_name, self.container_name.as_ref());
+        set_name(&mut c.pod_uid, self.pod_uid.as_ref());
         c.runtime = self.runtime;
-        c.allocated_gpus.clone_from(&self.allocated_gpus);
-        c.allocated_device_ids
-            .clone_from(&self.allocated_device_ids);
+        set_list(&mut c.allocated_gpus, &self.allocated_gpus);
+        set_list(&mut c.allocated_device_ids, &self.allocated_device_ids);
+    }
+}
+
+/// `set_name` for a list: two empty ones are the same, whichever allocation holds them.
+fn set_list(slot: &mut Arc<[Name]>, list: &Arc<[Name]>) {
+    if !(Arc::ptr_eq(slot, list) || slot.is_empty() && list.is_empty()) {
+        *slot = list.clone();
+    }
+}
+
+/// Takes off the entry the names and allocations a recycled entry may still hold (those
+/// of its owner two cycles ago), before they are found anew or where there are none:
+/// `fill_entry` leaves them to the naming.
+fn unnamed(c: &mut ContainerUsage) {
+    for n in [&mut c.pod_name, &mut c.namespace, &mut c.container_name] {
+        set_name(n, None);
+    }
+    for a in [&mut c.allocated_gpus, &mut c.allocated_device_ids] {
+        if !a.is_empty() {
+            *a = Arc::default();
+        }
     }
 }
 
 impl Naming {
     /// Names the entries of `owners` (`name_and_allocate`), from what was found for the
-    /// same owner last cycle where it still holds.
+    /// same owner (in the same ledger slot, `slots`) last cycle where it still holds.
     pub(super) fn name_all(
         &mut self,
         containers: &mut [ContainerUsage],
         owners: &[Option<Owner>],
+        slots: &[Slot],
         metadata: &Metadata,
         sample: &GpuSample,
         names: &DeviceNames,
     ) {
         // Nothing named (no runtime answers): nothing to find, or to keep.
         if metadata.names_len() == 0 {
-            self.entries.clear();
+            containers.iter_mut().for_each(unnamed);
+            self.clear();
             self.stable = false;
             return;
         }
         let under = (metadata.generation(), devices_signature(&sample.devices));
         let mut stable = under == self.found_under;
         if !stable {
-            self.entries.clear();
+            self.clear();
             self.found_under = under;
         }
         let now = sample.taken_at_ms;
-        for (c, owner) in containers.iter_mut().zip(owners) {
+        for ((c, owner), &slot) in containers.iter_mut().zip(owners).zip(slots) {
             let Some(owner) = owner else {
+                unnamed(c);
                 name_and_allocate(c, metadata, &sample.devices, names);
                 continue;
             };
-            match self.entries.get_mut(owner) {
-                Some(n) if n.fits(c) => {
+            let slot = slot as usize;
+            if slot >= self.entries.len() {
+                self.entries.resize(slot + 1, None);
+            }
+            match &mut self.entries[slot] {
+                Some((o, n)) if (o.ptr_eq(owner) || o == owner) && n.fits(c) => {
                     n.apply(c);
                     n.seen_ms = now;
                 }
-                _ => {
+                e => {
                     stable = false;
                     let before = (c.pod_uid.clone(), c.runtime);
+                    unnamed(c);
                     name_and_allocate(c, metadata, &sample.devices, names);
-                    self.entries
-                        .insert(owner.clone(), Named::of(c, before, now));
+                    self.live += usize::from(e.is_none());
+                    *e = Some((owner.clone(), Named::of(c, before, now)));
                 }
             }
         }
         // Owners gone since: their entries go (a scan only when some are gone).
-        if self.entries.len() > containers.len() {
+        if self.live > containers.len() {
             stable = false;
-            self.entries.retain(|_, n| n.seen_ms == now);
+            for e in &mut self.entries {
+                if e.as_ref().is_some_and(|(_, n)| n.seen_ms != now) {
+                    *e = None;
+                    self.live -= 1;
+                }
+            }
         }
         self.stable = stable;
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.live = 0;
     }
 
     /// The allocated-but-idle entries, named: those `find` gave last while the names
