@@ -147,13 +147,15 @@ fn names_allocations_and_allocated_but_idle_containers() {
         .unwrap();
     assert!(busy_line.ends_with(" 0"), "{busy_line}");
     assert!(text.contains(&format!("container_gpu_memory_usage_bytes{{container_id=\"{id}\",pod_uid=\"{uid}\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\"")), "{text}");
-    // Names come from a listing when an unknown id appears, not from polling: steady.
+    // Names come from a listing when an unknown id appears, not from polling: steady. Nor
+    // from the timer's retry of an id the join asked about before the first listing
+    // named it (on a node of 9,000 containers, a listing costs 130 ms).
     let calls = world.list_calls();
     std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        world.list_calls() <= calls + 1,
-        "CRI polled blindly: {calls} -> {}",
-        world.list_calls()
+    assert_eq!(
+        world.list_calls(),
+        calls,
+        "CRI listed again with every container named"
     );
     let st = agent.stats();
     assert_eq!(st["metadata"]["cri"], "ok", "{st}");

@@ -416,8 +416,17 @@ impl MetadataSource {
         // A set, not a scan of the pending per id: a node no runtime names asks about all
         // its containers (2,000 on the large node) once a minute.
         let pending: HashSet<&str> = self.pending.iter().map(|(p, _)| p.as_str()).collect();
-        let new: Vec<String> = unknown
-            .iter()
+        // Ids the join asked about before a listing that named them came out: named now.
+        // Kept pending, they cost the timer a listing of every container 30 s later (130
+        // ms on the large node's 9,000).
+        let named = self.published.read().unwrap().clone();
+        let unnamed: Vec<&String> = (unknown.iter())
+            .filter(|id| named.names_of(id).is_none())
+            .collect();
+        if !unknown.is_empty() && unnamed.is_empty() {
+            return;
+        }
+        let new: Vec<String> = (unnamed.into_iter())
             .filter(|id| !pending.contains(id.as_str()))
             .cloned()
             .collect();
