@@ -173,11 +173,20 @@ pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
 }
 
 pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// The most RSS the process has had (VmHWM), KiB.
+pub(crate) fn hwm_kib(pid: u32) -> Result<u64> {
+    status_kib(pid, "VmHWM")
+}
+
+fn status_kib(pid: u32, field: &str) -> Result<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmRSS")
+        .with_context(|| format!("no {field}"))
 }
 
 pub(crate) fn counter(stats: &Value, name: &str) -> u64 {

@@ -17,7 +17,7 @@ use tests::{
 };
 
 use crate::{
-    bench::settle,
+    bench::{hwm_kib, rss_kib, settle},
     classic,
     overhead::{
         finish, other_protocol, start_agent, start_agent_env, start_agent_with, window,
@@ -391,7 +391,7 @@ pub(crate) fn hold(r: &crate::overhead::Running) {
 /// processes, then everything at 2,000 GPU processes on 8 GPUs x 7 MIG devices.
 pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     eprintln!("overhead: N={PROCESSES} processes in {PODS} pods, {CGROUPS} cgroups");
-    let node = BigNode::build()?;
+    let mut node = BigNode::build()?;
     let pids = node.gpu_pids();
     if pids.len() < 2 * PODS {
         bail!("only {} GPU processes found of {}", pids.len(), 2 * PODS);
@@ -410,7 +410,7 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     hold(&r);
     let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
     let (protocol, ratio) = protocols(bin, lib, secs)?;
-    let deployed = deployed(bin, lib, secs, row.agent_cpu_pct)?;
+    let deployed = deployed(&mut node, bin, lib, secs, row.agent_cpu_pct)?;
     row.pods = PODS;
     row.big = Some(BigFigures {
         other: Some(OtherProtocol {
@@ -452,12 +452,30 @@ fn protocols(bin: &Path, lib: &Path, secs: u64) -> Result<(String, f64)> {
     Ok((other.to_string(), median))
 }
 
-/// deploy/kubernetes/config.toml's `[otlp]` table: the protocol, the export interval and
-/// the compression the DaemonSet's agent runs with.
-fn deployed_otlp() -> Result<(String, u64, String)> {
+/// deploy/kubernetes/config.toml, parsed, and its path.
+fn deployed_config() -> Result<(toml::Table, PathBuf)> {
     let path = workspace_root().join("deploy/kubernetes/config.toml");
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let doc: toml::Table = text.parse().with_context(|| path.display().to_string())?;
+    Ok((doc, path))
+}
+
+/// Whether deploy/kubernetes/config.toml has the agent name containers (`[metadata]`
+/// enabled, the agent's default): then the deployed agent asks the node's runtime and
+/// kubelet, as the DaemonSet's does.
+fn deployed_names() -> Result<bool> {
+    let (doc, _) = deployed_config()?;
+    let metadata = doc.get("metadata").and_then(|t| t.as_table());
+    let enabled = metadata
+        .and_then(|t| t.get("enabled"))
+        .and_then(|v| v.as_bool());
+    Ok(enabled.unwrap_or(true))
+}
+
+/// deploy/kubernetes/config.toml's `[otlp]` table: the protocol, the export interval and
+/// the compression the DaemonSet's agent runs with.
+fn deployed_otlp() -> Result<(String, u64, String)> {
+    let (doc, path) = deployed_config()?;
     let otlp = doc.get("otlp").and_then(|t| t.as_table());
     let get = |k: &str| otlp.and_then(|t| t.get(k));
     let protocol = get("protocol").and_then(|v| v.as_str());
@@ -478,8 +496,15 @@ fn deployed_otlp() -> Result<(String, u64, String)> {
 /// ratio is of their CPU summed. The bench's agent starts first, so the bias of the agent
 /// started second (about 3 %) counts against the deployed one. `bench_pct` is the bench's
 /// agent's figure, which the ratio scales.
-fn deployed(bin: &Path, lib: &Path, secs: u64, bench_pct: f64) -> Result<Deployed> {
+fn deployed(
+    node: &mut BigNode,
+    bin: &Path,
+    lib: &Path,
+    secs: u64,
+    bench_pct: f64,
+) -> Result<Deployed> {
     let (protocol, interval_ms, compression) = deployed_otlp()?;
+    let named = deployed_names()?;
     let this = crate::overhead::protocol();
     let window = interval_ms.div_ceil(1000).max(1);
     let n = (3 * secs / window).clamp(2, 6) as usize;
@@ -493,7 +518,17 @@ fn deployed(bin: &Path, lib: &Path, secs: u64, bench_pct: f64) -> Result<Deploye
         ("OTEL_EXPORTER_OTLP_COMPRESSION", compression.as_str()),
     ];
     let a = start_agent_with(bin, lib, &this)?;
-    let b = start_agent_env(bin, lib, &protocol, &env)?;
+    // Named for the deployed agent only (the bench's keeps its own figure's setting): the
+    // runtime and the kubelet answer it as a Kubernetes node's would.
+    let named_here = named && node.named.is_none();
+    if named_here {
+        node.name()?;
+    }
+    let b = start_agent_env(bin, lib, &protocol, &env);
+    if named_here {
+        crate::overhead::set_metadata(None);
+    }
+    let b = b?;
     settle(&a.agent);
     settle(&b.agent);
     std::thread::sleep(Duration::from_secs(2));
@@ -510,7 +545,13 @@ fn deployed(bin: &Path, lib: &Path, secs: u64, bench_pct: f64) -> Result<Deploye
     eprintln!("  the deployed agent exported {exports} times in the {n} windows");
     let ratio = (wb.0 / wb.1) / (wa.0 / wa.1);
     eprintln!("  as deployed/the bench's: {ratio:.3} (CPU a cycle, summed over the windows)");
+    let rss_mib = rss_kib(b.agent.pid())? as f64 / 1024.0;
+    let peak_mib = hwm_kib(b.agent.pid())? as f64 / 1024.0;
+    eprintln!("  the deployed agent's RSS {rss_mib:.1} MiB (its peak {peak_mib:.1} MiB)");
     Ok(Deployed {
+        named: node.named.is_some() && named,
+        rss_mib,
+        peak_mib,
         protocol,
         interval_ms,
         compression,

@@ -184,6 +184,12 @@ pub(crate) struct Deployed {
     pub ratio: f64,
     /// The agent's figure times that ratio, % of a core.
     pub cpu_pct: f64,
+    /// Its containers named by the node's runtime and kubelet, as deploy/'s `[metadata]`
+    /// has it.
+    pub named: bool,
+    /// Its RSS after the windows, and its peak (VmHWM), MiB.
+    pub rss_mib: f64,
+    pub peak_mib: f64,
 }
 
 /// The large node over the protocol the bench's agents do not use (`other_protocol`).
