@@ -180,6 +180,21 @@ impl Ledgers {
         }
     }
 
+    /// Makes `slot`'s owner this very name (`holds`), where it holds another copy of it:
+    /// `owner` makes it (a reference count).
+    pub fn adopt(
+        &mut self,
+        slot: Slot,
+        name: Option<(bool, &Name)>,
+        owner: impl FnOnce() -> Owner,
+    ) {
+        if !self.holds(slot, name) {
+            if let Some((o, _)) = self.slots.get_mut(slot as usize) {
+                *o = Some(owner());
+            }
+        }
+    }
+
     /// The owner's slot, if it has one.
     pub fn find(&self, owner: &Owner) -> Option<Slot> {
         self.index.get(owner).copied()

@@ -597,7 +597,14 @@ fn slot_of(ledgers: &mut Ledgers, hint: Option<Slot>, placed: Option<Placement<'
         return s;
     }
     let key = OwnerKey(name.map(|(c, n)| (c, &**n)));
-    ledgers.slot(&key, || owner(placed))
+    let s = ledgers.slot(&key, || owner(placed));
+    // Found by content: the slot was made for another copy of the id (an allocated
+    // container's, from the metadata, before its first GPU process: on a Kubernetes node,
+    // most). It takes this one, the cgroup's, so that the next cycle's hint holds; else
+    // every cycle read each such id whole in memory gone cold (2 % of the named large
+    // node's agent).
+    ledgers.adopt(s, name, || owner(placed));
+    s
 }
 
 /// The owners' order of the cycle before: its groups as they came (their owners), and where
@@ -1406,8 +1413,14 @@ mod tests {
         let host = slot_of(&mut l, Some(sa), None);
         assert!(host != sa && host != sb);
         assert_eq!(slot_of(&mut l, Some(host), None), host);
-        // The same id in another allocation: found by content, in a's slot.
-        assert_eq!(slot_of(&mut l, Some(sb), at(&container("a"))), sa);
+        // The same id in another allocation: found by content, in a's slot, which takes
+        // this copy: the next cycle's hint holds by pointer.
+        let a2 = container("a");
+        assert!(!l.holds(sa, owner_name(at(&a2))));
+        assert_eq!(slot_of(&mut l, Some(sb), at(&a2)), sa);
+        assert!(l.holds(sa, owner_name(at(&a2))));
+        assert!(!l.holds(sa, owner_name(at(&ca))), "the old copy is let go");
+        assert_eq!(slot_of(&mut l, Some(sa), at(&ca)), sa);
     }
 
     #[test]
