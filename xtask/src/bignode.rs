@@ -518,16 +518,16 @@ fn deployed(
         ("OTEL_EXPORTER_OTLP_COMPRESSION", compression.as_str()),
     ];
     let a = start_agent_with(bin, lib, &this)?;
-    // Named for the deployed agent only (the bench's keeps its own figure's setting): the
-    // runtime and the kubelet answer it as a Kubernetes node's would.
-    let named_here = named && node.named.is_none();
-    if named_here {
+    // The deployed agent names the containers where deploy/'s `[metadata]` is on (the
+    // runtime and the kubelet answer it as a Kubernetes node's would), whatever the bench's
+    // agents do; their setting is put back after.
+    let bench_metadata = crate::overhead::metadata();
+    if named && node.named.is_none() {
         node.name()?;
     }
+    crate::overhead::set_metadata(crate::overhead::metadata().filter(|_| named));
     let b = start_agent_env(bin, lib, &protocol, &env);
-    if named_here {
-        crate::overhead::set_metadata(None);
-    }
+    crate::overhead::set_metadata(bench_metadata);
     let b = b?;
     settle(&a.agent);
     settle(&b.agent);
@@ -549,7 +549,7 @@ fn deployed(
     let peak_mib = hwm_kib(b.agent.pid())? as f64 / 1024.0;
     eprintln!("  the deployed agent's RSS {rss_mib:.1} MiB (its peak {peak_mib:.1} MiB)");
     Ok(Deployed {
-        named: node.named.is_some() && named,
+        named,
         rss_mib,
         peak_mib,
         protocol,

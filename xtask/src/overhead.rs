@@ -250,6 +250,11 @@ pub(crate) fn set_metadata(table: Option<String>) {
     *METADATA.lock().unwrap() = table;
 }
 
+/// The `[metadata]` table the next agent gets (`set_metadata`).
+pub(crate) fn metadata() -> Option<String> {
+    METADATA.lock().unwrap().clone()
+}
+
 pub(crate) struct Running {
     pub agent: Agent,
     pub ready_s: f64,
