@@ -146,6 +146,11 @@ impl Naming {
             }
             match &mut self.entries[slot] {
                 Some((o, n)) if (o.ptr_eq(owner) || o == owner) && n.fits(c) => {
+                    // Another copy of the id (the cgroup's node made anew): this one is
+                    // kept, so that the next cycle compares pointers, as the slots do.
+                    if !o.ptr_eq(owner) {
+                        *o = owner.clone();
+                    }
                     n.apply(c);
                     n.seen_ms = now;
                 }
