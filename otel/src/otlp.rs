@@ -984,7 +984,7 @@ fn encode<'a>(
     }
     let node_attrs = node_resource_bytes(ctx, drop);
     // Per-process detail is not kept: its processes come and go too often.
-    let mut reuse = reuse.filter(|_| ctx.groups.container && !ctx.groups.process);
+    let mut reuse = reuse.filter(|r| r.is_on() && ctx.groups.container && !ctx.groups.process);
     let last = reuse.as_deref_mut().map(|r| r.start(&node_attrs, drop));
     let mut node_bytes = vec![];
     if !node.is_empty() {
@@ -1864,6 +1864,25 @@ mod tests {
     #[test]
     fn an_export_of_several_requests_patches_each_from_the_last_export_s() {
         patched_through_changes(true);
+    }
+
+    #[test]
+    fn reuse_off_keeps_no_request_and_patches_nothing() {
+        let (sn, _, stats) = kept_snapshot(12);
+        let want = encode_request(&sn, &stats, &ctx(), 1);
+        let mut reuse = Reuse::off();
+        for round in 0..3 {
+            let all: Vec<Vec<u8>> =
+                requests(&sn, &stats, &ctx(), 1, want.len() / 3, &mut reuse).collect();
+            assert!(all.len() > 1, "round {round}: {} requests", all.len());
+            assert!(all.concat() == want, "round {round}: a fresh encoding");
+            for r in all {
+                reuse.give_back(r);
+            }
+            assert_eq!(reuse.holds(), 0, "round {round}: nothing kept");
+            assert_eq!(reuse.patched, 0, "round {round}: nothing patched");
+        }
+        assert!(!reuse.is_on() && Reuse::default().is_on());
     }
 
     /// Seventeen changes in turn, each export checked (`export_kept`): in one request, or

@@ -39,9 +39,26 @@ pub struct Reuse {
     context: (Vec<u8>, Dropped),
     /// How many resources the last export patched from the one before (the tests read it).
     pub(super) patched: usize,
+    /// Keeps nothing (`off`).
+    off: bool,
 }
 
 impl Reuse {
+    /// Keeps nothing: every export is encoded afresh and no request outlives its sending.
+    /// For exports far apart, where the requests kept (about 2 KiB a container, megabytes
+    /// on a large node) would be held a long time to save one encoding each.
+    pub fn off() -> Reuse {
+        Reuse {
+            off: true,
+            ..Reuse::default()
+        }
+    }
+
+    /// Whether it keeps the last export's requests.
+    pub fn is_on(&self) -> bool {
+        !self.off
+    }
+
     /// Takes back a request once it was sent: kept when it is one of the last export's
     /// requests, dropped otherwise.
     pub fn give_back(&mut self, sent: Vec<u8>) {
