@@ -33,10 +33,7 @@ pub async fn run(
     // False once the pipeline is gone: the timer alone then.
     let mut open = true;
     // Each export's requests, patched into the next one's where exports are close.
-    let mut reuse = match ex.settings().interval <= REUSE_UP_TO {
-        true => otel::otlp::Reuse::default(),
-        false => otel::otlp::Reuse::off(),
-    };
+    let mut reuse = otel::otlp::Reuse::for_interval(ex.settings().interval);
     loop {
         let on_time = tokio::select! {
             // A snapshot that arrives with the deadline goes out.
@@ -77,13 +74,6 @@ pub async fn run(
         }
     }
 }
-
-/// Exports at most this far apart patch the last one's requests (`otlp::Reuse`); further
-/// apart, each is encoded afresh. Keeping them holds about 2 KiB a container between
-/// exports (4 MB on the large node's 2,000, in 8 MiB of buffers grown by doubling) to save
-/// one encoding (about 0.6 us a container) per export: worth it at an export a second, not at deploy/'s every 30 s or
-/// the default's 60 s.
-const REUSE_UP_TO: Duration = Duration::from_secs(10);
 
 /// Gives the heap's free pages back to the kernel. glibc keeps freed memory in its heap
 /// (and lifts its thresholds past the largest freed block: the start-up's BTF parse of tens
