@@ -1,4 +1,5 @@
-//! The HTTP server is not a way to kill or blind the agent: the three attacks of issue 11,
+//! The HTTP server is not a way to kill or blind the agent: three attacks (heavy /debug
+//! requests during a fork storm, unfinished oversized headers, slowloris connections),
 //! each against the real agent at 5,400 processes, on 127.0.0.1 only, for a bounded time.
 //! While one runs, a prober asks /healthz on both addresses every 100 ms (a fresh
 //! connection each time, as the kubelet does); afterwards the agent's peak RSS (VmHWM) and
@@ -22,9 +23,9 @@ use hardening::{
 };
 use tests::http;
 
-/// Peak RSS allowed under each attack (issue 11).
+/// Peak RSS allowed under each attack.
 const PEAK_RSS: u64 = 64 << 20;
-/// /healthz answers within this (issue 11), in the release build (`GPU_AGENT_BIN` pointing
+/// /healthz answers within this in the release build (`GPU_AGENT_BIN` pointing
 /// at target/release). Asserted for nine probes in ten: this VM's two cores are shared with
 /// other builds, and a single probe can wait that long for a CPU whatever the agent does;
 /// every probe must still answer, within the 1 s probe timeout. docs/reliability.md has the

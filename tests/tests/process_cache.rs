@@ -348,7 +348,7 @@ fn reused_pid_is_a_new_process_in_its_new_pod() {
 
 /// A process exits and the next process of its PID forks within one drain of the ring:
 /// the exit, read in the same batch, must end only the first (a reordering of exits, such
-/// as the per-CPU exit batches tried in the twenty-fourth session, would end the second).
+/// as batching exits per CPU, would end the second).
 #[test]
 #[ignore = "needs root: loads the eBPF programs, creates pod cgroups and writes ns_last_pid"]
 fn a_late_exit_does_not_end_the_next_process_of_its_pid() {

@@ -21,7 +21,7 @@ use tests::{
     random_hex, random_uid, Agent,
 };
 
-/// The node size of issue 11's measurements.
+/// The node size of the measurements in docs/reliability.md.
 pub const PROCESSES: usize = 5_400;
 
 /// The agent under test: `GPU_AGENT_BIN` when set (the release build, or an older one to
