@@ -356,7 +356,7 @@ fn targets(md: &mut String, r: &Report) {
             ),
         );
     }
-    md.push_str("\n| issue 15 target | goal | measured | |\n| --- | --- | --- | --- |\n");
+    md.push_str("\n| target | goal | measured | |\n| --- | --- | --- | --- |\n");
     for [what, goal, got, verdict] in rows {
         let _ = writeln!(md, "| {what} | {goal} | {got} | {verdict} |");
     }
