@@ -1,5 +1,5 @@
-//! Hosts without Kubernetes: the README's `docker run` line and deploy/systemd's unit, both
-//! held to the rendered DaemonSet by the tests below (run by `cargo xtask test`).
+//! Hosts without Kubernetes: docs/deploy.md's `docker run` block and deploy/systemd's unit,
+//! both held to the rendered DaemonSet by the tests below (run by `cargo xtask test`).
 /// Words joined for a shell: bare when safe, `"..."` where they hold `$(hostname)` (to be
 /// expanded), `'...'` otherwise.
 pub fn shell_words(words: &[String]) -> String {
@@ -66,7 +66,7 @@ mod t {
         }
     }
 
-    /// The README's block: `docker run` and one flag per line.
+    /// docs/deploy.md's block: `docker run` and one flag per line.
     pub fn plain_docker_command(spec: &AgentSpec) -> Result<String> {
         let args = spec.docker_run_args(&plain_docker_placement())?;
         let image = crate::image::default_tag();
@@ -93,14 +93,14 @@ mod t {
 
     /// Needs kubectl (or kustomize) on PATH, as the deploy checks do.
     #[test]
-    fn the_readmes_docker_run_line_is_the_daemonsets_container() {
+    fn the_docs_docker_run_block_is_the_daemonsets_container() {
         let spec = manifest::agent_spec().expect("rendering deploy/kubernetes");
         let want = plain_docker_command(&spec).unwrap();
-        let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+        let doc = std::fs::read_to_string(workspace_root().join("docs/deploy.md")).unwrap();
         assert!(
-            readme.contains(&format!("```sh\n{want}\n```")),
-            "README.md's plain-Docker block differs from the rendered DaemonSet's container \
-             (xtask/src/e2e/plain.rs derives it). It should read:\n```sh\n{want}\n```"
+            doc.contains(&format!("```sh\n{want}\n```")),
+            "docs/deploy.md's plain-Docker block differs from the rendered DaemonSet's \
+             container (xtask/src/e2e/plain.rs derives it). It should read:\n```sh\n{want}\n```"
         );
     }
 
