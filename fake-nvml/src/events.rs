@@ -5,7 +5,7 @@ use std::ffi::{c_uint, c_ulonglong, c_void};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::scenario::{Feature, Scenario};
+use crate::scenario::Feature;
 use crate::state::Loaded;
 use crate::{gpu_handle, guard, put, resolve_gpu, state, with_loaded, Device, Ret};
 use crate::{INVALID_ARGUMENT, SUCCESS, UNINITIALIZED};
@@ -44,37 +44,6 @@ static SETS: Mutex<Option<HashMap<usize, EventSet>>> = Mutex::new(None);
 
 fn sets() -> MutexGuard<'static, Option<HashMap<usize, EventSet>>> {
     SETS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Per device and `xid_events` entry: when it first appeared in a loaded scenario, carried
-/// over from `previous` for the same (uuid, xid, at_ms, occurrence), so that a reload does
-/// not postpone nor repeat an event.
-pub fn first_seen(s: &Scenario, previous: Option<&Loaded>, now: Instant) -> Vec<Vec<Instant>> {
-    s.devices
-        .iter()
-        .map(|d| {
-            let old = previous.and_then(|p| {
-                let pos = p.scenario.devices.iter().position(|o| o.uuid == d.uuid)?;
-                Some((&p.scenario.devices[pos].xid_events, &p.xid_seen[pos]))
-            });
-            d.xid_events
-                .iter()
-                .enumerate()
-                .map(|(i, e)| {
-                    let nth = d.xid_events[..i].iter().filter(|x| *x == e).count();
-                    old.and_then(|(events, seen)| {
-                        events
-                            .iter()
-                            .zip(seen)
-                            .filter(|(x, _)| *x == e)
-                            .nth(nth)
-                            .map(|(_, t)| *t)
-                    })
-                    .unwrap_or(now)
-                })
-                .collect()
-        })
-        .collect()
 }
 
 #[no_mangle]

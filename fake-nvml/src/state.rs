@@ -64,7 +64,7 @@ impl Loaded {
                 }
             })
             .collect();
-        let xid_seen = crate::events::first_seen(&scenario, previous, now);
+        let xid_seen = first_seen(&scenario, previous, now);
         let nvlink_since = scenario
             .devices
             .iter()
@@ -120,6 +120,37 @@ impl Loaded {
         e.base_mj
             .saturating_add(u64::try_from(grown).unwrap_or(u64::MAX))
     }
+}
+
+/// Per device and `xid_events` entry: when it first appeared in a loaded scenario, carried
+/// over from `previous` for the same (uuid, xid, at_ms, occurrence), so that a reload does
+/// not postpone nor repeat an event.
+fn first_seen(s: &Scenario, previous: Option<&Loaded>, now: Instant) -> Vec<Vec<Instant>> {
+    s.devices
+        .iter()
+        .map(|d| {
+            let old = previous.and_then(|p| {
+                let pos = p.scenario.devices.iter().position(|o| o.uuid == d.uuid)?;
+                Some((&p.scenario.devices[pos].xid_events, &p.xid_seen[pos]))
+            });
+            d.xid_events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let nth = d.xid_events[..i].iter().filter(|x| *x == e).count();
+                    old.and_then(|(events, seen)| {
+                        events
+                            .iter()
+                            .zip(seen)
+                            .filter(|(x, _)| *x == e)
+                            .nth(nth)
+                            .map(|(_, t)| *t)
+                    })
+                    .unwrap_or(now)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 pub struct State {
