@@ -37,6 +37,12 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The top-level module each `crate::` path in `text` names, with `crate::{a, b::c}`
 /// groups expanded. Comments are skipped.
 fn crate_paths(text: &str) -> BTreeSet<String> {
+    paths_after(text, "crate::")
+}
+
+/// The first segment of each path in `text` that starts with `prefix` (`crate::`,
+/// `super::`), with `prefix{a, b::c}` groups expanded. Comments are skipped.
+fn paths_after(text: &str, prefix: &str) -> BTreeSet<String> {
     let code: String = text
         .lines()
         .map(|l| l.split("//").next().unwrap())
@@ -44,8 +50,8 @@ fn crate_paths(text: &str) -> BTreeSet<String> {
         .join("\n");
     let mut out = BTreeSet::new();
     let mut rest = code.as_str();
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
+    while let Some(i) = rest.find(prefix) {
+        rest = &rest[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             let mut depth = 0;
             let mut start = 0;
@@ -131,4 +137,91 @@ fn the_check_sees_grouped_and_nested_paths() {
     let text = "use crate::{\n    gpu::{join::Joiner, sampler},\n    stats::Stats, // crate::run\n};\nlet x = crate::pipeline::now_ms();";
     let got: Vec<String> = crate_paths(text).into_iter().collect();
     assert_eq!(got, ["gpu", "pipeline", "stats"]);
+}
+
+/// The files of agent/src/gpu/ and the siblings each one uses (`super::x`,
+/// `crate::gpu::x`), mod.rs left out: it only declares them.
+fn gpu_graph() -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/gpu");
+    let mut files = vec![];
+    rust_files(&dir, &mut files);
+    let name = |f: &Path| f.file_stem().unwrap().to_string_lossy().to_string();
+    let siblings: BTreeSet<String> = files.iter().map(|f| name(f)).collect();
+    let mut graph = std::collections::BTreeMap::new();
+    for f in &files {
+        let me = name(f);
+        if me == "mod" {
+            continue;
+        }
+        let text = fs::read_to_string(f).unwrap();
+        let mut uses = paths_after(&text, "super::");
+        uses.extend(paths_after(&text, "crate::gpu::"));
+        uses.retain(|u| siblings.contains(u) && *u != me && u != "mod");
+        graph.insert(me, uses);
+    }
+    graph
+}
+
+/// A cycle in `graph`, as the chain of its nodes, if it has one.
+fn find_cycle(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        graph: &std::collections::BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(n.to_string());
+            return Some(cycle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for m in graph.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(n, graph, &mut vec![], &mut done))
+}
+
+/// gpu/ file by file: the types the join, the account pass, the naming and the sharing all
+/// use sit in files of their own below them, so no file reaches back up.
+#[test]
+fn no_file_of_gpu_uses_one_that_uses_it() {
+    let graph = gpu_graph();
+    assert!(graph.contains_key("join") && graph["join"].contains("account"));
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("gpu/ has an import circle: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_cycle_check_finds_a_circle_and_passes_a_chain() {
+    let g = |edges: &[(&str, &str)]| {
+        let mut g = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    assert_eq!(find_cycle(&g(&[("a", "b"), ("b", "c"), ("a", "c")])), None);
+    assert_eq!(
+        find_cycle(&g(&[("a", "b"), ("b", "c"), ("c", "a")])),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    let text =
+        "use super::{\n    owner::{same, Owner},\n    ledger::Slot,\n};\nsuper::naming::name();";
+    let got: Vec<String> = paths_after(text, "super::").into_iter().collect();
+    assert_eq!(got, ["ledger", "naming", "owner"]);
 }

@@ -15,7 +15,7 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_SUCCESS as OK,
 };
 
-use super::{nvml::Reader, DeviceSample};
+use super::{reader::Reader, DeviceSample};
 use gpu_model::RemappedRows;
 
 /// Per GPU UUID, the NVLink counters at the previous sample: the rate is taken over the

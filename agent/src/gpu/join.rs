@@ -7,637 +7,28 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
 use gpu_model::{Name, SourceStatus, UsageRecord};
 
 use super::{
-    account::{self, Inputs, Ledgers, Slot},
-    naming::{self, Naming},
+    account::{self, Inputs},
+    counters::Counters,
+    group::{fill_entry, group_processes, Group, AHEAD},
+    ledger::{device, Accumulated, Ledger, Ledgers, Slot},
+    naming,
+    owner::{DeviceNames, Owner},
     sharing::Sharing,
-    spare::Spare,
-    GpuSample, ProcessSample,
+    GpuSample,
 };
 use crate::{
     metadata::Metadata,
-    process::{cgroup::ContainerRef, Lookup, Placement, Resolver},
+    process::{Lookup, Resolver},
 };
-
-/// Who a GPU process is charged to. The ids are the cgroup registry's own: a clone is a
-/// reference count, and two of the same cgroup compare by pointer.
-#[derive(Debug, Clone, Eq, PartialOrd, Ord)]
-pub enum Owner {
-    Container(Name),
-    Pod(Name),
-    Host,
-}
-
-impl PartialEq for Owner {
-    fn eq(&self, other: &Owner) -> bool {
-        match (self, other) {
-            (Owner::Container(a), Owner::Container(b)) | (Owner::Pod(a), Owner::Pod(b)) => {
-                same(a, b)
-            }
-            (Owner::Host, Owner::Host) => true,
-            _ => false,
-        }
-    }
-}
-
-impl Owner {
-    /// The same owner, the very same name: no byte is read.
-    pub fn ptr_eq(&self, other: &Owner) -> bool {
-        match (self, other) {
-            (Owner::Container(a), Owner::Container(b)) | (Owner::Pod(a), Owner::Pod(b)) => {
-                std::sync::Arc::ptr_eq(a, b)
-            }
-            (Owner::Host, Owner::Host) => true,
-            _ => false,
-        }
-    }
-}
-
-/// For the maps keyed by owner: a key is cloned only when an entry is made.
-impl From<&Owner> for Owner {
-    fn from(o: &Owner) -> Owner {
-        o.clone()
-    }
-}
-
-/// By content, as `eq` compares when the pointers differ, but only the id's tail
-/// (`id_tail`); as `OwnerKey` hashes, so that either finds an owner.
-impl std::hash::Hash for Owner {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        match self {
-            Owner::Container(s) => OwnerKey(Some((true, s))).hash(h),
-            Owner::Pod(s) => OwnerKey(Some((false, s))).hash(h),
-            Owner::Host => OwnerKey(None).hash(h),
-        }
-    }
-}
-
-/// What an owner's hash reads of its id: the last 16 bytes (all of a shorter one), which
-/// with the length the hasher needs nothing else to tell ids apart: a container id is 64
-/// hex digits of a SHA-256 and a pod uid ends in 12 random ones. The grouping hashes the
-/// owner of each GPU process (its slot in the ledgers); over all 64 bytes, when an owner
-/// was hashed four times a cycle, those hashes were a tenth of the join on the large node.
-/// Equal ids hash alike, as `eq` needs.
-fn id_tail(s: &str) -> &[u8] {
-    let b = s.as_bytes();
-    &b[b.len().saturating_sub(16)..]
-}
-
-/// The grouping's key: the owner's kind (a container, else a pod) and id, borrowed; None
-/// for the host.
-#[derive(PartialEq, Eq)]
-struct OwnerKey<'a>(Option<(bool, &'a str)>);
-
-impl std::hash::Hash for OwnerKey<'_> {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        match self.0 {
-            Some((container, id)) => {
-                h.write_u8(container as u8);
-                h.write(id_tail(id));
-            }
-            None => h.write_u8(2),
-        }
-    }
-}
-
-/// By pointer first: the key borrows the very name the owner holds, mostly.
-impl hashbrown::Equivalent<Owner> for OwnerKey<'_> {
-    fn equivalent(&self, o: &Owner) -> bool {
-        let eq = |a: &str, b: &Name| std::ptr::eq(a, &**b) || a == &**b;
-        match (self.0, o) {
-            (Some((true, id)), Owner::Container(n)) | (Some((false, id)), Owner::Pod(n)) => {
-                eq(id, n)
-            }
-            (None, Owner::Host) => true,
-            _ => false,
-        }
-    }
-}
-
-pub use gpu_model::same;
-
-/// Where `name` is in `names`: by pointer first, by content only where no pointer matches.
-/// `same` in a scan compares the bytes of every name before the match; where the names
-/// are shared, as the sample's devices' are, none is read.
-fn position_of<'a, I>(names: I, name: &Name) -> Option<usize>
-where
-    I: IntoIterator<Item = &'a Name>,
-    I::IntoIter: Clone,
-{
-    let names = names.into_iter();
-    (names.clone().position(|n| std::sync::Arc::ptr_eq(n, name)))
-        .or_else(|| names.into_iter().position(|n| n == name))
-}
-
-/// The cumulative counters of one (owner, device), in its ledger; forgotten (and started
-/// again) when the owner has not used the device for `FORGET_AFTER_MS`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Accumulated {
-    /// None until a cycle since `since_ms` knew the SM utilization: a MIG device never
-    /// does, and its GPU time is unknown rather than 0.
-    pub gpu_seconds: Option<f64>,
-    pub byte_seconds: f64,
-    /// First sample that saw it: when its counters started.
-    pub since_ms: u64,
-    /// The totals before the last credit (seconds, byte-seconds): where a session that
-    /// opened in that cycle starts.
-    pub before: (f64, f64),
-}
-
-/// What the join carries from one cycle to the next, updated in place.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Counters {
-    pub last_sample_ms: u64,
-    /// Cumulative counters, energy, peaks, accounting and open sessions per (owner,
-    /// device): see `account`.
-    pub ledgers: Ledgers,
-    /// Per GPU uuid: its energy counter at the last sample, mJ.
-    pub energy_mj: HashMap<String, u64>,
-    /// Per GPU uuid: energy charged to nobody (idle, not allocated), J.
-    pub idle_energy: HashMap<String, f64>,
-    /// Per GPU uuid: the shares of the cycles since its energy counter last moved.
-    pub energy_shares: HashMap<String, super::account::EnergyShares>,
-    /// The last sample's GPU uuids, shared by every entry, key and ledger on them (a MIG
-    /// device's is shared by the sample itself).
-    pub uuids: FxHashSet<Name>,
-    /// Each owner's names and allocated devices, kept while they hold.
-    pub naming: Naming,
-    /// The lists of the snapshot before, to fill again.
-    pub spare: Spare,
-    pub order: Order,
-    /// The slot of each process of the last sample, by position (`slot_of`).
-    pub hints: Vec<Slot>,
-}
-
-/// A counters key, borrowed: it hashes and compares as the `(Owner, Name)` it stands for.
-#[derive(Hash)]
-pub struct KeyRef<'a>(pub &'a Owner, pub &'a Name);
-
-impl hashbrown::Equivalent<(Owner, Name)> for KeyRef<'_> {
-    fn equivalent(&self, key: &(Owner, Name)) -> bool {
-        *self.0 == key.0 && same(self.1, &key.1)
-    }
-}
-
-impl From<&KeyRef<'_>> for (Owner, Name) {
-    fn from(k: &KeyRef<'_>) -> (Owner, Name) {
-        (k.0.clone(), k.1.clone())
-    }
-}
 
 /// Counters of an (owner, device) not seen for this long are forgotten.
 const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
-
-/// What the cgroup says about an owner: its container's id and pod's UID.
-#[derive(Debug, Clone, Default)]
-pub(super) struct OwnerMeta {
-    pub container_id: Option<Name>,
-    pub pod_uid: Option<Name>,
-}
-
-/// The MPS server's command as the kernel keeps it (15 characters of
-/// `nvidia-cuda-mps-server`): infrastructure, not a workload.
-pub const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
-
-/// Is this the MPS server (its GPU memory is the clients' shared context)?
-pub fn is_mps_server(comm: &str) -> bool {
-    comm.starts_with(MPS_SERVER_COMM)
-}
-
-/// One sample's devices by position: each GPU's uuid and its MIG devices' uuids, as
-/// shared names carried from the last cycle (`Counters::uuids` for a GPU; the sample's own
-/// for a MIG device, which the NVML thread keeps), so that every entry and key made from
-/// them this cycle costs no copy, and compares by pointer.
-pub struct DeviceNames {
-    devices: Vec<(Name, Vec<Name>)>,
-    /// Each GPU's and MIG device's uuid, to its GPU's position: the allocated devices of
-    /// every container are looked up by content each cycle, and a scan compared a uuid
-    /// with up to 64 names (a seventh of the join with 2,000 allocated containers).
-    by_uuid: FxHashMap<Name, usize>,
-}
-
-impl DeviceNames {
-    fn new(sample: &GpuSample, last: &FxHashSet<Name>) -> DeviceNames {
-        // A MIG device's uuid is shared already (the NVML thread keeps it, and its
-        // processes point to it); a GPU's is a string of the sample's.
-        let name = |u: &str| last.get(u).cloned().unwrap_or_else(|| u.into());
-        let devices: Vec<(Name, Vec<Name>)> = sample
-            .devices
-            .iter()
-            .map(|d| {
-                let migs = d.mig_devices.iter().map(|m| m.uuid.clone()).collect();
-                (name(&d.uuid), migs)
-            })
-            .collect();
-        let mut by_uuid = FxHashMap::default();
-        for (i, (g, migs)) in devices.iter().enumerate() {
-            // The first of a uuid named twice, as a scan in order would find.
-            for n in std::iter::once(g).chain(migs) {
-                by_uuid.entry(n.clone()).or_insert(i);
-            }
-        }
-        DeviceNames { devices, by_uuid }
-    }
-
-    /// The sample's GPU uuids: what the next cycle looks its GPUs' names up in.
-    fn set(&self) -> FxHashSet<Name> {
-        self.devices.iter().map(|(g, _)| g.clone()).collect()
-    }
-
-    /// GPU `i`'s uuid.
-    pub fn gpu(&self, i: usize) -> &Name {
-        &self.devices[i].0
-    }
-
-    pub fn len(&self) -> usize {
-        self.devices.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.devices.is_empty()
-    }
-
-    /// The position of GPU `gpu` (by pointer for the sample's own names).
-    pub fn gpu_index(&self, gpu: &Name) -> Option<usize> {
-        position_of(self.devices.iter().map(|(g, _)| g), gpu)
-    }
-
-    /// The position of MIG device `uuid` among GPU `i`'s.
-    pub fn mig_index(&self, i: usize, uuid: &Name) -> Option<usize> {
-        position_of(&self.devices[i].1, uuid)
-    }
-
-    /// The device a process of GPU `i` is charged to: its MIG device, else the GPU.
-    fn of(&self, i: usize, p: &ProcessSample) -> Name {
-        let (gpu, migs) = &self.devices[i];
-        p.mig
-            .and_then(|j| migs.get(usize::from(j)))
-            .unwrap_or(gpu)
-            .clone()
-    }
-
-    /// The position of the GPU that `uuid` is, or is a MIG device of, and its shared name.
-    pub fn lookup(&self, uuid: &str) -> Option<(usize, &Name)> {
-        self.by_uuid.get_key_value(uuid).map(|(n, &i)| (i, n))
-    }
-
-    /// `uuid` as a shared name: the sample's own where it is one of its devices.
-    pub fn name(&self, uuid: &str) -> Name {
-        self.lookup(uuid)
-            .map_or_else(|| uuid.into(), |(_, n)| n.clone())
-    }
-
-    /// The GPU a MIG device belongs to; the uuid itself for a GPU or an unknown device.
-    pub fn parent(&self, uuid: &Name) -> Name {
-        match self.lookup(uuid) {
-            Some((i, _)) => self.devices[i].0.clone(),
-            None => uuid.clone(),
-        }
-    }
-}
-
-struct Group<'a> {
-    owner: Owner,
-    /// Where the owner's ledgers are.
-    slot: Slot,
-    /// `order_key` of the owner, read once: the sort compared the owners' ids, each a
-    /// cache miss, about 11 times per group.
-    order: (u8, u128),
-    /// Borrowed from the process state: the names are cloned only into a snapshot entry
-    /// that does not hold them already (`fill_entry`).
-    meta: Option<MetaRef<'a>>,
-    /// A few devices per owner: a scan, not a map.
-    gpus: Vec<ContainerGpu>,
-}
-
-fn add_util(a: Option<u32>, b: Option<u32>) -> Option<u32> {
-    match (a, b) {
-        (None, None) => None,
-        (x, y) => Some((x.unwrap_or(0) + y.unwrap_or(0)).min(100)),
-    }
-}
-
-/// Who a placed process is charged to, and what its cgroup says about that owner.
-pub(super) fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMeta>) {
-    (owner(placed), placed.and_then(meta_of))
-}
-
-/// How many processes ahead the grouping asks for what it will read (`prefetch_ahead`).
-const AHEAD: usize = 8;
-
-/// What grouping process `k + AHEAD` will read (its cgroup's container reference and
-/// path) and, from the reference asked for then, what `k + AHEAD / 2` will read (the
-/// names whose counts the grouping bumps): each a miss otherwise, one after another.
-fn prefetch_ahead(placed: &[Option<Placement<'_>>], k: usize) {
-    use gpu_model::prefetch;
-    if let Some(Some(pl)) = placed.get(k + AHEAD) {
-        if let Some(c) = pl.container {
-            prefetch(c);
-        }
-        if let Some(p) = pl.cgroup_path {
-            prefetch(p);
-        }
-    }
-    if let Some(Some(pl)) = placed.get(k + AHEAD / 2) {
-        let names = pl.container.map(|c| [&c.container_id, &c.pod_uid]);
-        let path = pl.cgroup_path.map(std::sync::Arc::as_ptr);
-        for n in names.into_iter().flatten().flatten() {
-            prefetch(std::sync::Arc::as_ptr(n));
-        }
-        if let Some(p) = path {
-            prefetch(p);
-        }
-    }
-}
-
-/// `owner`, borrowed from the placement: whether a container (else a pod) and its name;
-/// None for the host.
-fn owner_name<'a>(placed: Option<Placement<'a>>) -> Option<(bool, &'a Name)> {
-    let c = placed.and_then(|pl| pl.container)?;
-    match (&c.container_id, &c.pod_uid) {
-        (Some(id), _) => Some((true, id)),
-        (None, Some(uid)) => Some((false, uid)),
-        _ => None,
-    }
-}
-
-fn owner(placed: Option<Placement<'_>>) -> Owner {
-    match owner_name(placed) {
-        Some((true, id)) => Owner::Container(id.clone()),
-        Some((false, uid)) => Owner::Pod(uid.clone()),
-        None => Owner::Host,
-    }
-}
-
-/// What a placed process's cgroup says about its owner (shared names, no copies).
-fn meta_of(pl: Placement<'_>) -> Option<OwnerMeta> {
-    pl.container.map(|c| OwnerMeta {
-        container_id: c.container_id.clone(),
-        pod_uid: c.pod_uid.clone(),
-    })
-}
-
-/// What a placed process's cgroup says about its owner, borrowed from the process state.
-#[derive(Debug, Clone, Copy)]
-struct MetaRef<'a> {
-    container: &'a ContainerRef,
-    cgroup_path: Option<&'a Name>,
-}
-
-fn meta_ref(pl: Placement<'_>) -> Option<MetaRef<'_>> {
-    pl.container.map(|container| MetaRef {
-        container,
-        cgroup_path: pl.cgroup_path,
-    })
-}
-
-/// Sets a name, cloning it only when `slot` holds another: the entry a recycled snapshot
-/// left in place holds the same names cycle after cycle, and neither their reference counts
-/// nor the memory they sit in (cold a second later) are touched then.
-pub(super) fn set_name(slot: &mut Option<Name>, name: Option<&Name>) {
-    match (slot.as_ref(), name) {
-        (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b) => {}
-        (None, None) => {}
-        _ => *slot = name.cloned(),
-    }
-}
-
-/// Makes `c` the entry of an owner whose cgroup says `meta` (None: the host), with devices
-/// `gpus`, whatever entry it was before: as `ContainerUsage { .., gpus, ..Default }` would
-/// be, with the names it holds already kept. Its lists were taken out when it was recycled.
-/// The names and allocations the runtime and the kubelet give are left as they are:
-/// `Naming::name_all`, which runs next, sets every one of them (the same names, mostly,
-/// and then nothing is touched; cleared here and cloned there, seven reference counts in
-/// memory cold since the last cycle were a fifth of the large node's join).
-fn fill_entry(c: &mut ContainerUsage, meta: Option<MetaRef<'_>>, gpus: Vec<ContainerGpu>) {
-    // Every field named: one added to the entry must be filled here or by the naming.
-    let ContainerUsage {
-        container_id,
-        pod_uid,
-        qos,
-        runtime,
-        cgroup_path,
-        pod_name: _,
-        namespace: _,
-        container_name: _,
-        gpus: old_gpus,
-        allocated_gpus: _,
-        allocated_device_ids: _,
-        accounts,
-    } = c;
-    let r = meta.map(|m| m.container);
-    set_name(container_id, r.and_then(|r| r.container_id.as_ref()));
-    set_name(pod_uid, r.and_then(|r| r.pod_uid.as_ref()));
-    set_name(cgroup_path, meta.and_then(|m| m.cgroup_path));
-    *qos = r.and_then(|r| r.qos).map(|q| q.as_str());
-    *runtime = r.and_then(|r| r.runtime).map(|r| r.as_str());
-    // Taken out when the snapshot was recycled.
-    debug_assert!(old_gpus.is_empty() && accounts.is_empty());
-    *old_gpus = gpus;
-    accounts.clear();
-}
-
-/// Where an owner sorts, as far as its kind and the first 16 bytes of its id tell: owners
-/// in the order of these keys are in `Owner`'s order, and equal keys are compared whole.
-/// The bytes are read as a big-endian number with zeros after a shorter id, which orders
-/// as the bytes do (an id that ends first sorts first, unless it ends in zeros: then the
-/// keys are equal).
-fn order_key(o: &Owner) -> (u8, u128) {
-    let (kind, id) = match o {
-        Owner::Container(id) => (0, id.as_bytes()),
-        Owner::Pod(id) => (1, id.as_bytes()),
-        Owner::Host => return (2, 0),
-    };
-    let mut b = [0u8; 16];
-    let n = id.len().min(16);
-    b[..n].copy_from_slice(&id[..n]);
-    (kind, u128::from_be_bytes(b))
-}
-
-impl Group<'_> {
-    /// Adds one process's use of device `uuid` (of GPU `gpu_uuid`).
-    fn add(&mut self, uuid: Name, gpu_uuid: &Name, p: &ProcessSample, spare: &mut Spare) {
-        let i = match self.gpus.iter().position(|g| same(&g.uuid, &uuid)) {
-            Some(i) => i,
-            None => {
-                // Most containers use one device: room for one, not four.
-                self.gpus.reserve_exact(1);
-                self.gpus.push(ContainerGpu {
-                    uuid,
-                    gpu_uuid: gpu_uuid.clone(),
-                    memory_used_bytes: 0,
-                    sm_util: None,
-                    mem_util: None,
-                    enc_util: None,
-                    dec_util: None,
-                    pids: spare.pids(),
-                    gpu_time_seconds: None,
-                    memory_byte_seconds: 0.0,
-                    counters_since_ms: 0,
-                });
-                self.gpus.len() - 1
-            }
-        };
-        let cg = &mut self.gpus[i];
-        cg.memory_used_bytes += p.used_memory_bytes;
-        cg.sm_util = add_util(cg.sm_util, p.sm_util);
-        cg.mem_util = add_util(cg.mem_util, p.mem_util);
-        cg.enc_util = add_util(cg.enc_util, p.enc_util);
-        cg.dec_util = add_util(cg.dec_util, p.dec_util);
-        cg.pids.push(p.pid);
-    }
-}
-
-/// GPU processes by owner (in owner order), the per-process rows, and the MPS servers
-/// (device uuid, pid).
-type Grouped<'a> = (Vec<Group<'a>>, Vec<ProcessUsage>, Vec<(String, u32)>);
-
-/// One per-process row of the detail.
-fn process_row(p: &ProcessSample, uuid: &Name, placed: Option<Placement<'_>>) -> ProcessUsage {
-    let m = placed.and_then(|pl| pl.container);
-    ProcessUsage {
-        pid: p.pid,
-        comm: placed.map(|pl| pl.comm.to_string()),
-        container_id: m.and_then(|m| m.container_id.as_deref().map(str::to_string)),
-        pod_uid: m.and_then(|m| m.pod_uid.as_deref().map(str::to_string)),
-        uuid: uuid.to_string(),
-        used_memory_bytes: p.used_memory_bytes,
-        sm_util: p.sm_util,
-        mem_util: p.mem_util,
-        enc_util: p.enc_util,
-        dec_util: p.dec_util,
-        exited: placed.is_some_and(|pl| !pl.live),
-    }
-}
-
-/// Every GPU process grouped by owner, the per-process rows when asked for, and the MPS
-/// servers (device uuid, pid), which are charged to nobody.
-fn group_processes<'a>(
-    procs: &'a impl Resolver,
-    sample: &GpuSample,
-    names: &DeviceNames,
-    process_detail: bool,
-    counters: &mut Counters,
-) -> Grouped<'a> {
-    let Counters {
-        ledgers,
-        spare,
-        order,
-        hints,
-        ..
-    } = counters;
-    // Every process placed first: a placement is a chain of cache misses (the process
-    // cache, the cgroup registry) and, with nothing else in the loop, the CPU overlaps the
-    // chains of several processes. The grouping below bumps reference counts, atomic
-    // operations that would wait for each chain in turn.
-    // Sized at once: collected from a flat map, the list grew by doubling.
-    let n = sample.devices.iter().map(|d| d.processes.len()).sum();
-    let mut placed: Vec<Option<Placement<'_>>> = Vec::with_capacity(n);
-    let all = sample.devices.iter().flat_map(|d| &d.processes);
-    procs.place_all(all.map(|p| p.pid), &mut placed);
-    // Each owner's group by its slot: the process's hint from the cycle before, else the
-    // owner's one lookup this cycle, by its name, borrowed (cloned only for an owner new
-    // to the ledgers).
-    let mut group_of: Vec<u32> = vec![];
-    let last = std::mem::replace(hints, Vec::with_capacity(n));
-    // As many as the cycle before, mostly.
-    let mut groups: Vec<Group<'_>> = Vec::with_capacity(order.came.len());
-    let mut processes = vec![];
-    let mut mps_servers = vec![];
-    let mut k = 0;
-    for (i, dev) in sample.devices.iter().enumerate() {
-        for p in &dev.processes {
-            prefetch_ahead(&placed, k);
-            let placed = placed[k];
-            k += 1;
-            let uuid = names.of(i, p);
-            if process_detail {
-                processes.push(process_row(p, &uuid, placed));
-            }
-            if placed.is_some_and(|pl| is_mps_server(pl.comm)) {
-                mps_servers.push((dev.uuid.clone(), p.pid));
-                hints.push(Slot::MAX);
-                continue;
-            }
-            let slot = slot_of(ledgers, last.get(k - 1).copied(), placed);
-            hints.push(slot);
-            if group_of.len() <= slot as usize {
-                group_of.resize(slot as usize + 1, u32::MAX);
-            }
-            if group_of[slot as usize] == u32::MAX {
-                group_of[slot as usize] = groups.len() as u32;
-                let owner = owner(placed);
-                groups.push(Group {
-                    order: order_key(&owner),
-                    owner,
-                    slot,
-                    meta: placed.and_then(meta_ref),
-                    gpus: spare.gpus(),
-                });
-            }
-            let g = group_of[slot as usize] as usize;
-            groups[g].add(uuid, names.gpu(i), p, spare);
-        }
-    }
-    let groups = sort_groups(groups, order);
-    (groups, processes, mps_servers)
-}
-
-/// The slot of a placed process's owner: the slot of the process at the same position of
-/// the sample the cycle before, where it holds the very same name (no byte of the id read,
-/// no map probed: the lookup was 4 % of the large node's agent), else the ledgers' lookup.
-fn slot_of(ledgers: &mut Ledgers, hint: Option<Slot>, placed: Option<Placement<'_>>) -> Slot {
-    let name = owner_name(placed);
-    if let Some(s) = hint.filter(|&s| ledgers.holds(s, name)) {
-        return s;
-    }
-    let key = OwnerKey(name.map(|(c, n)| (c, &**n)));
-    let s = ledgers.slot(&key, || owner(placed));
-    // Found by content: the slot was made for another copy of the id (an allocated
-    // container's, from the metadata, before its first GPU process: on a Kubernetes node,
-    // most). It takes this one, the cgroup's, so that the next cycle's hint holds; else
-    // every cycle read each such id whole in memory gone cold (2 % of the named large
-    // node's agent).
-    ledgers.adopt(s, name, || owner(placed));
-    s
-}
-
-/// The owners' order of the cycle before: its groups as they came (their owners), and where
-/// each went once sorted.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Order {
-    came: Vec<Owner>,
-    sorted: Vec<u32>,
-}
-
-/// The groups in their owners' order. The groups come in the order of the sample's
-/// processes, the same from one cycle to the next while they stay: then the order of the
-/// cycle before is taken again, and the groups (about 140 bytes each) are moved once, not
-/// at every step of a sort (3 % of the large node's agent).
-fn sort_groups<'a>(groups: Vec<Group<'a>>, order: &mut Order) -> Vec<Group<'a>> {
-    let same = groups.len() == order.came.len()
-        && groups
-            .iter()
-            .zip(&order.came)
-            .all(|(g, o)| g.owner.ptr_eq(o));
-    if !same {
-        let mut sorted: Vec<u32> = (0..groups.len() as u32).collect();
-        sorted.sort_unstable_by(|&a, &b| {
-            let (a, b) = (&groups[a as usize], &groups[b as usize]);
-            a.order.cmp(&b.order).then_with(|| a.owner.cmp(&b.owner))
-        });
-        order.came = groups.iter().map(|g| g.owner.clone()).collect();
-        order.sorted = sorted;
-    }
-    let mut groups: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
-    let take = |i: &u32| groups[*i as usize].take().expect("a permutation");
-    order.sorted.iter().map(take).collect()
-}
 
 /// What accumulating group `i + AHEAD` reads first: its owner's ledgers (a list of their
 /// own, cold since the cycle before; the first miss of each group was 2 % of the large
@@ -647,7 +38,7 @@ fn prefetch_group(ledgers: &Ledgers, slots: &[Slot], containers: &[ContainerUsag
     if let Some(&s) = slots.get(i + AHEAD) {
         let devices = ledgers.read(s);
         if let Some(d) = devices.first() {
-            let p: *const u8 = (d as *const (Name, account::Ledger)).cast();
+            let p: *const u8 = (d as *const (Name, Ledger)).cast();
             // About 300 bytes: the first three lines hold what this pass and the forgetting
             // after it read (the name, the counters, when it was last used or charged,
             // whether a session is open).
@@ -680,7 +71,7 @@ fn accumulate(
         gpus.sort_unstable_by(|a, b| a.uuid.cmp(&b.uuid));
         let devices = counters.ledgers.at(g.slot);
         for cg in &mut gpus {
-            let l = account::device(devices, &cg.uuid);
+            let l = device(devices, &cg.uuid);
             // Used now: neither its counters nor its ledger are forgotten this cycle.
             l.last_used_ms = taken_at_ms;
             let acc = l.acc.get_or_insert_with(Accumulated::default);
@@ -993,16 +384,14 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::gpu::DeviceSample;
+    use crate::gpu::{DeviceSample, ProcessSample};
     use crate::metadata::{Allocation, ContainerNames};
-    use crate::{
-        gpu::ProcessSample,
-        process::{
-            cache::{ProcessCache, ProcessEntry},
-            cgroup::CgroupRegistry,
-            cgroup::ContainerRef,
-            State,
-        },
+    use crate::process::Placement;
+    use crate::process::{
+        cache::{ProcessCache, ProcessEntry},
+        cgroup::CgroupRegistry,
+        cgroup::ContainerRef,
+        State,
     };
     use gpu_model::DeviceStatus;
 
@@ -1068,18 +457,6 @@ mod tests {
             .iter()
             .find(|c| c.container_id.as_deref() == id)
             .unwrap_or_else(|| panic!("no container {id:?} in {:?}", s.containers))
-    }
-
-    #[test]
-    fn names_are_found_by_pointer_first_and_by_content_otherwise() {
-        let (a, b): (Name, Name) = ("MIG-a".into(), "MIG-b".into());
-        let names = vec![a.clone(), b.clone()];
-        assert_eq!(position_of(&names, &b), Some(1));
-        assert_eq!(position_of(&names, &"MIG-b".into()), Some(1), "by content");
-        assert_eq!(position_of(&names, &"MIG-c".into()), None);
-        // Equal contents twice: the shared name is the one found.
-        let twice = vec!["MIG-b".into(), b.clone()];
-        assert_eq!(position_of(&twice, &b), Some(1));
     }
 
     #[test]
@@ -1382,120 +759,6 @@ mod tests {
             .all(|c| c.container_id.as_deref() != Some(A)));
     }
 
-    #[test]
-    fn a_process_takes_the_hinted_slot_only_where_it_holds_the_very_name() {
-        let mut l = Ledgers::default();
-        let container = |id: &str| ContainerRef {
-            container_id: Some(id.into()),
-            pod_uid: None,
-            qos: None,
-            runtime: None,
-        };
-        let (ca, cb) = (container("a"), container("b"));
-        fn at(c: &ContainerRef) -> Option<Placement<'_>> {
-            Some(Placement {
-                comm: "python",
-                live: true,
-                container: Some(c),
-                cgroup_path: None,
-            })
-        }
-        let sa = slot_of(&mut l, None, at(&ca));
-        let sb = slot_of(&mut l, None, at(&cb));
-        assert_ne!(sa, sb);
-        assert_eq!(slot_of(&mut l, Some(sa), at(&ca)), sa);
-        assert_eq!(
-            slot_of(&mut l, Some(sa), at(&cb)),
-            sb,
-            "a's slot is not b's"
-        );
-        assert_eq!(slot_of(&mut l, Some(99), at(&ca)), sa, "no such slot");
-        let host = slot_of(&mut l, Some(sa), None);
-        assert!(host != sa && host != sb);
-        assert_eq!(slot_of(&mut l, Some(host), None), host);
-        // The same id in another allocation: found by content, in a's slot, which takes
-        // this copy: the next cycle's hint holds by pointer.
-        let a2 = container("a");
-        assert!(!l.holds(sa, owner_name(at(&a2))));
-        assert_eq!(slot_of(&mut l, Some(sb), at(&a2)), sa);
-        assert!(l.holds(sa, owner_name(at(&a2))));
-        assert!(!l.holds(sa, owner_name(at(&ca))), "the old copy is let go");
-        assert_eq!(slot_of(&mut l, Some(sa), at(&ca)), sa);
-    }
-
-    #[test]
-    fn groups_come_out_in_owner_order_when_they_come_as_before_and_otherwise() {
-        let owners: Vec<Owner> = ["c", "a", "b"]
-            .iter()
-            .map(|id| Owner::Container((*id).into()))
-            .chain([Owner::Host, Owner::Pod("p".into())])
-            .collect();
-        let groups = |order: &[usize]| -> Vec<Group> {
-            let group = |o: &Owner| Group {
-                owner: o.clone(),
-                slot: 0,
-                order: order_key(o),
-                meta: None,
-                gpus: vec![],
-            };
-            order.iter().map(|&i| group(&owners[i])).collect()
-        };
-        let ids = |g: Vec<Group>| g.into_iter().map(|g| g.owner).collect::<Vec<_>>();
-        let mut want = owners.clone();
-        want.sort();
-        let mut order = Order::default();
-        for came in [
-            [0, 1, 2, 3, 4],
-            [0, 1, 2, 3, 4],
-            [4, 3, 2, 1, 0],
-            [1, 0, 2, 4, 3],
-        ] {
-            assert_eq!(
-                ids(sort_groups(groups(&came), &mut order)),
-                want,
-                "{came:?}"
-            );
-        }
-        // One owner fewer than the cycle before (the host, which sorts last).
-        let got = ids(sort_groups(groups(&[1, 0, 2, 4]), &mut order));
-        assert_eq!(got, want[..4]);
-    }
-
-    #[test]
-    fn owners_sort_by_their_order_keys_as_they_sort_whole() {
-        let ids = [
-            A,
-            B,
-            "",
-            "a",
-            "ab",
-            "ab\0",
-            "abc",
-            "0123456789abcdef",
-            "0123456789abcdef0",
-            "0123456789abcdef1",
-            "0123456789abcdeg",
-            "0123456789abcde",
-            "z",
-            UID,
-        ];
-        let mut owners: Vec<Owner> = ids
-            .iter()
-            .flat_map(|id| [Owner::Container((*id).into()), Owner::Pod((*id).into())])
-            .chain([Owner::Host])
-            .collect();
-        owners.reverse();
-        let mut by_key = owners.clone();
-        by_key.sort_by(|a, b| order_key(a).cmp(&order_key(b)).then_with(|| a.cmp(b)));
-        owners.sort();
-        assert_eq!(by_key, owners);
-        // The key alone decides where the ids differ in their first 16 bytes.
-        let key = |id: &str| order_key(&Owner::Container(id.into()));
-        assert!(key("0123456789abcde") < key("0123456789abcdef"));
-        assert!(key("ab") < key("abc"));
-        assert_eq!(key("0123456789abcdef0"), key("0123456789abcdef1"));
-    }
-
     /// A resolver of the join's own: no kernel, no cgroup filesystem.
     #[derive(Default)]
     struct Fake {
@@ -1696,10 +959,10 @@ mod tests {
 #[cfg(test)]
 mod sharing_tests {
     use super::*;
-    use crate::gpu::account::{Accounted, RecordNames};
-    use crate::gpu::DeviceSample;
+    use crate::gpu::{account::Accounted, ledger::RecordNames};
+    use crate::gpu::{DeviceSample, ProcessSample};
     use crate::metadata::{Allocation, ContainerNames};
-    use crate::process::cgroup::ContainerRef;
+    use crate::process::{cgroup::ContainerRef, Placement};
     use gpu_model::{AccountingSample, DeviceStatus, LimitSource};
 
     const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";

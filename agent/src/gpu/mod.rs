@@ -1,20 +1,34 @@
-//! GPU sample + join: what NVML says each cycle, as small value types (nvml.rs is the thin
-//! NVIDIA binding under them; nothing else sees NVML), sampled on a thread of its own
-//! (sampler.rs), and joined with the process state into a snapshot (join.rs). The join
-//! also accounts energy, peaks, limits and NVML accounting per container and device, and
-//! closes usage records (account.rs); its owner's side of that, across cycles, is
-//! sharing.rs.
+//! GPU sample + join: what NVML says each cycle, as small value types, sampled on a thread
+//! of its own, and joined with the process state into a snapshot.
+//!
+//! The NVML side (nothing else sees NVML): nvml.rs (init, backoff, the cycle) reads each
+//! device (device.rs) and its processes (processes.rs) through reader.rs; fields.rs, gpm.rs
+//! and xid.rs add dcgm-exporter's fields; sampler.rs runs it all on its thread.
+//!
+//! The join side, lowest first: owner.rs (who a process is charged to, the sample's device
+//! names), ledger.rs (per owner and device, what carries across cycles), naming.rs,
+//! spare.rs, counters.rs (all the join carries), account.rs (energy, GPU time, usage
+//! records), group.rs (processes grouped by owner), sharing.rs and xid_charge.rs (the join
+//! owner's side across cycles), join.rs (the join and its owner, `Joiner`). A file uses
+//! only those below it: join calls account, naming and sharing; none of them calls back
+//! (agent/tests/layers.rs checks it).
 pub mod account;
-pub mod join;
-pub mod naming;
-pub mod nvml;
-pub mod sampler;
-pub mod spare;
-// dcgm-exporter's fields from NVML: health fields, profiling (GPM), XID errors.
+pub mod counters;
+pub mod device;
 pub mod fields;
 pub mod gpm;
+pub mod group;
+pub mod join;
 pub mod kmsg;
+pub mod ledger;
+pub mod naming;
+pub mod nvml;
+pub mod owner;
+pub mod processes;
+pub mod reader;
+pub mod sampler;
 pub mod sharing;
+pub mod spare;
 pub mod xid;
 pub mod xid_charge;
 

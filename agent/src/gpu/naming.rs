@@ -9,8 +9,8 @@ use std::{
 use gpu_model::{ContainerUsage, Name};
 
 use super::{
-    account::Slot,
-    join::{set_name, DeviceNames, Owner},
+    ledger::Slot,
+    owner::{set_name, DeviceNames, Owner},
     DeviceSample, GpuSample,
 };
 use crate::metadata::{DeviceRef, Metadata};

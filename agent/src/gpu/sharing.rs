@@ -13,9 +13,10 @@ use gpu_model::{ContainerUsage, UsageRecord};
 use otel::usage::UsageCounters;
 
 use super::{
-    account::{Accounted, RecordNames},
-    join::{is_mps_server, owner_of, Owner},
+    account::Accounted,
+    ledger::RecordNames,
     naming::name,
+    owner::{is_mps_server, owner_of, Owner},
     sampler::AccountingRequests,
     GpuSample,
 };

@@ -1,0 +1,518 @@
+//! One device's readings in a cycle: its metrics, the fixed ones read once per uuid, the
+//! slow ones read every `nvml.slow_interval_ms` and held in between, its MIG devices, its
+//! processes (processes.rs), and dcgm-exporter's further fields.
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use nvml_wrapper::{
+    enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor},
+    Device, Nvml,
+};
+
+use gpu_model::{DeviceStatus, GpmMetrics};
+
+use super::{
+    fields::{self, NvlinkRates},
+    gpm::Gpm,
+    processes::{sample_processes, Lists},
+    reader::Reader,
+    xid::Xids,
+    DeviceSample, MigSample,
+};
+
+/// What a device's uuid fixes, read once per uuid rather than every cycle: a GPU's name,
+/// PCI bus id and minor number; a MIG device's instance ids and profile. A uuid names one
+/// device for its life (a MIG device made again gets a new one), and each cycle reads the
+/// uuid at the device's index. A reading that failed is not kept: it is asked again, with
+/// the rest, next cycle. On the large node's 8 GPUs x 7 MIG devices this is 192 of 533
+/// NVML calls a cycle.
+#[derive(Debug, Default)]
+pub(super) struct Fixed {
+    gpus: Kept<GpuFixed>,
+    migs: Kept<MigFixed>,
+}
+
+impl Fixed {
+    /// Forgets what the uuids not seen this cycle fixed.
+    pub(super) fn end_cycle(&mut self, devices: &[DeviceSample]) {
+        let migs = devices.iter().map(|d| d.mig_devices.len()).sum();
+        self.gpus.end_cycle(devices.len());
+        self.migs.end_cycle(migs);
+    }
+}
+
+/// Per uuid, what it fixes and the last cycle that saw it.
+#[derive(Debug)]
+struct Kept<T> {
+    by_uuid: HashMap<String, (T, u64)>,
+    cycle: u64,
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Kept {
+            by_uuid: HashMap::new(),
+            cycle: 0,
+        }
+    }
+}
+
+impl<T: Clone> Kept<T> {
+    /// What `uuid` fixes, if kept; this cycle saw it.
+    fn get(&mut self, uuid: &str) -> Option<T> {
+        let (v, seen) = self.by_uuid.get_mut(uuid).filter(|_| !uuid.is_empty())?;
+        *seen = self.cycle;
+        Some(v.clone())
+    }
+
+    fn keep(&mut self, uuid: &str, v: &T) {
+        if !uuid.is_empty() {
+            self.by_uuid
+                .insert(uuid.to_string(), (v.clone(), self.cycle));
+        }
+    }
+
+    /// Forgets the uuids not seen this cycle, once there are more than twice those seen.
+    fn end_cycle(&mut self, seen: usize) {
+        let cycle = self.cycle;
+        if self.by_uuid.len() > 2 * seen {
+            self.by_uuid.retain(|_, (_, s)| *s == cycle);
+        }
+        self.cycle += 1;
+    }
+}
+
+#[derive(Debug, Clone)]
+struct GpuFixed {
+    name: Option<String>,
+    pci_bus_id: Option<String>,
+    minor_number: Option<u32>,
+    /// The readings among these the device does not support, as `Reader` names them.
+    unsupported: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone)]
+struct MigFixed {
+    /// The uuid itself, shared by every cycle's sample and the processes on the device.
+    uuid: gpu_model::Name,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+    profile: Option<String>,
+}
+
+/// Readings that cost milliseconds of CPU per call on a real driver and are counters or
+/// change slowly (H100, driver 580, docs/validation: energy 3-6 ms, GPM 1.6 ms, PCIe replays
+/// 0.2-0.4 ms, MIG mode 0.3 ms, against 10 ms for a whole cycle of one GPU). They are read
+/// every `interval`, and held in between: a counter's rate and GPM's averages then span the
+/// interval, and the energy split charges each read's increase by the mean of the shares of
+/// the cycles since the last read (`account::EnergyShares`).
+pub(super) struct Slow {
+    pub(super) interval: Duration,
+    pub(super) last: Option<Instant>,
+    /// Reads since NVML was initialised: the first two cycles read everything, so that
+    /// rates (GPM, the energy split) are known from the second cycle on.
+    pub(super) reads: u32,
+    /// Per device index: what its last read gave.
+    pub(super) held: HashMap<u32, Held>,
+}
+
+/// Names of the slow readings, as `DeviceSample::unsupported` lists them.
+const SLOW_READINGS: [&str; 3] = ["energy", "mig", "pcie_replay"];
+
+/// One device's slow readings, as last read.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Held {
+    uuid: String,
+    energy_mj: Option<u64>,
+    mig_enabled: bool,
+    pcie_replay: Option<u64>,
+    gpm: Option<GpmMetrics>,
+    /// Per GPU instance id.
+    mig_gpm: Vec<(u32, Option<GpmMetrics>)>,
+    unsupported: Vec<&'static str>,
+}
+
+impl Slow {
+    /// Whether this cycle reads the slow readings (and records that it does).
+    pub(super) fn due(&mut self, now: Instant) -> bool {
+        let due = self.reads < 2 || self.last.is_none_or(|t| now >= t + self.interval);
+        if due {
+            self.last = Some(now);
+            self.reads += 1;
+        }
+        due
+    }
+
+    /// What to hold for device `index` this cycle: None reads it afresh.
+    pub(super) fn held(&self, due: bool, index: u32) -> Option<&Held> {
+        (!due).then(|| self.held.get(&index)).flatten()
+    }
+
+    pub(super) fn forget(&mut self) {
+        self.last = None;
+        self.reads = 0;
+        self.held.clear();
+    }
+}
+
+impl Held {
+    pub(super) fn of(d: &DeviceSample) -> Held {
+        Held {
+            uuid: d.uuid.clone(),
+            energy_mj: d.energy_mj,
+            mig_enabled: d.mig_enabled,
+            pcie_replay: d.fields.pcie_replay,
+            gpm: d.fields.gpm,
+            mig_gpm: d
+                .mig_devices
+                .iter()
+                .map(|m| (m.gpu_instance_id, m.gpm))
+                .collect(),
+            unsupported: d
+                .unsupported
+                .iter()
+                .filter(|n| SLOW_READINGS.contains(n))
+                .copied()
+                .collect(),
+        }
+    }
+
+    /// The device's own slow readings (read before its MIG devices are listed).
+    fn restore_device(&self, d: &mut DeviceSample) {
+        d.energy_mj = self.energy_mj;
+        d.mig_enabled = self.mig_enabled;
+        d.unsupported.extend(&self.unsupported);
+    }
+
+    /// The fields' and profiling's slow readings.
+    fn restore_extras(&self, d: &mut DeviceSample) {
+        d.fields.pcie_replay = self.pcie_replay;
+        d.fields.gpm = self.gpm;
+        for m in &mut d.mig_devices {
+            m.gpm = self
+                .mig_gpm
+                .iter()
+                .find(|(gi, _)| *gi == m.gpu_instance_id)
+                .and_then(|(_, g)| *g);
+        }
+    }
+}
+
+/// What dcgm-exporter's further fields keep between cycles: profiling samples, the XID
+/// event set, NVLink counters (gpm.rs, xid.rs, fields.rs).
+pub(super) struct Extras {
+    pub(super) gpm: Gpm,
+    pub(super) xids: Xids,
+    pub(super) nvlink: NvlinkRates,
+}
+
+impl Extras {
+    /// dcgm-exporter's further fields of a device that answers: health, profiling, and its
+    /// registration for XID events.
+    /// With `held`, the slow readings (PCIe replays, GPM) are those and are not read.
+    pub(super) fn device(
+        &mut self,
+        nvml: &Nvml,
+        dev: &Device,
+        mut d: DeviceSample,
+        held: Option<&Held>,
+    ) -> DeviceSample {
+        if !d.status.is_ok() {
+            return d;
+        }
+        let mut r = Reader {
+            unsupported: std::mem::take(&mut d.unsupported),
+            lost: false,
+        };
+        fields::read(&mut r, nvml, dev, &mut d, &mut self.nvlink, held.is_none());
+        d.unsupported = r.unsupported;
+        d.unsupported.dedup();
+        if r.lost {
+            d.status = DeviceStatus::Lost;
+            d.processes.clear();
+            return d;
+        }
+        match held {
+            Some(h) => h.restore_extras(&mut d),
+            None => self.gpm.sample(nvml, dev, &mut d),
+        }
+        self.xids.register(nvml, dev, &d.uuid);
+        d
+    }
+}
+
+/// What `sample_device` keeps across cycles.
+pub(super) struct DeviceCtx<'a> {
+    /// Per device uuid: the newest process-utilization timestamp seen.
+    pub(super) last_seen: &'a mut HashMap<String, u64>,
+    pub(super) fixed: &'a mut Fixed,
+    pub(super) lists: &'a mut Lists,
+}
+
+/// One device's sample. With `held` (and the same uuid), the slow readings are those and
+/// are not read; the `held` returned is what was used.
+pub(super) fn sample_device<'h>(
+    nvml: &Nvml,
+    dev: &Device,
+    index: u32,
+    ctx: &mut DeviceCtx,
+    held: Option<&'h Held>,
+) -> (DeviceSample, Option<&'h Held>) {
+    let mut d = DeviceSample {
+        index,
+        status: DeviceStatus::Ok,
+        ..Default::default()
+    };
+    let mut r = Reader {
+        unsupported: vec![],
+        lost: false,
+    };
+    read_device_metrics(&mut r, dev, &mut d, ctx.fixed);
+    // A device that was replaced at this index since (another uuid) is read afresh.
+    let held = held.filter(|h| h.uuid == d.uuid);
+    match held {
+        Some(h) => h.restore_device(&mut d),
+        None => read_slow_device_metrics(&mut r, dev, &mut d),
+    }
+    if d.mig_enabled && !r.lost {
+        read_mig_devices(&mut r, nvml, dev, &mut d, ctx.fixed);
+    }
+    d.processes = sample_processes(&mut r, dev, &d, ctx.last_seen, ctx.lists);
+    debug_assert!(d.processes.is_sorted_by_key(|p| p.pid));
+    d.unsupported = r.unsupported;
+    d.unsupported.dedup();
+    if r.lost {
+        d.status = DeviceStatus::Lost;
+        d.processes.clear();
+    }
+    (d, held)
+}
+
+fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed: &mut Fixed) {
+    d.uuid = r.read("uuid", || dev.uuid()).unwrap_or_default();
+    let f = match fixed.gpus.get(&d.uuid) {
+        Some(f) => f,
+        None => read_gpu_fixed(r, dev, d, &mut fixed.gpus),
+    };
+    d.name = f.name.unwrap_or_default();
+    d.pci_bus_id = f.pci_bus_id;
+    // Where `Reader` would have named them, in the order of the reads.
+    let unsupported = |name| f.unsupported.contains(&name).then_some(name);
+    r.unsupported
+        .extend(["name", "pci_info"].into_iter().filter_map(unsupported));
+    if let Some(m) = r.read("memory", || dev.memory_info()) {
+        d.memory_total_bytes = Some(m.total);
+        d.memory_used_bytes = Some(m.used);
+        d.fields.memory_reserved_bytes = Some(m.reserved);
+    }
+    if let Some(u) = r.read("utilization", || dev.utilization_rates()) {
+        d.utilization_gpu = Some(u.gpu);
+        d.utilization_memory = Some(u.memory);
+    }
+    d.power_mw = r.read("power", || dev.power_usage());
+    d.temperature_c = r.read("temperature", || dev.temperature(TemperatureSensor::Gpu));
+    d.sm_clock_mhz = r.read("clocks", || dev.clock_info(Clock::SM));
+    d.mem_clock_mhz = r.read("clocks", || dev.clock_info(Clock::Memory));
+    d.ecc_corrected = r.read("ecc", || {
+        dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+    });
+    d.ecc_uncorrected = r.read("ecc", || {
+        dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+    });
+    d.throttle_reasons = r
+        .read("throttle", || dev.current_throttle_reasons())
+        .map(|t| t.bits());
+    d.sharing.minor_number = f.minor_number;
+    r.unsupported.extend(unsupported("minor_number"));
+}
+
+/// A GPU's fixed readings, read now and kept when every one answered (or is unsupported).
+/// The reader's unsupported list is left as it was: the caller names them in their places.
+fn read_gpu_fixed(
+    r: &mut Reader,
+    dev: &Device,
+    d: &DeviceSample,
+    kept: &mut Kept<GpuFixed>,
+) -> GpuFixed {
+    let mut own = Reader {
+        unsupported: vec![],
+        lost: r.lost,
+    };
+    let f = GpuFixed {
+        name: own.read("name", || dev.name()),
+        pci_bus_id: own.read("pci_info", || dev.pci_info()).map(|p| p.bus_id),
+        minor_number: own.read("minor_number", || dev.minor_number()),
+        unsupported: own.unsupported,
+    };
+    r.lost |= own.lost;
+    let answered = |v: bool, name| v || f.unsupported.contains(&name);
+    let complete = answered(f.name.is_some(), "name")
+        && answered(f.pci_bus_id.is_some(), "pci_info")
+        && answered(f.minor_number.is_some(), "minor_number");
+    if complete && !r.lost {
+        kept.keep(&d.uuid, &f);
+    }
+    f
+}
+
+/// The device's readings of `SLOW_READINGS` (the fields' and GPM's are read with them).
+fn read_slow_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
+    d.energy_mj = r.read("energy", || dev.total_energy_consumption());
+    d.mig_enabled = r
+        .read("mig", || dev.mig_mode())
+        .is_some_and(|m| m.current == 1);
+}
+
+fn read_mig_devices(
+    r: &mut Reader,
+    nvml: &Nvml,
+    dev: &Device,
+    d: &mut DeviceSample,
+    fixed: &mut Fixed,
+) {
+    let n = r.read("mig", || dev.mig_device_count()).unwrap_or(0);
+    for i in 0..n {
+        // Empty slots answer NotFound: skip them.
+        let Ok(mig) = dev.mig_device_by_index(i) else {
+            continue;
+        };
+        let mem = mig.memory_info().ok();
+        let uuid = mig.uuid().unwrap_or_default();
+        let f = match fixed.migs.get(&uuid) {
+            Some(f) => f,
+            None => read_mig_fixed(nvml, &mig, &uuid, &mut fixed.migs),
+        };
+        d.mig_devices.push(MigSample {
+            uuid: f.uuid,
+            gpu_instance_id: f.gpu_instance_id,
+            compute_instance_id: f.compute_instance_id,
+            memory_total_bytes: mem.as_ref().map(|m| m.total),
+            memory_used_bytes: mem.as_ref().map(|m| m.used),
+            profile: f.profile,
+            gpm: None,
+        });
+    }
+}
+
+/// A MIG device's instance ids and profile, read now; kept when all three answered.
+fn read_mig_fixed(nvml: &Nvml, mig: &Device, uuid: &str, kept: &mut Kept<MigFixed>) -> MigFixed {
+    let (gi, ci) = instance_ids(nvml, mig);
+    let name = mig.name().ok();
+    let f = MigFixed {
+        uuid: uuid.into(),
+        gpu_instance_id: gi.unwrap_or(u32::MAX),
+        compute_instance_id: ci.unwrap_or(u32::MAX),
+        profile: name.as_deref().and_then(mig_profile),
+    };
+    if gi.is_some() && ci.is_some() && name.is_some() {
+        kept.keep(uuid, &f);
+    }
+    f
+}
+
+/// The profile in a MIG device's name: `NVIDIA A100-SXM4-80GB MIG 1g.10gb` -> `1g.10gb`.
+fn mig_profile(name: &str) -> Option<String> {
+    let p = name.rsplit_once("MIG ")?.1.trim();
+    (!p.is_empty()).then(|| p.to_string())
+}
+
+/// GPU and compute instance ids of a MIG device handle. nvml-wrapper has no method for
+/// these, so the library's own symbols are called, checked first (a missing one panics).
+fn instance_ids(nvml: &Nvml, mig: &Device) -> (Option<u32>, Option<u32>) {
+    let lib = nvml.lib();
+    // SAFETY: `mig` is a live handle from this library; the out-pointers are valid.
+    unsafe {
+        let handle = mig.handle();
+        let gi = lib.nvmlDeviceGetGpuInstanceId.as_ref().ok().and_then(|f| {
+            let mut id = 0;
+            (f(handle, &mut id) == 0).then_some(id)
+        });
+        let ci = lib
+            .nvmlDeviceGetComputeInstanceId
+            .as_ref()
+            .ok()
+            .and_then(|f| {
+                let mut id = 0;
+                (f(handle, &mut id) == 0).then_some(id)
+            });
+        (gi, ci)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slow(interval_ms: u64) -> Slow {
+        Slow {
+            interval: Duration::from_millis(interval_ms),
+            last: None,
+            reads: 0,
+            held: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn slow_readings_are_due_at_the_first_two_cycles_then_once_per_interval() {
+        let mut s = slow(1000);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let due: Vec<bool> = [0, 200, 400, 1000, 1199, 1200, 1400, 2200]
+            .into_iter()
+            .map(|ms| s.due(at(ms)))
+            .collect();
+        assert_eq!(
+            due,
+            [true, true, false, false, false, true, false, true],
+            "reads at 0 and 200 ms, then 1 s after the last read"
+        );
+        s.held.insert(0, Held::default());
+        assert!(s.held(false, 0).is_some() && s.held(true, 0).is_none());
+        s.forget();
+        assert!(s.due(at(2300)), "NVML restarted: read at once");
+        assert!(s.held(false, 0).is_none());
+    }
+
+    #[test]
+    fn held_readings_restore_what_was_read_and_only_that() {
+        let gpm = |v: f64| GpmMetrics {
+            sm_active: Some(v),
+            ..Default::default()
+        };
+        let mig = |gi: u32, g: Option<GpmMetrics>| MigSample {
+            gpu_instance_id: gi,
+            gpm: g,
+            ..Default::default()
+        };
+        let mut read = DeviceSample {
+            uuid: "GPU-a".into(),
+            energy_mj: Some(7_000),
+            mig_enabled: true,
+            unsupported: vec!["ecc", "pcie_replay"],
+            mig_devices: vec![mig(1, Some(gpm(0.5))), mig(2, None)],
+            ..Default::default()
+        };
+        read.fields.pcie_replay = None;
+        read.fields.gpm = Some(gpm(0.75));
+        let held = Held::of(&read);
+        assert_eq!(held.unsupported, ["pcie_replay"], "only the slow readings'");
+
+        // A later cycle: the fast readings are new, the slow ones are not read.
+        let mut later = DeviceSample {
+            uuid: "GPU-a".into(),
+            unsupported: vec!["ecc"],
+            mig_devices: vec![mig(2, None), mig(1, None)],
+            ..Default::default()
+        };
+        held.restore_device(&mut later);
+        held.restore_extras(&mut later);
+        assert_eq!(later.energy_mj, Some(7_000));
+        assert!(later.mig_enabled);
+        assert_eq!(later.unsupported, ["ecc", "pcie_replay"]);
+        assert_eq!(later.fields.gpm, Some(gpm(0.75)));
+        assert_eq!(later.mig_devices[0].gpm, None);
+        assert_eq!(later.mig_devices[1].gpm, Some(gpm(0.5)), "by GPU instance");
+    }
+}

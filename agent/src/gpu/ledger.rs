@@ -1,0 +1,466 @@
+//! What the join and the account pass carry per (owner, device) from one cycle to the
+//! next (`Ledger`: cumulative counters, energy, peaks, the open stretch of use), held by
+//! owner in `Ledgers`, and the pending energy shares per GPU (`EnergyShares`).
+use std::collections::VecDeque;
+
+use gpu_model::{ContainerUsage, Name, UsageRecord};
+
+use super::owner::{same, KeyRef, Owner};
+
+/// The cumulative counters of one (owner, device), in its ledger; forgotten (and started
+/// again) when the owner has not used the device for `FORGET_AFTER_MS`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Accumulated {
+    /// None until a cycle since `since_ms` knew the SM utilization: a MIG device never
+    /// does, and its GPU time is unknown rather than 0.
+    pub gpu_seconds: Option<f64>,
+    pub byte_seconds: f64,
+    /// First sample that saw it: when its counters started.
+    pub since_ms: u64,
+    /// The totals before the last credit (seconds, byte-seconds): where a session that
+    /// opened in that cycle starts.
+    pub before: (f64, f64),
+}
+
+/// The largest value over a sliding window: a deque of decreasing values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeakWindow(VecDeque<(u64, u64)>);
+
+impl PeakWindow {
+    pub fn push(&mut self, t_ms: u64, v: u64, window_ms: u64) {
+        while self.0.back().is_some_and(|(_, b)| *b <= v) {
+            self.0.pop_back();
+        }
+        self.0.push_back((t_ms, v));
+        let oldest = t_ms.saturating_sub(window_ms);
+        while self.0.len() > 1 && self.0.front().is_some_and(|(t, _)| *t < oldest) {
+            self.0.pop_front();
+        }
+    }
+
+    pub fn max(&self) -> Option<u64> {
+        self.0.front().map(|(_, v)| *v)
+    }
+}
+
+/// Who a record names: the container's identity and names when the session last saw it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordNames {
+    pub container_id: Option<Name>,
+    pub pod_uid: Option<Name>,
+    pub pod_name: Option<Name>,
+    pub namespace: Option<Name>,
+    pub container_name: Option<Name>,
+}
+
+impl RecordNames {
+    /// Asked of every container each cycle: are these the container's names, the very
+    /// same shared strings? Equal strings in other allocations (a runtime's names come anew
+    /// with each metadata refresh) answer no, and the caller takes the container's: a
+    /// comparison by content would read both strings every cycle from then on.
+    pub fn shares(&self, c: &ContainerUsage) -> bool {
+        let eq = |a: &Option<Name>, b: &Option<Name>| match (a, b) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        eq(&self.pod_name, &c.pod_name)
+            && eq(&self.namespace, &c.namespace)
+            && eq(&self.container_name, &c.container_name)
+            && eq(&self.pod_uid, &c.pod_uid)
+            && eq(&self.container_id, &c.container_id)
+    }
+
+    /// A record that names them, and nothing else yet.
+    pub(super) fn record(&self) -> UsageRecord {
+        let text = |n: &Option<Name>| n.as_deref().map(str::to_string);
+        UsageRecord {
+            container_id: text(&self.container_id),
+            pod_uid: text(&self.pod_uid),
+            pod_name: text(&self.pod_name),
+            namespace: text(&self.namespace),
+            container_name: text(&self.container_name),
+            ..Default::default()
+        }
+    }
+
+    pub fn of(c: &ContainerUsage) -> RecordNames {
+        RecordNames {
+            container_id: c.container_id.clone(),
+            pod_uid: c.pod_uid.clone(),
+            pod_name: c.pod_name.clone(),
+            namespace: c.namespace.clone(),
+            container_name: c.container_name.clone(),
+        }
+    }
+}
+
+/// One stretch of use of a device by a container: from its first process there to its
+/// last. The totals at its start, to subtract at its end.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Session {
+    /// The physical GPU of the device.
+    pub gpu_uuid: Name,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub gpu_seconds: f64,
+    pub byte_seconds: f64,
+    pub energy_j: f64,
+    pub accounted_processes: u64,
+    pub accounted_gpu_seconds: f64,
+    pub peak: u64,
+    pub names: RecordNames,
+}
+
+/// Per (owner, device): what this module carries across cycles, and the join's
+/// cumulative counters (`acc`: None until the owner used the device, and again once they
+/// were forgotten).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledger {
+    pub acc: Option<Accumulated>,
+    pub energy_j: f64,
+    pub energy_since_ms: u64,
+    /// Last cycle that charged it anything (energy, accounting), ms.
+    pub last_charged_ms: u64,
+    /// Last cycle the owner had a process on the device, ms.
+    pub last_used_ms: u64,
+    pub accounted_processes: u64,
+    pub accounted_gpu_seconds: f64,
+    pub peak: PeakWindow,
+    pub session: Option<Session>,
+}
+
+/// An owner's ledgers: one per device.
+pub type Devices = Vec<(Name, Ledger)>;
+
+/// Where an owner's ledgers sit in `Ledgers`: stable while the owner has any, so that
+/// each pass of a cycle reaches them without a lookup.
+pub type Slot = u32;
+
+/// Ledgers by owner, then by device: at most one hash lookup per owner a cycle (the
+/// grouping's, where its hint from the cycle before does not hold), which hands out the
+/// owner's `Slot`, and a short scan of its few devices. The counters were a map of their
+/// own, looked up per (owner, device) each cycle: 7 % of the large node's agent, each
+/// lookup a cache miss in memory gone cold since the cycle before.
+#[derive(Debug, Clone, Default)]
+pub struct Ledgers {
+    index: hashbrown::HashMap<Owner, Slot, rustc_hash::FxBuildHasher>,
+    /// (owner, its devices) by slot; a freed slot has neither and waits in `free`.
+    slots: Vec<(Option<Owner>, Devices)>,
+    free: Vec<Slot>,
+}
+
+/// The same ledgers of the same owners, wherever their slots are (an owner with none, just
+/// given its slot, counts as absent).
+impl PartialEq for Ledgers {
+    fn eq(&self, other: &Ledgers) -> bool {
+        let held = |l: &Ledgers| l.slots.iter().filter(|(_, v)| !v.is_empty()).count();
+        held(self) == held(other)
+            && self.index.iter().all(|(o, &s)| {
+                let mine = &self.slots[s as usize].1;
+                let theirs = other.index.get(o).map(|&t| &other.slots[t as usize].1);
+                mine.is_empty() || theirs == Some(mine)
+            })
+    }
+}
+
+impl Ledgers {
+    pub fn get(&self, owner: &Owner, uuid: &Name) -> Option<&Ledger> {
+        let devices = &self.slots[*self.index.get(owner)? as usize].1;
+        Some(&devices[position(devices, uuid)?].1)
+    }
+
+    pub fn get_mut(&mut self, owner: &Owner, uuid: &Name) -> Option<&mut Ledger> {
+        let devices = &mut self.slots[*self.index.get(owner)? as usize].1;
+        let i = position(devices, uuid)?;
+        Some(&mut devices[i].1)
+    }
+
+    /// Whether `slot` is that of the owner named (`join::owner_name`: a container, else a
+    /// pod, and its id; None for the host) by this very name, not an equal one.
+    pub fn holds(&self, slot: Slot, name: Option<(bool, &Name)>) -> bool {
+        let owner = self.slots.get(slot as usize).and_then(|(o, _)| o.as_ref());
+        match (owner, name) {
+            (Some(Owner::Container(a)), Some((true, b)))
+            | (Some(Owner::Pod(a)), Some((false, b))) => std::sync::Arc::ptr_eq(a, b),
+            (Some(Owner::Host), None) => true,
+            _ => false,
+        }
+    }
+
+    /// Makes `slot`'s owner this very name (`holds`), where it holds another copy of it:
+    /// `owner` makes it (a reference count).
+    pub fn adopt(
+        &mut self,
+        slot: Slot,
+        name: Option<(bool, &Name)>,
+        owner: impl FnOnce() -> Owner,
+    ) {
+        if !self.holds(slot, name) {
+            if let Some((o, _)) = self.slots.get_mut(slot as usize) {
+                *o = Some(owner());
+            }
+        }
+    }
+
+    /// The owner's slot, if it has one.
+    pub fn find(&self, owner: &Owner) -> Option<Slot> {
+        self.index.get(owner).copied()
+    }
+
+    /// The owner's slot, made on first use: `key` is the owner, borrowed, and `owner` makes
+    /// it (cloned, a reference count) only for a new one.
+    pub fn slot<Q>(&mut self, key: &Q, owner: impl FnOnce() -> Owner) -> Slot
+    where
+        Q: std::hash::Hash + hashbrown::Equivalent<Owner> + ?Sized,
+    {
+        if let Some(&s) = self.index.get(key) {
+            return s;
+        }
+        let owner = owner();
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize].0 = Some(owner.clone());
+                s
+            }
+            None => {
+                self.slots.push((Some(owner.clone()), vec![]));
+                (self.slots.len() - 1) as Slot
+            }
+        };
+        self.index.insert(owner, s);
+        s
+    }
+
+    /// The devices of the owner in `slot`.
+    pub fn at(&mut self, slot: Slot) -> &mut Devices {
+        &mut self.slots[slot as usize].1
+    }
+
+    /// The devices of the owner in `slot`, to read.
+    pub fn read(&self, slot: Slot) -> &[(Name, Ledger)] {
+        &self.slots[slot as usize].1
+    }
+
+    /// The owner's devices, made on first use.
+    pub fn of(&mut self, owner: &Owner) -> &mut Devices {
+        let s = self.slot(owner, || owner.clone());
+        self.at(s)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Name, &Ledger)> {
+        self.slots
+            .iter()
+            .filter_map(|(o, v)| Some((o.as_ref()?, v)))
+            .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u, l)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.iter().map(|(_, v)| v.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps the ledgers `keep` says to (it may also change them); an owner left with none
+    /// gives its slot back.
+    pub fn retain(&mut self, mut keep: impl FnMut(&mut Ledger) -> bool) {
+        for (s, (owner, v)) in self.slots.iter_mut().enumerate() {
+            v.retain_mut(|(_, l)| keep(l));
+            if v.is_empty() {
+                if let Some(o) = owner.take() {
+                    self.index.remove(&o);
+                    *v = vec![];
+                    self.free.push(s as Slot);
+                }
+            }
+        }
+    }
+}
+
+/// Where the device's ledger is in an owner's list.
+pub(super) fn position(devices: &[(Name, Ledger)], uuid: &Name) -> Option<usize> {
+    devices.iter().position(|(u, _)| same(u, uuid))
+}
+
+/// The device's ledger in an owner's list, made on first use.
+pub fn device<'a>(devices: &'a mut Vec<(Name, Ledger)>, uuid: &Name) -> &'a mut Ledger {
+    let i = match position(devices, uuid) {
+        Some(i) => i,
+        None => {
+            // Most owners use one device: room for one, not the four (a KiB) a push makes.
+            devices.reserve_exact(1);
+            devices.push((uuid.clone(), Ledger::default()));
+            devices.len() - 1
+        }
+    };
+    &mut devices[i].1
+}
+
+/// The shares of the cycles since a GPU's energy counter last moved: energy is read every
+/// `nvml.slow_interval_ms` and held in between, and each increase is split by the mean of
+/// the shares of the cycles it spans, so that a container that ran between two reads is
+/// charged its part. Fractions of one cycle each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnergyShares {
+    /// (owner, the device charged: the GPU or one of its MIG devices) -> summed shares.
+    pub(super) owners: Shares,
+    pub(super) idle: f64,
+    pub(super) cycles: u32,
+}
+
+/// Summed shares by (owner, device), in the order they first came. A cycle's shares come in
+/// the order of the one before while the owners stay, so each is looked for first where the
+/// one before it was found, plus one: by pointer, in a list read in order. A map lookup per
+/// share and cycle (the energy is read every few cycles: the others only add up shares),
+/// in memory gone cold since, was 3 % of the large node's agent. The map finds the others.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Shares {
+    pub(super) entries: Vec<(Owner, Name, f64)>,
+    pub(super) index: hashbrown::HashMap<(Owner, Name), usize, rustc_hash::FxBuildHasher>,
+    /// Where the next share of this cycle is looked for first.
+    pub(super) next: usize,
+}
+
+impl Shares {
+    pub(super) fn add(&mut self, owner: &Owner, name: &Name, f: f64) {
+        let hit = self
+            .entries
+            .get(self.next)
+            .is_some_and(|(o, n, _)| std::sync::Arc::ptr_eq(n, name) && o.ptr_eq(owner));
+        let i = match hit {
+            true => self.next,
+            false => match self.index.get(&KeyRef(owner, name)) {
+                Some(&i) => i,
+                None => {
+                    // The key is cloned only for an owner new to the pending shares.
+                    self.entries.push((owner.clone(), name.clone(), 0.0));
+                    let i = self.entries.len() - 1;
+                    self.index.insert((owner.clone(), name.clone()), i);
+                    i
+                }
+            },
+        };
+        self.entries[i].2 += f;
+        self.next = i + 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_names_are_shared_with_the_container_or_taken_again() {
+        let c = ContainerUsage {
+            container_id: Some("c1".into()),
+            pod_uid: Some("u1".into()),
+            pod_name: Some("p".into()),
+            ..Default::default()
+        };
+        let names = RecordNames::of(&c);
+        assert!(names.shares(&c), "the same names");
+        // Equal strings that are not the same allocation: taken again, equal all the same.
+        let mut copy = c.clone();
+        copy.container_id = Some("c1".into());
+        assert!(!names.shares(&copy));
+        assert_eq!(RecordNames::of(&copy), names);
+        assert!(RecordNames::of(&copy).shares(&copy));
+        for change in [
+            |c: &mut ContainerUsage| c.pod_name = Some("q".into()),
+            |c: &mut ContainerUsage| c.pod_name = None,
+            |c: &mut ContainerUsage| c.namespace = Some("ns".into()),
+            |c: &mut ContainerUsage| c.container_id = Some("c2".into()),
+        ] {
+            let mut other = c.clone();
+            change(&mut other);
+            assert!(!names.shares(&other), "{other:?}");
+            assert_ne!(RecordNames::of(&other), names);
+        }
+    }
+
+    #[test]
+    fn the_peak_window_keeps_the_largest_recent_value() {
+        let mut p = PeakWindow::default();
+        p.push(0, 5, 1000);
+        p.push(100, 9, 1000);
+        p.push(200, 3, 1000);
+        assert_eq!(p.max(), Some(9));
+        p.push(1150, 4, 1000);
+        assert_eq!(p.max(), Some(4), "9 fell out of the window");
+        p.push(1200, 2, 1000);
+        assert_eq!(p.max(), Some(4));
+    }
+
+    #[test]
+    fn an_owner_keeps_its_slot_while_it_has_ledgers_and_a_freed_slot_is_taken_again() {
+        let mut l = Ledgers::default();
+        let (a, b) = (Owner::Container("a".into()), Owner::Pod("b".into()));
+        let gpu: Name = "GPU-1".into();
+        let sa = l.slot(&a, || a.clone());
+        device(l.at(sa), &gpu).energy_j = 1.0;
+        let sb = l.slot(&b, || b.clone());
+        device(l.at(sb), &gpu).energy_j = 2.0;
+        assert_ne!(sa, sb);
+        // Found by content too: an equal id in another allocation.
+        let a2 = Owner::Container("a".into());
+        assert_eq!(l.slot(&a2, || unreachable!("a has a slot")), sa);
+        l.retain(|x| x.energy_j > 1.5);
+        assert_eq!(l.get(&a, &gpu), None);
+        assert_eq!((l.len(), l.iter().count()), (1, 1));
+        assert_eq!(
+            l.slot(&Owner::Host, || Owner::Host),
+            sa,
+            "a's slot, given back"
+        );
+        assert_eq!(l.get(&b, &gpu).map(|x| x.energy_j), Some(2.0));
+        // The same ledgers of the same owners, in other slots: equal.
+        let mut m = Ledgers::default();
+        device(m.of(&Owner::Host), &gpu);
+        device(m.of(&b), &gpu).energy_j = 2.0;
+        assert_ne!(l, m, "the host has a ledger in m only");
+        device(l.of(&Owner::Host), &gpu);
+        assert_eq!(l, m);
+    }
+
+    #[test]
+    fn pending_shares_add_up_by_owner_and_device_whatever_their_order() {
+        let a = Owner::Container("a".into());
+        let b = Owner::Container("b".into());
+        let c = Owner::Pod("c".into());
+        let (gpu, mig): (Name, Name) = ("GPU-1".into(), "MIG-1".into());
+        let mut s = Shares::default();
+        for (o, d, f) in [(&a, &gpu, 0.5), (&b, &gpu, 0.25), (&a, &mig, 0.125)] {
+            s.add(o, d, f);
+        }
+        // The next cycle: another order, a new owner, and a's id in another allocation.
+        s.next = 0;
+        let a2 = Owner::Container("a".into());
+        for (o, d, f) in [(&b, &gpu, 0.25), (&c, &gpu, 0.1), (&a2, &gpu, 0.5)] {
+            s.add(o, d, f);
+        }
+        s.add(&a, &mig, 0.125);
+        let sums: Vec<(&Owner, &str, f64)> =
+            s.entries.iter().map(|(o, d, f)| (o, &**d, *f)).collect();
+        let want = [
+            (&a, "GPU-1", 1.0),
+            (&b, "GPU-1", 0.5),
+            (&a, "MIG-1", 0.25),
+            (&c, "GPU-1", 0.1),
+        ];
+        assert_eq!(sums, want);
+    }
+
+    /// A ledger is about 250 bytes, and a large node has 2,000 owners of one device each.
+    #[test]
+    fn an_owners_first_device_takes_room_for_one() {
+        let mut devices = vec![];
+        let (a, b): (Name, Name) = ("GPU-a".into(), "GPU-b".into());
+        device(&mut devices, &a).energy_j = 1.0;
+        assert_eq!((devices.len(), devices.capacity()), (1, 1));
+        device(&mut devices, &b);
+        device(&mut devices, &a).energy_j += 1.0;
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0].1.energy_j, 2.0);
+    }
+}

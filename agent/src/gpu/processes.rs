@@ -1,0 +1,437 @@
+//! One device's processes: the compute, graphics and MPS lists merged by PID, their
+//! utilization since the last sample, a crowded GPU's lists held between reads, and NVML's
+//! accounting stats of processes that exited.
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use nvml_wrapper::{
+    enums::device::UsedGpuMemory, error::NvmlError, struct_wrappers::device::ProcessInfo, Device,
+};
+
+use gpu_model::{AccountingSample, Name};
+
+use super::{reader::Reader, DeviceSample, MigSample, ProcessSample};
+
+/// How often a requested accounting read is retried while NVML still says the process runs
+/// (the driver may lag the kernel's exit by a cycle).
+pub(super) const ACCOUNTING_TRIES: u8 = 5;
+
+/// A GPU listing at least this many processes has its process lists held between reads:
+/// on a real driver the compute list costs about 49 µs per process (docs/validation: 3.3 ms
+/// for 64 on an H200), so 32 cost about what the per-process utilization call does, and
+/// 250 (a GPU of the benchmark's large node) would cost 12 ms a cycle.
+const CROWDED_GPU_PROCESSES: usize = 32;
+
+/// The device's memory in use moving by more than this since the lists were read means a
+/// process came, went or grew: they are read again at once. A CUDA context alone is about
+/// 500 MiB.
+const LISTS_MEMORY_MOVED: u64 = 64 << 20;
+
+/// Per GPU uuid, its process lists as last read, while it is crowded.
+#[derive(Debug, Default)]
+pub(super) struct Lists {
+    pub(super) interval: Duration,
+    held: HashMap<String, HeldLists>,
+}
+
+impl Lists {
+    /// A driver that comes back is listed afresh.
+    pub(super) fn forget(&mut self) {
+        self.held.clear();
+    }
+}
+
+#[derive(Debug)]
+struct HeldLists {
+    /// Merged (compute, graphics, MPS), before this cycle's utilization.
+    procs: Vec<ProcessSample>,
+    /// Which of the lists the device does not support, as `Reader` named them.
+    unsupported: Vec<&'static str>,
+    /// The device's memory in use when they were read.
+    memory_used: Option<u64>,
+    /// Its MIG devices then, whose positions the processes name.
+    migs: Vec<Name>,
+    at: Instant,
+}
+
+impl HeldLists {
+    /// Whether the held lists still stand for the device as read this cycle.
+    fn stand(&self, d: &DeviceSample, now: Instant, interval: Duration) -> bool {
+        let moved = match (self.memory_used, d.memory_used_bytes) {
+            (Some(a), Some(b)) => a.abs_diff(b) > LISTS_MEMORY_MOVED,
+            _ => true,
+        };
+        let same_migs = self.migs.len() == d.mig_devices.len()
+            && self
+                .migs
+                .iter()
+                .zip(&d.mig_devices)
+                .all(|(a, m)| gpu_model::same(a, &m.uuid));
+        !moved && same_migs && now.saturating_duration_since(self.at) < interval
+    }
+}
+
+/// Accounting state across cycles.
+#[derive(Debug, Default)]
+pub struct Accounting {
+    /// Off by configuration: no accounting calls at all.
+    pub enabled: bool,
+    /// (device uuid, pid, tries left): stats to read, for processes the kernel saw exit.
+    pub(super) pending: Vec<(String, u32, u8)>,
+    /// Per device uuid: the accounting PIDs listed last cycle.
+    listed: HashMap<String, Vec<u32>>,
+}
+
+/// The device's processes by PID, with this cycle's utilization. A crowded GPU's lists are held
+/// (`Lists`) while its memory in use stays put and no new PID shows up in its utilization.
+pub(super) fn sample_processes(
+    r: &mut Reader,
+    dev: &Device,
+    d: &DeviceSample,
+    last_seen: &mut HashMap<String, u64>,
+    lists: &mut Lists,
+) -> Vec<ProcessSample> {
+    let now = Instant::now();
+    let interval = lists.interval;
+    let held = (lists.held.get(&d.uuid)).filter(|h| h.stand(d, now, interval));
+    let mut unsupported = vec![];
+    // By PID, as the sample's lists are: sorted once as read, and held so (a crowded GPU's
+    // held lists were sorted again every cycle).
+    let mut read = |r: &mut Reader| {
+        let n = r.unsupported.len();
+        let mut procs = read_process_lists(r, dev, d);
+        procs.sort_by_key(|p| p.pid);
+        unsupported = r.unsupported[n..].to_vec();
+        procs
+    };
+    let (mut procs, mut from_held) = match held {
+        Some(h) => {
+            r.unsupported.extend(&h.unsupported);
+            (h.procs.clone(), true)
+        }
+        None => (read(r), false),
+    };
+    // MIG devices cannot say per-process utilization. A device with no process has none to
+    // say: the call costs 2-3 ms on a real driver all the same (it answers NotFound).
+    if !r.lost && !d.mig_enabled && !procs.is_empty() {
+        let util = read_process_utilization(r, dev, &d.uuid, last_seen);
+        // A PID the held lists do not name is a process they missed: read them now.
+        let missed = |u: &Utilization| u.keys().any(|pid| procs.iter().all(|p| p.pid != *pid));
+        if from_held && util.as_ref().is_some_and(missed) {
+            procs = read(r);
+            from_held = false;
+        }
+        if let Some(u) = &util {
+            apply_utilization(u, &mut procs);
+        }
+    }
+    if r.lost || procs.len() < CROWDED_GPU_PROCESSES || interval.is_zero() {
+        lists.held.remove(&d.uuid);
+    } else if !from_held {
+        let mut kept = procs.clone();
+        for p in &mut kept {
+            (p.sm_util, p.mem_util, p.enc_util, p.dec_util) = (None, None, None, None);
+        }
+        let held = HeldLists {
+            procs: kept,
+            unsupported,
+            memory_used: d.memory_used_bytes,
+            migs: d.mig_devices.iter().map(|m| m.uuid.clone()).collect(),
+            at: now,
+        };
+        // Logged as it becomes crowded: its lists were not held before.
+        if lists.held.insert(d.uuid.clone(), held).is_none() {
+            tracing::info!(
+                uuid = d.uuid,
+                processes = procs.len(),
+                "a crowded GPU: its process lists are read at most every {} ms while its \
+                 memory in use holds still (nvml.crowded_list_interval_ms)",
+                interval.as_millis()
+            );
+        }
+    }
+    procs
+}
+
+/// The device's processes as its compute, graphics and MPS lists name them, merged.
+fn read_process_lists(r: &mut Reader, dev: &Device, d: &DeviceSample) -> Vec<ProcessSample> {
+    // Compute and graphics contexts; a process with both is one process.
+    let lists = [
+        r.read("processes", || dev.running_compute_processes()),
+        r.read("graphics_processes", || dev.running_graphics_processes()),
+    ];
+    // Sized for them at once: grown from empty, the list and its index were reallocated
+    // and rehashed eight times a cycle on a GPU of 250 processes.
+    let mut merged = Merged::with_capacity(lists.iter().flatten().map(Vec::len).sum());
+    for p in lists.into_iter().flatten().flatten() {
+        merged.merge(&p, &d.mig_devices);
+    }
+    read_mps_processes(r, dev, &d.mig_devices, &mut merged);
+    merged.procs
+}
+
+/// Per PID, its newest utilization sample since the last one seen (timestamp; SM, memory,
+/// encoder, decoder).
+type Utilization = HashMap<u32, (u64, [u32; 4])>;
+
+/// Utilization since our last look (`last_seen`, per device uuid). NotFound means "no
+/// samples": every process idle. Unsupported (None): the processes' utilization stays
+/// unknown.
+fn read_process_utilization(
+    r: &mut Reader,
+    dev: &Device,
+    uuid: &str,
+    last_seen: &mut HashMap<String, u64>,
+) -> Option<Utilization> {
+    let mut util: Utilization = HashMap::new();
+    let since = last_seen.get(uuid).copied();
+    match dev.process_utilization_stats(since) {
+        Ok(samples) => {
+            for s in samples {
+                let e = util.entry(s.pid).or_insert((0, [0; 4]));
+                if s.timestamp >= e.0 {
+                    *e = (s.timestamp, [s.sm_util, s.mem_util, s.enc_util, s.dec_util]);
+                }
+                let seen = last_seen.entry(uuid.to_string()).or_insert(0);
+                *seen = (*seen).max(s.timestamp);
+            }
+        }
+        Err(NvmlError::NotFound) => {}
+        Err(NvmlError::GpuLost) => r.lost = true,
+        Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
+            r.unsupported.push("process_utilization");
+            return None;
+        }
+        Err(e) => tracing::debug!(uuid, "process utilization: {e}"),
+    }
+    (!r.lost).then_some(util)
+}
+
+/// Each process's utilization from `util`: zero where it had no sample.
+fn apply_utilization(util: &Utilization, procs: &mut [ProcessSample]) {
+    for p in procs {
+        let u = util.get(&p.pid).map(|(_, u)| *u).unwrap_or([0; 4]);
+        p.sm_util = Some(u[0]);
+        p.mem_util = Some(u[1]);
+        p.enc_util = Some(u[2]);
+        p.dec_util = Some(u[3]);
+    }
+}
+
+/// A device's processes as NVML lists them (compute, graphics, MPS), merged: a process with
+/// several contexts on one device (or MIG device) is one entry.
+#[derive(Debug, Default)]
+struct Merged {
+    procs: Vec<ProcessSample>,
+    /// (pid, index of its MIG device) -> its entry: one lookup per context, where a scan of
+    /// the list per context was quadratic (250 processes a GPU on a large node).
+    index: rustc_hash::FxHashMap<(u32, Option<usize>), usize>,
+}
+
+impl Merged {
+    fn with_capacity(n: usize) -> Merged {
+        Merged {
+            procs: Vec::with_capacity(n),
+            index: rustc_hash::FxHashMap::with_capacity_and_hasher(n, Default::default()),
+        }
+    }
+
+    /// Returns the merged entry.
+    fn merge(&mut self, p: &ProcessInfo, migs: &[MigSample]) -> &mut ProcessSample {
+        let used = match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => b,
+            UsedGpuMemory::Unavailable => 0,
+        };
+        let gi_is = |gi| move |m: &MigSample| m.gpu_instance_id == gi;
+        let mig = match (p.gpu_instance_id, p.compute_instance_id) {
+            (Some(gi), Some(ci)) => migs
+                .iter()
+                .position(|m| m.gpu_instance_id == gi && m.compute_instance_id == ci)
+                .or_else(|| migs.iter().position(gi_is(gi))),
+            (Some(gi), None) => migs.iter().position(gi_is(gi)),
+            _ => None,
+        };
+        let i = *self.index.entry((p.pid, mig)).or_insert_with(|| {
+            self.procs.push(ProcessSample {
+                pid: p.pid,
+                gpu_instance_id: p.gpu_instance_id,
+                compute_instance_id: p.compute_instance_id,
+                mig: mig.and_then(|i| u8::try_from(i).ok()),
+                ..Default::default()
+            });
+            self.procs.len() - 1
+        });
+        let e = &mut self.procs[i];
+        e.used_memory_bytes = e.used_memory_bytes.max(used);
+        e
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Sharing and accounting (MPS clients, per-process accounting at exit)
+
+/// MPS clients, merged into the per-process list: a PID the compute list already has is
+/// the same process (marked `mps`), attributed by host PID like any other.
+fn read_mps_processes(r: &mut Reader, dev: &Device, migs: &[MigSample], merged: &mut Merged) {
+    let Some(list) = r.read("mps_processes", || dev.mps_running_compute_processes()) else {
+        return;
+    };
+    for p in &list {
+        merged.merge(p, migs).mps = true;
+    }
+}
+
+/// Accounting mode; the PIDs new in NVML's accounting list; and the stats of the
+/// processes the join saw exit. A process still running per NVML is asked about again next
+/// cycle, a few times; one NVML no longer knows is dropped.
+pub(super) fn read_accounting(dev: &Device, d: &mut DeviceSample, acc: &mut Accounting) {
+    let mode = match dev.is_accounting_enabled() {
+        Ok(m) => Some(m),
+        Err(NvmlError::NotSupported)
+        | Err(NvmlError::FunctionNotFound)
+        | Err(NvmlError::FailedToLoadSymbol(_)) => {
+            d.unsupported.push("accounting");
+            None
+        }
+        Err(e) => {
+            tracing::debug!(uuid = %d.uuid, "accounting mode: {e}");
+            None
+        }
+    };
+    d.sharing.accounting_mode = mode;
+    if mode != Some(true) {
+        acc.pending.retain(|(u, _, _)| *u != d.uuid);
+        return;
+    }
+    if let Ok(pids) = dev.accounting_pids() {
+        let before = acc.listed.get(&d.uuid);
+        d.sharing.accounting_pids = pids
+            .iter()
+            .copied()
+            .filter(|p| !before.is_some_and(|b| b.contains(p)))
+            .collect();
+        acc.listed.insert(d.uuid.clone(), pids);
+    }
+    let uuid = d.uuid.clone();
+    acc.pending.retain_mut(|(u, pid, tries)| {
+        if *u != uuid {
+            return true;
+        }
+        match dev.accounting_stats_for(*pid) {
+            Ok(s) if !s.is_running => {
+                d.sharing.accounting.push(AccountingSample {
+                    pid: *pid,
+                    gpu_util: s.gpu_utilization,
+                    mem_util: s.memory_utilization,
+                    max_memory_bytes: s.max_memory_usage,
+                    time_ms: s.time,
+                    start_time_us: s.start_time,
+                });
+                false
+            }
+            Ok(_) => {
+                *tries -= 1;
+                *tries > 0
+            }
+            Err(e) => {
+                tracing::debug!(uuid = %u, pid, "accounting stats: {e}");
+                false
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_lists_stand_until_the_memory_moves_the_mig_devices_change_or_time_is_up() {
+        let t0 = Instant::now();
+        let mig = |u: &str| MigSample {
+            uuid: u.into(),
+            ..Default::default()
+        };
+        let device = |used: Option<u64>, migs: &[&str]| DeviceSample {
+            memory_used_bytes: used,
+            mig_devices: migs.iter().map(|u| mig(u)).collect(),
+            ..Default::default()
+        };
+        let held = HeldLists {
+            procs: vec![],
+            unsupported: vec![],
+            memory_used: Some(10 << 30),
+            migs: vec!["MIG-a".into(), "MIG-b".into()],
+            at: t0,
+        };
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let five_s = Duration::from_secs(5);
+        let d = device(Some((10 << 30) + LISTS_MEMORY_MOVED), &["MIG-a", "MIG-b"]);
+        assert!(held.stand(&d, at(4_999), five_s), "within the bounds");
+        assert!(!held.stand(&d, at(5_000), five_s), "the interval is up");
+        let moved = device(
+            Some((10 << 30) - LISTS_MEMORY_MOVED - 1),
+            &["MIG-a", "MIG-b"],
+        );
+        assert!(!held.stand(&moved, at(1), five_s), "memory moved");
+        assert!(!held.stand(&device(None, &["MIG-a", "MIG-b"]), at(1), five_s));
+        let remade = device(Some(10 << 30), &["MIG-a", "MIG-c"]);
+        assert!(
+            !held.stand(&remade, at(1), five_s),
+            "a MIG device made again"
+        );
+        assert!(!held.stand(&device(Some(10 << 30), &["MIG-a"]), at(1), five_s));
+    }
+
+    #[test]
+    fn contexts_of_one_process_merge_per_device_and_keep_the_most_memory() {
+        let mig = |gi, ci| MigSample {
+            uuid: format!("MIG-{gi}-{ci}").into(),
+            gpu_instance_id: gi,
+            compute_instance_id: ci,
+            ..Default::default()
+        };
+        let migs = [mig(1, 0), mig(2, 0)];
+        let ctx = |pid, mib: u64, gi: Option<u32>| ProcessInfo {
+            pid,
+            used_gpu_memory: UsedGpuMemory::Used(mib << 20),
+            gpu_instance_id: gi,
+            compute_instance_id: gi.map(|_| 0),
+        };
+        let mut m = Merged::default();
+        m.merge(&ctx(10, 100, Some(1)), &migs);
+        m.merge(&ctx(11, 50, Some(2)), &migs);
+        // A graphics context of 10 on the same MIG device, and 10 on the other one.
+        m.merge(&ctx(10, 300, Some(1)), &migs);
+        m.merge(&ctx(10, 20, Some(2)), &migs);
+        m.merge(&ctx(11, 10, Some(2)), &migs).mps = true;
+        let rows: Vec<_> = m
+            .procs
+            .iter()
+            .map(|p| {
+                (
+                    p.pid,
+                    p.mig.map(|i| &*migs[usize::from(i)].uuid),
+                    p.used_memory_bytes >> 20,
+                    p.mps,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (10, Some("MIG-1-0"), 300, false),
+                (11, Some("MIG-2-0"), 50, true),
+                (10, Some("MIG-2-0"), 20, false),
+            ]
+        );
+        // Without MIG: one entry per pid.
+        let mut m = Merged::default();
+        m.merge(&ctx(7, 1, None), &[]);
+        m.merge(&ctx(7, 2, None), &[]);
+        assert_eq!(m.procs.len(), 1);
+        assert_eq!(m.procs[0].used_memory_bytes, 2 << 20);
+    }
+}
