@@ -38,7 +38,7 @@ const AGENT_CAPS: [(&str, &str); 5] = [
 ];
 /// Only with components/tracefs-mount: mounting tracefs where the host has none.
 const TRACEFS_MOUNT_CAP: &str = "SYS_ADMIN";
-/// The agent's http.addr when its config has none (README.md, "Configuration").
+/// The agent's http.addr when its config has none (docs/configuration.md).
 const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
 const CLUSTER_SCOPED: [&str; 5] = [
     "Namespace",

@@ -1,5 +1,5 @@
 //! The agent's container as the cluster receives it: read from `kubectl kustomize
-//! deploy/kubernetes`, and turned into `docker run` flags. The harness, the README's
+//! deploy/kubernetes`, and turned into `docker run` flags. The harness, docs/deploy.md's
 //! plain-Docker line and the systemd unit all derive from this, so they cannot drift from
 //! the DaemonSet (the tests at the bottom compare them).
 use std::{
