@@ -1,13 +1,17 @@
 //! Agent configuration: a TOML file, overridden by flags. Unknown or invalid fields are
-//! errors that name the field.
+//! errors that name the field. A new key needs its entry in `reference` (the tests fail
+//! without one), from which `cargo xtask config-doc` writes docs/configuration.md.
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 mod http;
+mod reference;
+mod serialize;
 pub use http::{AuthConfig, ClientAuthType, HttpConfig, TlsConfig};
+pub use reference::{reference, Allowed, KeyDoc, Type, ENV_ONLY, TABLES};
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub http: HttpConfig,
@@ -17,8 +21,10 @@ pub struct Config {
     pub nvml: NvmlConfig,
     pub prometheus: PrometheusConfig,
     /// OTLP push; the standard OTEL_* variables override each key.
+    #[serde(serialize_with = "serialize::otlp")]
     pub otlp: otel::export::OtlpConfig,
     /// Metric groups every sink emits.
+    #[serde(serialize_with = "serialize::groups")]
     pub metrics: otel::Groups,
     /// k8s.node.name; the NODE_NAME variable (downward API) when unset.
     pub node_name: Option<String>,
@@ -31,7 +37,7 @@ pub struct Config {
 }
 
 /// The node's sockets for names and GPU allocations.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetadataConfig {
     pub enabled: bool,
@@ -62,7 +68,7 @@ impl Default for MetadataConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrometheusConfig {
     /// Serve /metrics on the HTTP address.
@@ -71,7 +77,7 @@ pub struct PrometheusConfig {
     pub compat: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct NvmlConfig {
     /// false: no GPU sampling (the process cache alone).
@@ -104,7 +110,7 @@ impl Default for NvmlConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct EbpfConfig {
     /// false: run in /proc mode without trying eBPF.
@@ -132,7 +138,7 @@ pub struct EbpfConfig {
     pub btf_tracepoints: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheConfig {
     /// How long an exited process stays joinable (an NVML sample taken just before exit).
@@ -143,7 +149,7 @@ pub struct CacheConfig {
     pub procfs_rescan_secs: u64,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct CgroupConfig {
     /// The cgroup v1 hierarchy followed on hybrid hosts: "auto" (memory, then cpu, pids,
@@ -246,25 +252,23 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// The sections that differ in `newer`: what a SIGHUP would change.
-    pub fn changed_sections(&self, newer: &Loaded) -> Vec<&'static str> {
-        let (a, b) = (&self.config, &newer.config);
-        let mut out = vec![];
-        let mut check = |name, same: bool| {
-            if !same {
-                out.push(name);
-            }
+    /// The sections (and top-level keys) that differ in `newer`: what a SIGHUP would
+    /// change. Compared as written out, so that a section added later is compared too.
+    pub fn changed_sections(&self, newer: &Loaded) -> Vec<String> {
+        let json = |c: &Config| serde_json::to_value(c).expect("the config serializes");
+        let (a, b) = (json(&self.config), json(&newer.config));
+        let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+            unreachable!("a config is a table")
         };
-        check("http", a.http == b.http);
-        check("ebpf", a.ebpf == b.ebpf);
-        check("cache", a.cache == b.cache);
-        check("cgroup", a.cgroup == b.cgroup);
-        check("nvml", a.nvml == b.nvml);
-        check("prometheus", a.prometheus == b.prometheus);
-        check("otlp", a.otlp == b.otlp && self.otlp == newer.otlp);
-        check("metrics", a.metrics == b.metrics);
-        check("node_name", a.node_name == b.node_name);
-        check("metadata", a.metadata == b.metadata);
+        let mut out: Vec<String> = a
+            .iter()
+            .filter(|(k, v)| b.get(*k) != Some(v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        // The OTEL_* variables are part of [otlp].
+        if self.otlp != newer.otlp && !out.iter().any(|s| s == "otlp") {
+            out.push("otlp".into());
+        }
         out
     }
 }
@@ -352,24 +356,44 @@ fn invalid(field: &'static str, message: impl Into<String>) -> Result<(), Config
     })
 }
 
-/// `value` within `lo..=hi` (in `unit`), or an error naming the field and the range.
-fn in_range(
-    field: &'static str,
-    value: u64,
-    lo: u64,
-    hi: u64,
-    unit: &str,
-) -> Result<(), ConfigError> {
-    if (lo..=hi).contains(&value) {
-        return Ok(());
+/// The values an integer key takes: validation checks them, and docs/configuration.md
+/// shows them (from the same constant, through [`reference`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub min: u64,
+    pub max: u64,
+    /// "ms", "s", "bytes", or "" for a count.
+    pub unit: &'static str,
+}
+
+impl Bounds {
+    pub const fn new(min: u64, max: u64, unit: &'static str) -> Bounds {
+        Bounds { min, max, unit }
     }
-    invalid(field, format!("{value} is outside {lo}..={hi}{unit}"))
+
+    /// `value` within `min..=max`, or an error naming the field and the range.
+    fn check(self, field: &'static str, value: u64) -> Result<(), ConfigError> {
+        if (self.min..=self.max).contains(&value) {
+            return Ok(());
+        }
+        let unit = match self.unit {
+            "" => String::new(),
+            u => format!(" {u}"),
+        };
+        invalid(
+            field,
+            format!("{value} is outside {}..={}{unit}", self.min, self.max),
+        )
+    }
 }
 
 /// A ring buffer larger than this pins more kernel memory than any node needs.
 const RING_BUFFER_MAX: u32 = 256 << 20;
 
 impl EbpfConfig {
+    const MAX_PROCESSES: Bounds = Bounds::new(1024, 4_194_304, "");
+    const POLL_INTERVAL_MS: Bounds = Bounds::new(1, 10_000, "ms");
+
     fn validate(&self) -> Result<(), ConfigError> {
         let page = page_size();
         let rb = self.ring_buffer_bytes;
@@ -383,15 +407,9 @@ impl EbpfConfig {
             );
         }
         if let Some(m) = self.max_processes {
-            in_range("ebpf.max_processes", m.into(), 1024, 4_194_304, "")?;
+            Self::MAX_PROCESSES.check("ebpf.max_processes", m.into())?;
         }
-        in_range(
-            "ebpf.poll_interval_ms",
-            self.poll_interval_ms,
-            1,
-            10_000,
-            " ms",
-        )?;
+        Self::POLL_INTERVAL_MS.check("ebpf.poll_interval_ms", self.poll_interval_ms)?;
         if self.wakeup_bytes > rb {
             return invalid(
                 "ebpf.wakeup_bytes",
@@ -403,42 +421,29 @@ impl EbpfConfig {
 }
 
 impl NvmlConfig {
+    const INTERVAL_MS: Bounds = Bounds::new(100, 60_000, "ms");
+    const SLOW_INTERVAL_MS: Bounds = Bounds::new(100, 600_000, "ms");
+    const CROWDED_LIST_INTERVAL_MS: Bounds = Bounds::new(0, 60_000, "ms");
+
     fn validate(&self) -> Result<(), ConfigError> {
-        in_range("nvml.interval_ms", self.interval_ms, 100, 60_000, " ms")?;
-        in_range(
-            "nvml.slow_interval_ms",
-            self.slow_interval_ms,
-            100,
-            600_000,
-            " ms",
-        )?;
-        in_range(
+        Self::INTERVAL_MS.check("nvml.interval_ms", self.interval_ms)?;
+        Self::SLOW_INTERVAL_MS.check("nvml.slow_interval_ms", self.slow_interval_ms)?;
+        Self::CROWDED_LIST_INTERVAL_MS.check(
             "nvml.crowded_list_interval_ms",
             self.crowded_list_interval_ms,
-            0,
-            60_000,
-            " ms",
         )
     }
 }
 
 impl CacheConfig {
+    const TOMBSTONE_SECS: Bounds = Bounds::new(1, 3600, "s");
+    const MAX_TOMBSTONES: Bounds = Bounds::new(16, 1 << 20, "");
+    const PROCFS_RESCAN_SECS: Bounds = Bounds::new(1, 3600, "s");
+
     fn validate(&self) -> Result<(), ConfigError> {
-        in_range("cache.tombstone_secs", self.tombstone_secs, 1, 3600, " s")?;
-        in_range(
-            "cache.max_tombstones",
-            self.max_tombstones as u64,
-            16,
-            1 << 20,
-            "",
-        )?;
-        in_range(
-            "cache.procfs_rescan_secs",
-            self.procfs_rescan_secs,
-            1,
-            3600,
-            " s",
-        )
+        Self::TOMBSTONE_SECS.check("cache.tombstone_secs", self.tombstone_secs)?;
+        Self::MAX_TOMBSTONES.check("cache.max_tombstones", self.max_tombstones as u64)?;
+        Self::PROCFS_RESCAN_SECS.check("cache.procfs_rescan_secs", self.procfs_rescan_secs)
     }
 }
 
@@ -489,7 +494,7 @@ impl CgroupConfig {
 }
 
 /// The `[usage]` section: what a chargeback system bills from.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct UsageConfig {
     /// Emit a usage record when a container stops using a device (OTLP logs when an
@@ -529,19 +534,18 @@ impl Default for UsageConfig {
 }
 
 impl MetadataConfig {
+    const ALLOCATION_INTERVAL_SECS: Bounds = Bounds::new(1, 86_400, "s");
+
     fn validate(&self) -> Result<(), ConfigError> {
-        in_range(
+        Self::ALLOCATION_INTERVAL_SECS.check(
             "metadata.allocation_interval_secs",
             self.allocation_interval_secs,
-            1,
-            86_400,
-            " s",
         )
     }
 }
 
 /// dcgm-exporter compatibility (`--prometheus-compat dcgm` or `dcgm-virtual-gpus`).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DcgmConfig {
     /// A dcgm-exporter counters CSV (`-f`, `--collectors`): the DCGM fields to serve, with
@@ -550,7 +554,7 @@ pub struct DcgmConfig {
 }
 
 /// XID errors: NVML's event API counts them per GPU; the kernel log names the process.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct XidConfig {
     /// Where the kernel log is read to charge an XID to the process (and container) it
@@ -614,29 +618,16 @@ impl Config {
 }
 
 impl UsageConfig {
+    const FILE_MAX_BYTES: Bounds = Bounds::new(4096, 1 << 40, "bytes");
+    const FILE_KEEP: Bounds = Bounds::new(1, 1000, "");
+    const QUEUE_RECORDS: Bounds = Bounds::new(1, 1_000_000, "");
+    const PEAK_WINDOW_SECS: Bounds = Bounds::new(1, 86_400, "s");
+
     pub fn validate(&self) -> Result<(), ConfigError> {
-        in_range(
-            "usage.file_max_bytes",
-            self.file_max_bytes,
-            4096,
-            1 << 40,
-            " bytes",
-        )?;
-        in_range("usage.file_keep", self.file_keep as u64, 1, 1000, "")?;
-        in_range(
-            "usage.queue_records",
-            self.queue_records as u64,
-            1,
-            1_000_000,
-            "",
-        )?;
-        in_range(
-            "usage.peak_window_secs",
-            self.peak_window_secs,
-            1,
-            86_400,
-            " s",
-        )?;
+        Self::FILE_MAX_BYTES.check("usage.file_max_bytes", self.file_max_bytes)?;
+        Self::FILE_KEEP.check("usage.file_keep", self.file_keep.into())?;
+        Self::QUEUE_RECORDS.check("usage.queue_records", self.queue_records as u64)?;
+        Self::PEAK_WINDOW_SECS.check("usage.peak_window_secs", self.peak_window_secs)?;
         if self
             .file
             .as_ref()
@@ -684,6 +675,21 @@ mod tests {
         assert_eq!(c.otlp.endpoint.as_deref(), Some("http://c:4318"));
         let e = Config::from_yaml("otlp:\n  endpiont: x\n").unwrap_err();
         assert!(e.to_string().contains("endpiont"), "{e}");
+    }
+
+    #[test]
+    fn every_changed_section_is_named() {
+        let load = |text: &str| Config::from_toml(text).unwrap().resolve(|_| None).unwrap();
+        let base = load("");
+        assert!(base.changed_sections(&load("")).is_empty());
+        let newer = load("node_name = \"n\"\n[usage]\nfile_keep = 2\n[xid]\nkmsg = \"\"\n");
+        let mut changed = base.changed_sections(&newer);
+        changed.sort();
+        assert_eq!(changed, ["node_name", "usage", "xid"]);
+        let env = Config::default()
+            .resolve(|k| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://c:4318".into()))
+            .unwrap();
+        assert_eq!(base.changed_sections(&env), ["otlp"]);
     }
 
     #[test]

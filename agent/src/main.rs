@@ -27,8 +27,16 @@ enum Cmd {
     Run(RunArgs),
     /// A live terminal view of the node's GPUs and the containers using them.
     Top(TopArgs),
-    /// Validate a config file and exit (non-zero, naming the field, when it is bad).
-    CheckConfig { file: PathBuf },
+    /// Validate a config file and exit (non-zero, naming the field, when it is bad), or
+    /// print the default one.
+    CheckConfig {
+        #[arg(required_unless_present = "print_default")]
+        file: Option<PathBuf>,
+        /// Print the default configuration as TOML instead (docs/configuration.md lists
+        /// every key).
+        #[arg(long, conflicts_with = "file")]
+        print_default: bool,
+    },
     /// GPU usage per namespace (pod, container, node, GPU) from the usage-record file.
     Report(ReportArgs),
 }
@@ -198,25 +206,35 @@ fn main() -> ExitCode {
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::CheckConfig { file } => {
-            let sources = SourceArgs {
-                config: Some(file.clone()),
-                ..Default::default()
-            };
-            match load_config(&sources, None) {
-                Ok(_) => {
-                    println!("{}: ok", file.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("gpu-agent: {e}");
-                    ExitCode::from(2)
-                }
-            }
-        }
+        Cmd::CheckConfig {
+            file,
+            print_default,
+        } => check_config(file, print_default),
         Cmd::Run(args) => run(args),
         Cmd::Top(args) => top(args),
         Cmd::Report(args) => report(args),
+    }
+}
+
+/// `gpu-agent check-config FILE`, or `--print-default`.
+fn check_config(file: Option<PathBuf>, print_default: bool) -> ExitCode {
+    let Some(file) = file.filter(|_| !print_default) else {
+        print!("{}", Config::default_toml());
+        return ExitCode::SUCCESS;
+    };
+    let sources = SourceArgs {
+        config: Some(file.clone()),
+        ..Default::default()
+    };
+    match load_config(&sources, None) {
+        Ok(_) => {
+            println!("{}: ok", file.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gpu-agent: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 
@@ -342,4 +360,39 @@ fn top(args: TopArgs) -> ExitCode {
         let _ = thread.join();
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn check_config_takes_a_file_or_prints_the_default() {
+        let parse =
+            |args: &[&str]| Cli::try_parse_from([&["gpu-agent", "check-config"], args].concat());
+        for ok in [&["f.toml"][..], &["--print-default"]] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [&[][..], &["f.toml", "--print-default"]] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// docs/configuration.md names these flags beside their keys.
+    #[test]
+    fn documented_flags_are_flags_of_run() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").unwrap();
+        for k in gpu_agent::config::reference() {
+            let Some(flag) = k.flag else { continue };
+            let long = flag.strip_prefix("--").unwrap();
+            assert!(
+                run.get_arguments().any(|a| a.get_long() == Some(long)),
+                "{}: {flag} is not a flag of run",
+                k.key
+            );
+        }
+    }
 }

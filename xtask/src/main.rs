@@ -2,6 +2,7 @@
 mod bench;
 mod bignode;
 mod classic;
+mod config_doc;
 mod e2e;
 mod ebpf;
 mod floor;
@@ -100,6 +101,13 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Regenerate docs/configuration.md's tables of keys and variables and its default file
+    /// from the agent's configuration reference (agent/src/config/reference.rs).
+    ConfigDoc {
+        /// Write nothing; fail, naming each stale block, when the file is out of date.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -145,6 +153,7 @@ fn main() -> Result<()> {
         }),
         Cmd::E2eContainer { release } => e2e::run(release),
         Cmd::MetricsDoc { check } => metrics_doc::run(check),
+        Cmd::ConfigDoc { check } => config_doc::run(check),
     }
 }
 

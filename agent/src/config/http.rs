@@ -7,14 +7,14 @@ use std::{
     sync::Arc,
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{Bounds, ConfigError};
 
 /// Two addresses: `addr` serves every endpoint and stays on loopback (the debug views list
 /// every process on the host); `metrics_addr` serves only /metrics, /healthz and /readyz and
 /// may face the network, with optional TLS and authentication.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     /// Every endpoint: /healthz, /readyz, /metrics and /debug/*. Loopback only, unless
@@ -62,7 +62,7 @@ impl Default for HttpConfig {
 }
 
 /// Prometheus exporter-toolkit's `tls_server_config`, with its key names.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate chain, the server's own certificate first.
@@ -77,7 +77,7 @@ pub struct TlsConfig {
     pub client_auth_type: Option<ClientAuthType>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 pub enum ClientAuthType {
     NoClientCert,
     VerifyClientCertIfGiven,
@@ -85,7 +85,7 @@ pub enum ClientAuthType {
 }
 
 /// Basic authentication as Prometheus exporters do it, or a bearer token; either admits.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// User name -> bcrypt hash (`htpasswd -nBC 10 USER`), as exporter-toolkit's
@@ -242,6 +242,12 @@ fn is_bcrypt(hash: &str) -> bool {
 }
 
 impl HttpConfig {
+    pub(super) const MAX_CONNECTIONS: Bounds = Bounds::new(8, 16_384, "");
+    pub(super) const MAX_CONCURRENT_REQUESTS: Bounds = Bounds::new(1, 256, "");
+    pub(super) const HEADER_READ_TIMEOUT_MS: Bounds = Bounds::new(100, 300_000, "ms");
+    pub(super) const MAX_REQUEST_HEADER_BYTES: Bounds = Bounds::new(8192, 1 << 20, "bytes");
+    pub(super) const REQUEST_TIMEOUT_MS: Bounds = Bounds::new(1_000, 3_600_000, "ms");
+
     /// Every rule of `[http]`; file-backed settings (TLS, token) are read and checked.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid =
@@ -311,47 +317,18 @@ impl HttpConfig {
     }
 
     fn validate_limits(&self) -> Result<(), ConfigError> {
-        let ranges: [(&'static str, u64, u64, u64); 5] = [
-            (
-                "http.max_connections",
-                self.max_connections.into(),
-                8,
-                16_384,
-            ),
-            (
-                "http.max_concurrent_requests",
-                self.max_concurrent_requests.into(),
-                1,
-                256,
-            ),
-            (
-                "http.header_read_timeout_ms",
-                self.header_read_timeout_ms,
-                100,
-                300_000,
-            ),
-            (
-                "http.max_request_header_bytes",
-                self.max_request_header_bytes.into(),
-                8192,
-                1 << 20,
-            ),
-            (
-                "http.request_timeout_ms",
-                self.request_timeout_ms,
-                1_000,
-                3_600_000,
-            ),
-        ];
-        for (field, value, min, max) in ranges {
-            if !(min..=max).contains(&value) {
-                return Err(ConfigError::Invalid {
-                    field,
-                    message: format!("must be between {min} and {max}, got {value}"),
-                });
-            }
-        }
-        Ok(())
+        Self::MAX_CONNECTIONS.check("http.max_connections", self.max_connections.into())?;
+        Self::MAX_CONCURRENT_REQUESTS.check(
+            "http.max_concurrent_requests",
+            self.max_concurrent_requests.into(),
+        )?;
+        Self::HEADER_READ_TIMEOUT_MS
+            .check("http.header_read_timeout_ms", self.header_read_timeout_ms)?;
+        Self::MAX_REQUEST_HEADER_BYTES.check(
+            "http.max_request_header_bytes",
+            self.max_request_header_bytes.into(),
+        )?;
+        Self::REQUEST_TIMEOUT_MS.check("http.request_timeout_ms", self.request_timeout_ms)
     }
 
     pub fn header_read_timeout(&self) -> std::time::Duration {
