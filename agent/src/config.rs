@@ -95,6 +95,9 @@ pub struct NvmlConfig {
     /// may be held between reads: a real driver takes about 50 µs per listed process. Read
     /// at once when the device's memory moves or a new PID shows up in its utilization.
     pub crowded_list_interval_ms: u64,
+    /// A GPU whose NVML call or cycle has not returned for this long is reported stalled
+    /// (a wedged driver). Unset: three intervals, at least 5 s.
+    pub stall_timeout_ms: Option<u64>,
 }
 
 impl Default for NvmlConfig {
@@ -106,6 +109,7 @@ impl Default for NvmlConfig {
             process_detail: false,
             slow_interval_ms: 10_000,
             crowded_list_interval_ms: 5_000,
+            stall_timeout_ms: None,
         }
     }
 }
@@ -424,8 +428,18 @@ impl NvmlConfig {
     const INTERVAL_MS: Bounds = Bounds::new(100, 60_000, "ms");
     const SLOW_INTERVAL_MS: Bounds = Bounds::new(100, 600_000, "ms");
     const CROWDED_LIST_INTERVAL_MS: Bounds = Bounds::new(0, 60_000, "ms");
+    const STALL_TIMEOUT_MS: Bounds = Bounds::new(1_000, 3_600_000, "ms");
+
+    /// `stall_timeout_ms`, or its default: three intervals, at least 5 s.
+    pub fn stall_timeout(&self) -> std::time::Duration {
+        let ms = (self.stall_timeout_ms).unwrap_or((3 * self.interval_ms).max(5_000));
+        std::time::Duration::from_millis(ms)
+    }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(ms) = self.stall_timeout_ms {
+            Self::STALL_TIMEOUT_MS.check("nvml.stall_timeout_ms", ms)?;
+        }
         Self::INTERVAL_MS.check("nvml.interval_ms", self.interval_ms)?;
         Self::SLOW_INTERVAL_MS.check("nvml.slow_interval_ms", self.slow_interval_ms)?;
         Self::CROWDED_LIST_INTERVAL_MS.check(

@@ -73,7 +73,13 @@ impl Stats {
 
     /// Everything, with NVML's health as the latest snapshot carries it (its one owner).
     pub fn report(&self, nvml: &SourceStatus) -> AgentStats {
-        let (mode, degraded_reason) = self.mode.read().unwrap().clone();
+        let (mode, tracking) = self.mode.read().unwrap().clone();
+        // A wedged driver degrades the agent as much as a tracking fallback does.
+        let stalled = matches!(nvml, SourceStatus::Stalled(_)).then(|| nvml.to_string());
+        let degraded_reason = match (tracking, stalled) {
+            (Some(t), Some(s)) => Some(format!("{t}; {s}")),
+            (t, s) => t.or(s),
+        };
         let n = |c: &AtomicU64| c.load(Relaxed);
         AgentStats {
             started_ms: n(&self.started_ms),

@@ -478,7 +478,8 @@ pub struct ProgramStats {
 
 /// A source's health. Serialized as the strings the endpoints show: `starting` (it has not
 /// reported yet), `ok` (its last call succeeded), `disabled`, `not found` (no socket or
-/// library where it was looked for), `unavailable: <reason>`.
+/// library where it was looked for), `unavailable: <reason>`, `stalled: <what>` (a call
+/// that has not returned: a wedged driver).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum SourceStatus {
     #[default]
@@ -489,6 +490,8 @@ pub enum SourceStatus {
     /// Nothing to talk to where it was looked for (e.g. no socket).
     NotFound,
     Unavailable(String),
+    /// A call that has not returned for long (a wedged driver): what, where, how long.
+    Stalled(String),
 }
 
 impl SourceStatus {
@@ -513,18 +516,22 @@ impl fmt::Display for SourceStatus {
             SourceStatus::Disabled => f.write_str("disabled"),
             SourceStatus::NotFound => f.write_str("not found"),
             SourceStatus::Unavailable(r) => write!(f, "unavailable: {r}"),
+            SourceStatus::Stalled(r) => write!(f, "stalled: {r}"),
         }
     }
 }
 
 /// A GPU's state: serialized as `ok`, `lost` (fell off the bus: skipped until it answers
-/// again) or `error: <reason>` (no handle).
+/// again), `error: <reason>` (no handle) or `stalled: <call> for <n> s` (a call on it has
+/// not returned: its readings are not known, and none is repeated from before).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum DeviceStatus {
     #[default]
     Ok,
     Lost,
     Error(String),
+    /// A call on it that has not returned for `secs` seconds.
+    Stalled { call: String, secs: u64 },
 }
 
 impl DeviceStatus {
@@ -539,6 +546,7 @@ impl fmt::Display for DeviceStatus {
             DeviceStatus::Ok => f.write_str("ok"),
             DeviceStatus::Lost => f.write_str("lost"),
             DeviceStatus::Error(e) => write!(f, "error: {e}"),
+            DeviceStatus::Stalled { call, secs } => write!(f, "stalled: {call} for {secs} s"),
         }
     }
 }
@@ -648,6 +656,15 @@ mod tests {
         );
         assert_eq!(json(&DeviceStatus::Lost), "\"lost\"");
         assert_eq!(json(&DeviceStatus::Error("x".into())), "\"error: x\"");
+        let stalled = DeviceStatus::Stalled {
+            call: "power".into(),
+            secs: 42,
+        };
+        assert_eq!(json(&stalled), "\"stalled: power for 42 s\"");
+        assert_eq!(
+            json(&SourceStatus::Stalled("power on GPU 3 (GPU-3) for 42 s".into())),
+            "\"stalled: power on GPU 3 (GPU-3) for 42 s\""
+        );
         assert_eq!(json(&TrackingMode::Procfs), "\"procfs\"");
         assert_eq!(json(&ExportTarget::Disabled), "\"disabled\"");
     }

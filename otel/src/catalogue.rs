@@ -927,6 +927,14 @@ table! {
             note: "A lost GPU gets this metric only",
             ..DEVICE_METRIC
         },
+        NvmlStalled => Metric {
+            otlp: Some("gpu_agent.nvml.stalled"),
+            prometheus: Some("gpu_agent_nvml_stalled"),
+            kind: UpDownCounter,
+            help: "1 while an NVML call on the GPU has not returned for nvml.stall_timeout_ms (a wedged driver), else 0.",
+            note: "A stalled GPU is `failed` in `hw.status` and has no other series: its last readings are not repeated",
+            ..DEVICE_METRIC
+        },
         HwGpuClock => Metric {
             otlp: Some("hw.gpu.clock"),
             prometheus: Some("hw_gpu_clock_hertz"),

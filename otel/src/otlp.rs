@@ -13,7 +13,9 @@ use std::{
     },
 };
 
-use gpu_model::{AgentStats, ContainerUsage, ContainerXid, DeviceSample, ProcessUsage, Snapshot};
+use gpu_model::{
+    AgentStats, ContainerUsage, ContainerXid, DeviceSample, DeviceStatus, ProcessUsage, Snapshot,
+};
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::ExportMetricsServiceRequest,
     common::v1::{any_value, AnyValue, KeyValue},
@@ -486,6 +488,8 @@ fn device_metrics(m: &mut Metrics, snap: &Snapshot) {
             Attr::HwState,
             [(ok_state, Some(ok)), (failed_state, Some(1.0 - ok))],
         );
+        let stalled = matches!(d.status, DeviceStatus::Stalled { .. });
+        m.point(M::NvmlStalled, stalled as u8 as f64, a);
         memory(m, a, d.memory_used_bytes, d.memory_total_bytes);
         let [general, memctl, ..] = GPU_TASKS;
         let [.., encoder, decoder] = GPU_TASKS;

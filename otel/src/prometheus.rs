@@ -16,7 +16,7 @@ use std::{
     sync::Arc,
 };
 
-use gpu_model::{AgentStats, ContainerUsage, DeviceSample, Snapshot};
+use gpu_model::{AgentStats, ContainerUsage, DeviceSample, DeviceStatus, Snapshot};
 
 use crate::{
     catalogue::{
@@ -582,6 +582,10 @@ fn device_series(id: MetricId, f: &mut Family, l: &str, d: &DeviceSample) {
             let [ok_state, failed_state] = HW_STATES;
             f.series(l, &[(Attr::HwState, ok_state)], ok);
             f.series(l, &[(Attr::HwState, failed_state)], 1.0 - ok);
+        }
+        M::NvmlStalled => {
+            let stalled = matches!(d.status, DeviceStatus::Stalled { .. });
+            f.series(l, &[], stalled as u8 as f64);
         }
         M::HwGpuClock => {
             let [sm, memory_clock] = CLOCKS;

@@ -535,6 +535,17 @@ fn nvml() -> Vec<KeyDoc> {
              0: every cycle.",
         )
         .range(NvmlConfig::CROWDED_LIST_INTERVAL_MS),
+        key(
+            "nvml.stall_timeout_ms",
+            Type::Millis,
+            "A GPU whose NVML call has not returned for this long is reported stalled \
+             (a wedged driver: every call on a GPU fallen off the bus blocks): its \
+             readings are left out rather than repeated, `/debug/stats` and \
+             `gpu_agent_nvml_stalled` say so, and the other GPUs are read as before. \
+             Unset: three intervals, at least 5 s.",
+        )
+        .range(NvmlConfig::STALL_TIMEOUT_MS)
+        .example("10000"),
     ]
 }
 

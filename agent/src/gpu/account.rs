@@ -274,7 +274,14 @@ fn split_energy<'a, 'o>(
     charges: &mut Split<'a>,
     now: u64,
 ) {
-    let Some(e) = d.energy_mj.filter(|_| d.status.is_ok()) else {
+    if !d.status.is_ok() {
+        // Not read (stalled, lost): what it drew meanwhile is charged to nobody, and its
+        // next reading starts the count again.
+        counters.energy_mj.remove(&d.uuid);
+        counters.energy_shares.remove(&d.uuid);
+        return;
+    }
+    let Some(e) = d.energy_mj else {
         return;
     };
     // The map holds the last sample's values: the one replaced is "before".

@@ -3,6 +3,7 @@
 //! processes (processes.rs), and dcgm-exporter's further fields.
 use std::{
     collections::HashMap,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -17,7 +18,7 @@ use super::{
     fields::{self, NvlinkRates},
     gpm::Gpm,
     processes::{sample_processes, Lists},
-    reader::Reader,
+    reader::{in_call, Reader},
     xid::Xids,
     DeviceSample, MigSample,
 };
@@ -114,8 +115,6 @@ pub(super) struct Slow {
     /// Reads since NVML was initialised: the first two cycles read everything, so that
     /// rates (GPM, the energy split) are known from the second cycle on.
     pub(super) reads: u32,
-    /// Per device index: what its last read gave.
-    pub(super) held: HashMap<u32, Held>,
 }
 
 /// Names of the slow readings, as `DeviceSample::unsupported` lists them.
@@ -145,15 +144,9 @@ impl Slow {
         due
     }
 
-    /// What to hold for device `index` this cycle: None reads it afresh.
-    pub(super) fn held(&self, due: bool, index: u32) -> Option<&Held> {
-        (!due).then(|| self.held.get(&index)).flatten()
-    }
-
     pub(super) fn forget(&mut self) {
         self.last = None;
         self.reads = 0;
-        self.held.clear();
     }
 }
 
@@ -204,7 +197,8 @@ impl Held {
 /// event set, NVLink counters (gpm.rs, xid.rs, fields.rs).
 pub(super) struct Extras {
     pub(super) gpm: Gpm,
-    pub(super) xids: Xids,
+    /// Shared with the sampler, which drains the events each cycle.
+    pub(super) xids: Arc<Mutex<Xids>>,
     pub(super) nvlink: NvlinkRates,
 }
 
@@ -238,7 +232,9 @@ impl Extras {
             Some(h) => h.restore_extras(&mut d),
             None => self.gpm.sample(nvml, dev, &mut d),
         }
-        self.xids.register(nvml, dev, &d.uuid);
+        in_call("XID event registration", || {
+            self.xids.lock().unwrap().register(nvml, dev, &d.uuid)
+        });
         d
     }
 }
@@ -450,7 +446,6 @@ mod tests {
             interval: Duration::from_millis(interval_ms),
             last: None,
             reads: 0,
-            held: HashMap::new(),
         }
     }
 
@@ -468,11 +463,8 @@ mod tests {
             [true, true, false, false, false, true, false, true],
             "reads at 0 and 200 ms, then 1 s after the last read"
         );
-        s.held.insert(0, Held::default());
-        assert!(s.held(false, 0).is_some() && s.held(true, 0).is_none());
         s.forget();
         assert!(s.due(at(2300)), "NVML restarted: read at once");
-        assert!(s.held(false, 0).is_none());
     }
 
     #[test]

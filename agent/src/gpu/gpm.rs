@@ -41,6 +41,10 @@ pub struct Gpm {
     pub status: BTreeMap<String, SourceStatus>,
 }
 
+// SAFETY: the samples are buffers NVML allocated for this process; NVML's calls are
+// thread-safe, and a `Gpm` is used by one reader thread at a time (moved, never shared).
+unsafe impl Send for Gpm {}
+
 fn why(e: &NvmlError) -> String {
     match e {
         NvmlError::NotSupported => "GPM is not supported on this GPU (Hopper and later)".into(),

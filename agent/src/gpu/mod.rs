@@ -2,8 +2,9 @@
 //! of its own, and joined with the process state into a snapshot.
 //!
 //! The NVML side (nothing else sees NVML): nvml.rs (init, backoff, the cycle) reads each
-//! device (device.rs) and its processes (processes.rs) through reader.rs; fields.rs, gpm.rs
-//! and xid.rs add dcgm-exporter's fields; sampler.rs runs it all on its thread.
+//! device (device.rs) and its processes (processes.rs) through reader.rs, each GPU on a
+//! reader thread of its own with a deadline (readers.rs); fields.rs, gpm.rs and xid.rs add
+//! dcgm-exporter's fields; sampler.rs runs the cycle on its thread, watched for stalls.
 //!
 //! The join side, lowest first: owner.rs (who a process is charged to, the sample's device
 //! names), ledger.rs (per owner and device, what carries across cycles), naming.rs,
@@ -26,6 +27,7 @@ pub mod nvml;
 pub mod owner;
 pub mod processes;
 pub mod reader;
+pub mod readers;
 pub mod sampler;
 pub mod sharing;
 pub mod spare;

@@ -1,9 +1,11 @@
 //! The NVML binding: nvml-wrapper, loaded from the system or a given path. Failures degrade:
 //! no library or driver -> unavailable with a reason and retried with backoff; a lost GPU or
-//! an unsupported call -> that device or metric is marked and skipped, the others go on.
+//! an unsupported call -> that device or metric is marked and skipped, the others go on; a
+//! GPU whose calls do not return -> left out, then reported stalled (readers.rs).
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::PathBuf,
+    sync::{mpsc, Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -12,37 +14,46 @@ use nvml_wrapper::{error::NvmlError, Nvml};
 use gpu_model::{DeviceStatus, NvmlFeatures, SourceStatus};
 
 use super::{
-    device::{sample_device, DeviceCtx, Extras, Fixed, Held, Slow},
-    fields::NvlinkRates,
-    gpm::Gpm,
-    processes::{read_accounting, Accounting, Lists, ACCOUNTING_TRIES},
+    device::Slow,
+    reader::in_call,
+    readers::{Answer, DeviceReader, Settings},
     xid::Xids,
     DeviceSample, GpuSample,
 };
 
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// At most this many accounting requests wait for their device (a flood of exits).
+const MAX_ACCOUNTING_REQUESTS: usize = 4096;
 
 pub struct NvmlSampler {
     lib_path: Option<PathBuf>,
-    nvml: Option<Nvml>,
+    /// Shared with the readers: a reader stuck in a call keeps the library loaded.
+    nvml: Option<Arc<Nvml>>,
     status: SourceStatus,
     next_init: Instant,
     backoff: Duration,
-    /// Per device uuid: the newest process-utilization timestamp seen (NVML's µs clock).
-    last_seen: HashMap<String, u64>,
-    /// Per device index: the uuid last seen, to name a device that is lost.
+    /// Per device index: the uuid and name last seen, to name a device that is lost or
+    /// does not answer.
     known: HashMap<u32, (String, String)>,
-    /// dcgm-exporter's further fields.
-    extras: Extras,
-    /// Per-process accounting: what the join asked for, and the lists already seen.
-    accounting: Accounting,
-    /// The costly, slowly changing readings: when they are due, and what they last were.
+    /// One reader thread per device index, and the channel they all answer on.
+    readers: Vec<DeviceReader>,
+    answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
+    settings: Settings,
+    cycle: u64,
+    /// How long a cycle waits for its readers' answers.
+    wait: Duration,
+    /// A device that has not answered for this long is reported stalled.
+    stall_timeout: Duration,
+    /// XID events: the readers register their devices, each cycle drains them.
+    xids: Arc<Mutex<Xids>>,
+    /// Profiling's status per device, as the readers last said.
+    gpm: BTreeMap<String, SourceStatus>,
+    /// (device uuid, pid): accounting stats the join asked for, until their device's reader
+    /// takes them.
+    accounting: Vec<(String, u32)>,
+    /// When the costly, slowly changing readings are due.
     slow: Slow,
-    /// What each device's uuid fixes, read once.
-    fixed: Fixed,
-    /// Crowded GPUs' process lists, held between reads.
-    lists: Lists,
 }
 
 impl NvmlSampler {
@@ -53,29 +64,31 @@ impl NvmlSampler {
             status: SourceStatus::Unavailable("not initialised yet".into()),
             next_init: Instant::now(),
             backoff: BACKOFF_MIN,
-            last_seen: HashMap::new(),
             known: HashMap::new(),
-            extras: Extras {
-                gpm: Gpm::default(),
-                xids: Xids::new(None),
-                nvlink: NvlinkRates::default(),
+            readers: vec![],
+            answers: mpsc::channel(),
+            settings: Settings {
+                crowded_list_interval: Duration::from_secs(5),
+                accounting: false,
             },
-            accounting: Accounting::default(),
+            cycle: 0,
+            wait: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(5),
+            xids: Arc::new(Mutex::new(Xids::new(None))),
+            gpm: BTreeMap::new(),
+            accounting: vec![],
             slow: Slow {
                 interval: Duration::from_secs(10),
                 last: None,
                 reads: 0,
-                held: HashMap::new(),
             },
-            fixed: Fixed::default(),
-            lists: Lists::default(),
         }
     }
 
     /// Holds a crowded GPU's process lists up to `interval` between reads
     /// (`nvml.crowded_list_interval_ms`; zero reads them every cycle).
     pub fn with_crowded_list_interval(mut self, interval: Duration) -> NvmlSampler {
-        self.lists.interval = interval;
+        self.settings.crowded_list_interval = interval;
         self
     }
 
@@ -85,29 +98,32 @@ impl NvmlSampler {
         self
     }
 
+    /// A cycle waits up to `wait` for each device (the sampling interval); a device that
+    /// has not answered for `stall_timeout` is reported stalled.
+    pub fn with_deadlines(mut self, wait: Duration, stall_timeout: Duration) -> NvmlSampler {
+        self.wait = wait.min(stall_timeout);
+        self.stall_timeout = stall_timeout;
+        self
+    }
+
     /// Turns the accounting reads on (`usage.accounting`).
     pub fn enable_accounting(&mut self, on: bool) {
-        self.accounting.enabled = on;
+        self.settings.accounting = on;
     }
 
     /// Asks for the accounting stats of these (device uuid, pid): processes the kernel
-    /// reported exited. Read on the next cycle.
+    /// reported exited. Read on the next cycle by their device's reader.
     pub fn request_accounting(&mut self, requests: Vec<(String, u32)>) {
-        let pending = &mut self.accounting.pending;
-        for (uuid, pid) in requests {
-            if !pending.iter().any(|(u, p, _)| *u == uuid && *p == pid) {
-                pending.push((uuid, pid, ACCOUNTING_TRIES));
-            }
-        }
-        // Bounded: a flood of exits must not grow this without end.
-        if pending.len() > 4096 {
-            pending.drain(..pending.len() - 4096);
+        self.accounting.extend(requests);
+        let n = self.accounting.len();
+        if n > MAX_ACCOUNTING_REQUESTS {
+            self.accounting.drain(..n - MAX_ACCOUNTING_REQUESTS);
         }
     }
 
     /// Reads the kernel log at `path` to name the process of each XID; None: does not.
-    pub fn with_kmsg(mut self, path: Option<PathBuf>) -> NvmlSampler {
-        self.extras.xids = Xids::new(path);
+    pub fn with_kmsg(self, path: Option<PathBuf>) -> NvmlSampler {
+        *self.xids.lock().unwrap() = Xids::new(path);
         self
     }
 
@@ -117,25 +133,23 @@ impl NvmlSampler {
 
     /// What the optional features (profiling, XID events) gave, and why not: /debug/stats.
     pub fn features(&self) -> NvmlFeatures {
-        let x = &self.extras;
+        let x = self.xids.lock().unwrap();
         NvmlFeatures {
-            gpm: x.gpm.status.clone(),
-            xid_events: x.xids.events_status.clone(),
-            kmsg: x.xids.kmsg_status.clone(),
+            gpm: self.gpm.clone(),
+            xid_events: x.events_status.clone(),
+            kmsg: x.kmsg_status.clone(),
         }
     }
 
-    /// Drops NVML, freeing first what was allocated from it.
+    /// Drops NVML, freeing first what was allocated from it. The readers go: an idle one
+    /// ends at once (freeing its profiling samples), a stuck one once its call returns.
     fn shut_down(&mut self) {
+        self.readers.clear();
         if let Some(nvml) = self.nvml.take() {
-            self.extras.gpm.release(&nvml);
-            self.extras.xids.release(&nvml);
-            self.extras.nvlink.clear();
+            self.xids.lock().unwrap().release(&nvml);
         }
+        self.gpm.clear();
         self.slow.forget();
-        self.fixed = Fixed::default();
-        // A driver that comes back is listed afresh.
-        self.lists.forget();
     }
 
     fn try_init(&mut self) -> bool {
@@ -149,10 +163,10 @@ impl NvmlSampler {
         if let Some(p) = &self.lib_path {
             builder.lib_path(p.as_os_str());
         }
-        match builder.init() {
+        match in_call("nvmlInit_v2", || builder.init()) {
             Ok(nvml) => {
                 tracing::info!(lib = ?self.lib_path, "NVML initialised");
-                self.nvml = Some(nvml);
+                self.nvml = Some(Arc::new(nvml));
                 self.status = SourceStatus::Ok;
                 self.backoff = BACKOFF_MIN;
                 true
@@ -175,8 +189,8 @@ impl NvmlSampler {
         if !self.try_init() {
             return None;
         }
-        let nvml = self.nvml.as_ref().unwrap();
-        let count = match nvml.device_count() {
+        let nvml = self.nvml.clone().unwrap();
+        let count = match in_call("nvmlDeviceGetCount", || nvml.device_count()) {
             Ok(c) => c,
             Err(e) => {
                 // The driver went away under us: start over, with backoff.
@@ -187,41 +201,9 @@ impl NvmlSampler {
                 return None;
             }
         };
-        let driver_version = nvml.sys_driver_version().ok();
+        let driver_version = in_call("nvmlSystemGetDriverVersion", || nvml.sys_driver_version());
         let due = self.slow.due(Instant::now());
-        let mut devices = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let d = match nvml.device_by_index(index) {
-                Ok(dev) => {
-                    let held = self.slow.held(due, index);
-                    let mut ctx = DeviceCtx {
-                        last_seen: &mut self.last_seen,
-                        fixed: &mut self.fixed,
-                        lists: &mut self.lists,
-                    };
-                    let (mut d, held) = sample_device(nvml, &dev, index, &mut ctx, held);
-                    if self.accounting.enabled && d.status.is_ok() && !d.mig_enabled {
-                        read_accounting(&dev, &mut d, &mut self.accounting);
-                    }
-                    let fresh = held.is_none();
-                    let d = self.extras.device(nvml, &dev, d, held);
-                    if fresh && d.status.is_ok() {
-                        self.slow.held.insert(index, Held::of(&d));
-                    }
-                    d
-                }
-                Err(e) => DeviceSample {
-                    index,
-                    status: if matches!(e, NvmlError::GpuLost) {
-                        DeviceStatus::Lost
-                    } else {
-                        DeviceStatus::Error(e.to_string())
-                    },
-                    ..Default::default()
-                },
-            };
-            devices.push(d);
-        }
+        let mut devices = self.read_devices(&nvml, count, due);
         // A lost device may no longer tell its name: use what it said before.
         for d in &mut devices {
             if d.uuid.is_empty() {
@@ -233,15 +215,172 @@ impl NvmlSampler {
                 self.known.insert(d.index, (d.uuid.clone(), d.name.clone()));
             }
         }
-        self.extras.xids.collect(nvml, &mut devices);
-        self.fixed.end_cycle(&devices);
+        in_call("XID events", || {
+            self.xids.lock().unwrap().collect(&nvml, &mut devices)
+        });
+        self.status = self.stalled_status(&devices);
         Some(GpuSample {
             taken_at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            driver_version,
+            driver_version: driver_version.ok(),
             devices,
         })
+    }
+
+    /// Every device's sample of this cycle, in index order: each reader that is free is
+    /// asked, and the answers are awaited until the cycle's deadline. A device that has
+    /// not answered by then is left out, or reported stalled once it is overdue.
+    fn read_devices(&mut self, nvml: &Arc<Nvml>, count: u32, due: bool) -> Vec<DeviceSample> {
+        self.cycle += 1;
+        let cycle = self.cycle;
+        self.readers.truncate(count as usize);
+        // Answers that came after their cycle: their readers are free again, their
+        // readings stale.
+        while let Ok(a) = self.answers.1.try_recv() {
+            self.answered(a, cycle);
+        }
+        let mut asked = 0;
+        for index in 0..count {
+            if index as usize == self.readers.len() && !self.spawn_reader(nvml, index) {
+                break;
+            }
+            let reader = &mut self.readers[index as usize];
+            if reader.asked.is_some() {
+                continue;
+            }
+            let uuid = self.known.get(&index).map(|(u, _)| u.as_str());
+            let (mine, rest) = std::mem::take(&mut self.accounting)
+                .into_iter()
+                .partition(|(u, _)| Some(u.as_str()) == uuid);
+            self.accounting = rest;
+            if reader.ask(cycle, due, mine) {
+                asked += 1;
+            }
+        }
+        let deadline = Instant::now() + self.wait;
+        let mut fresh: Vec<DeviceSample> = Vec::with_capacity(count as usize);
+        while asked > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(a) = self.answers.1.recv_timeout(left) else {
+                break;
+            };
+            if a.cycle == cycle {
+                asked -= 1;
+            }
+            fresh.extend(self.answered(a, cycle));
+        }
+        fresh.extend(self.overdue());
+        fresh.sort_by_key(|d| d.index);
+        fresh
+    }
+
+    /// Starts the reader of device `index`; false (said once) if no thread can be made.
+    fn spawn_reader(&mut self, nvml: &Arc<Nvml>, index: u32) -> bool {
+        let tx = self.answers.0.clone();
+        match DeviceReader::spawn(nvml.clone(), index, tx, self.xids.clone(), &self.settings) {
+            Ok(r) => {
+                self.readers.push(r);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(index, "cannot start a GPU reader thread: {e}");
+                false
+            }
+        }
+    }
+
+    /// Takes one reader's answer: its sample if it answers `cycle`, else nothing (stale).
+    fn answered(&mut self, a: Answer, cycle: u64) -> Option<DeviceSample> {
+        let reader = self.readers.get_mut(a.index as usize)?;
+        let asked_at = reader.asked.take().map(|(_, t)| t);
+        if let (Some(_), Some(at)) = (reader.stalled.take(), asked_at) {
+            tracing::warn!(
+                index = a.index,
+                uuid = a.sample.uuid,
+                "GPU {} answers again, after {} s without an answer",
+                a.index,
+                at.elapsed().as_secs()
+            );
+        }
+        if a.cycle != cycle {
+            reader.afresh = true;
+            return None;
+        }
+        self.gpm.extend(a.gpm);
+        Some(a.sample)
+    }
+
+    /// A sample for each device whose reader has been asked for longer than the stall
+    /// timeout: its identity and `stalled`, no reading. Said once per stall.
+    fn overdue(&mut self) -> Vec<DeviceSample> {
+        let mut out = vec![];
+        for (index, reader) in self.readers.iter_mut().enumerate() {
+            let Some((call, waited)) = reader.waiting() else {
+                continue;
+            };
+            if waited < self.stall_timeout {
+                continue;
+            }
+            let index = index as u32;
+            let (uuid, name) = self.known.get(&index).cloned().unwrap_or_default();
+            if reader.stalled.is_none() {
+                reader.stalled = Some(Instant::now());
+                let xid = self.xids.lock().unwrap().last_xid(&uuid);
+                tracing::warn!(
+                    index,
+                    uuid,
+                    call,
+                    "GPU {index} not answering: {call} has not returned for {} s{}; its \
+                     readings are left out until it answers",
+                    waited.as_secs(),
+                    xid_note(xid)
+                );
+            }
+            out.push(DeviceSample {
+                index,
+                uuid,
+                name,
+                status: DeviceStatus::Stalled {
+                    call: call.to_string(),
+                    secs: waited.as_secs(),
+                },
+                ..Default::default()
+            });
+        }
+        out
+    }
+
+    /// NVML's status: `stalled` naming the first stalled device (and how many more), else
+    /// ok.
+    fn stalled_status(&self, devices: &[DeviceSample]) -> SourceStatus {
+        let mut stalled = devices.iter().filter_map(|d| match &d.status {
+            DeviceStatus::Stalled { call, secs } => Some((d, call, secs)),
+            _ => None,
+        });
+        let Some((d, call, secs)) = stalled.next() else {
+            return SourceStatus::Ok;
+        };
+        let more = match stalled.count() {
+            0 => String::new(),
+            n => format!(" (and {n} more GPUs)"),
+        };
+        let xid = self.xids.lock().unwrap().last_xid(&d.uuid);
+        SourceStatus::Stalled(format!(
+            "{call} on GPU {} ({}) for {secs} s{}{more}",
+            d.index,
+            d.uuid,
+            xid_note(xid)
+        ))
+    }
+}
+
+/// What an XID the device reported says about a stall: Xid 79 is a GPU fallen off the bus.
+fn xid_note(xid: Option<u64>) -> String {
+    match xid {
+        Some(79) => "; Xid 79: the GPU has fallen off the bus".into(),
+        Some(x) => format!("; last Xid {x}"),
+        None => String::new(),
     }
 }
 

@@ -16,7 +16,7 @@ use super::{reader::Reader, DeviceSample, MigSample, ProcessSample};
 
 /// How often a requested accounting read is retried while NVML still says the process runs
 /// (the driver may lag the kernel's exit by a cycle).
-pub(super) const ACCOUNTING_TRIES: u8 = 5;
+const ACCOUNTING_TRIES: u8 = 5;
 
 /// A GPU listing at least this many processes has its process lists held between reads:
 /// on a real driver the compute list costs about 49 µs per process (docs/validation: 3.3 ms
@@ -37,9 +37,12 @@ pub(super) struct Lists {
 }
 
 impl Lists {
-    /// A driver that comes back is listed afresh.
-    pub(super) fn forget(&mut self) {
-        self.held.clear();
+    /// Holds a crowded GPU's lists up to `interval` between reads.
+    pub(super) fn new(interval: Duration) -> Lists {
+        Lists {
+            interval,
+            held: HashMap::new(),
+        }
     }
 }
 
@@ -79,9 +82,32 @@ pub struct Accounting {
     /// Off by configuration: no accounting calls at all.
     pub enabled: bool,
     /// (device uuid, pid, tries left): stats to read, for processes the kernel saw exit.
-    pub(super) pending: Vec<(String, u32, u8)>,
+    pending: Vec<(String, u32, u8)>,
     /// Per device uuid: the accounting PIDs listed last cycle.
     listed: HashMap<String, Vec<u32>>,
+}
+
+impl Accounting {
+    pub(super) fn new(enabled: bool) -> Accounting {
+        Accounting {
+            enabled,
+            ..Accounting::default()
+        }
+    }
+
+    /// Asks for the accounting stats of these (device uuid, pid): processes the kernel
+    /// reported exited. Read on the next cycle.
+    pub(super) fn request(&mut self, requests: Vec<(String, u32)>) {
+        for (uuid, pid) in requests {
+            if !self.pending.iter().any(|(u, p, _)| *u == uuid && *p == pid) {
+                self.pending.push((uuid, pid, ACCOUNTING_TRIES));
+            }
+        }
+        // Bounded: a flood of exits must not grow this without end.
+        if self.pending.len() > 4096 {
+            self.pending.drain(..self.pending.len() - 4096);
+        }
+    }
 }
 
 /// The device's processes by PID, with this cycle's utilization. A crowded GPU's lists are held

@@ -1,7 +1,53 @@
 //! One NVML call on one device, its error sorted: a metric the device does not support is
 //! named (and absent, never 0), a lost device stops further calls, any other failure leaves
-//! the value absent.
+//! the value absent. Each call is recorded in its thread's `Progress` while it runs, so that
+//! a call that does not return (a wedged driver) can be named by another thread.
+use std::{
+    cell::RefCell,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
 use nvml_wrapper::error::NvmlError;
+
+/// What one thread is doing in NVML: the call in flight, and since when.
+#[derive(Debug, Default)]
+pub struct Progress(Mutex<Option<(&'static str, Instant)>>);
+
+impl Progress {
+    /// The call in flight and how long it has run; None between calls.
+    pub fn busy(&self) -> Option<(&'static str, Duration)> {
+        let p = *self.0.lock().unwrap();
+        p.map(|(call, since)| (call, since.elapsed()))
+    }
+}
+
+thread_local! {
+    static PROGRESS: RefCell<Option<Arc<Progress>>> = const { RefCell::new(None) };
+}
+
+/// This thread's NVML calls are recorded in `p` from now on.
+pub fn track(p: Arc<Progress>) {
+    PROGRESS.with(|t| *t.borrow_mut() = Some(p));
+}
+
+/// Runs `f`, one NVML call (or a few that belong together), recorded as `call` while it
+/// runs on a thread that `track`s; the enclosing call's record comes back after it.
+pub fn in_call<T>(call: &'static str, f: impl FnOnce() -> T) -> T {
+    let swap = |v: Option<(&'static str, Instant)>| {
+        PROGRESS.with(|t| {
+            let t = t.borrow();
+            let mut held = t.as_ref()?.0.lock().unwrap();
+            let was = std::mem::replace(&mut *held, v);
+            drop(held);
+            was
+        })
+    };
+    let outer = swap(Some((call, Instant::now())));
+    let r = f();
+    swap(outer);
+    r
+}
 
 enum Metric<T> {
     Value(T),
@@ -39,7 +85,7 @@ impl Reader {
         if self.lost {
             return None;
         }
-        match metric(call()) {
+        match metric(in_call(name, call)) {
             Metric::Value(v) => Some(v),
             Metric::Unsupported => {
                 self.unsupported.push(name);

@@ -1,5 +1,7 @@
 //! The NVML thread: NVML calls block, so sampling runs on a thread of its own and sends one
-//! message per cycle to the pipeline.
+//! message per cycle to the pipeline. Each GPU is read on a reader thread of its own
+//! (readers.rs); the calls this thread makes itself (init, the device count) are watched by
+//! a second thread, which says so when one does not return (a wedged driver at start).
 use std::{
     sync::{atomic::Ordering::Relaxed, Arc, Mutex},
     time::{Duration, Instant},
@@ -9,7 +11,11 @@ use gpu_model::SourceStatus;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{nvml::NvmlSampler, GpuSample};
+use super::{
+    nvml::NvmlSampler,
+    reader::{track, Progress},
+    GpuSample,
+};
 use crate::{
     config::{NvmlConfig, XidConfig},
     stats::{thread_cpu_ns, Stats},
@@ -49,6 +55,9 @@ pub fn spawn(
     accounting: Option<AccountingRequests>,
 ) -> std::io::Result<()> {
     let interval = Duration::from_millis(cfg.interval_ms);
+    let stall_timeout = cfg.stall_timeout();
+    let progress = Arc::new(Progress::default());
+    watch(progress.clone(), interval, stall_timeout, tx.clone(), stop.clone())?;
     // The thread's own timer, to sleep until the next cycle or until the agent stops.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -56,7 +65,9 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("nvml".into())
         .spawn(move || {
+            track(progress);
             let mut sampler = NvmlSampler::new(cfg.lib_path)
+                .with_deadlines(interval, stall_timeout)
                 .with_kmsg(xid.kmsg_path())
                 .with_slow_interval(Duration::from_millis(cfg.slow_interval_ms))
                 .with_crowded_list_interval(Duration::from_millis(cfg.crowded_list_interval_ms));
@@ -88,6 +99,46 @@ pub fn spawn(
                     });
                 } else {
                     next = now; // fell behind (slow driver): do not burst
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Watches the NVML thread's own calls: one that has not returned for `stall_timeout`
+/// (NVML's init or the device count on a wedged driver) is said once, and every interval
+/// the pipeline gets a message without a sample that says what is stalled, so that nothing
+/// is served as current meanwhile.
+fn watch(
+    progress: Arc<Progress>,
+    interval: Duration,
+    stall_timeout: Duration,
+    tx: mpsc::Sender<GpuMessage>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("nvml-watchdog".into())
+        .spawn(move || {
+            let mut stalled = false;
+            while !stop.is_cancelled() {
+                std::thread::sleep(interval);
+                match progress.busy() {
+                    Some((call, t)) if t >= stall_timeout => {
+                        let why = format!("{call} for {} s", t.as_secs());
+                        if !stalled {
+                            tracing::warn!(call, "NVML not answering: {why}; no GPU data until it returns");
+                            stalled = true;
+                        }
+                        let status = SourceStatus::Stalled(why);
+                        if tx.blocking_send((None, status)).is_err() {
+                            return;
+                        }
+                    }
+                    _ if stalled => {
+                        tracing::warn!("NVML answers again");
+                        stalled = false;
+                    }
+                    _ => {}
                 }
             }
         })?;

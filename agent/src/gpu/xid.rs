@@ -45,6 +45,10 @@ pub struct Xids {
     pub kmsg_status: SourceStatus,
 }
 
+// SAFETY: the event set is a handle of NVML's, whose calls are thread-safe; the readers
+// register their devices and the sampler drains it, one at a time behind a mutex.
+unsafe impl Send for Xids {}
+
 impl Xids {
     /// `kmsg`: where the kernel log is read; None: not read.
     pub fn new(kmsg: Option<PathBuf>) -> Xids {
@@ -225,6 +229,12 @@ impl Xids {
     }
 
     /// Frees the event set: NVML is about to shut down or restart.
+    /// The last critical XID the GPU reported since the agent started, if any.
+    pub fn last_xid(&self, uuid: &str) -> Option<u64> {
+        let (by_code, last) = self.counts.get(uuid)?;
+        (!by_code.is_empty()).then_some(*last)
+    }
+
     pub fn release(&mut self, nvml: &Nvml) {
         if let (Some(set), Ok(free)) = (self.set.take(), nvml.lib().nvmlEventSetFree.as_ref()) {
             // SAFETY: created by this library, freed once (taken above).

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use gpu_model::{AgentStats, DeviceSample, Snapshot, SourceStatus, TrackingMode};
+use gpu_model::{AgentStats, DeviceSample, DeviceStatus, Snapshot, SourceStatus, TrackingMode};
 
 /// Hex digits of a container id shown when its name is unknown (as `docker ps` does).
 pub const SHORT_ID_LEN: usize = 12;
@@ -333,6 +333,23 @@ pub fn notices(snap: &Snapshot, stats: &AgentStats) -> Vec<Notice> {
             level: Level::Error,
             text: format!("NVML unavailable: {reason} (no GPU data; retrying with backoff)"),
         });
+    } else if let (SourceStatus::Stalled(why), true) = (&snap.nvml, snap.devices.is_empty()) {
+        out.push(Notice {
+            level: Level::Error,
+            text: format!("NVML not answering: {why} (no GPU data until it returns)"),
+        });
+    }
+    // A wedged driver: its GPU's last readings are not shown as if they were current.
+    for d in &snap.devices {
+        if let DeviceStatus::Stalled { call, secs } = &d.status {
+            out.push(Notice {
+                level: Level::Error,
+                text: format!(
+                    "GPU {} not answering for {secs} s ({call} has not returned)",
+                    d.index
+                ),
+            });
+        }
     }
     // The runtimes that name containers; a source not reported yet says nothing.
     let name_sources: Vec<(&str, &SourceStatus)> = ["cri", "docker"]
@@ -356,10 +373,13 @@ pub fn notices(snap: &Snapshot, stats: &AgentStats) -> Vec<Notice> {
         });
     }
     if let (TrackingMode::Ebpf, Some(reason)) = (stats.mode, &stats.degraded_reason) {
-        out.push(Notice {
-            level: Level::Warn,
-            text: format!("degraded: {reason}"),
-        });
+        // A stalled NVML alone is said above.
+        if *reason != snap.nvml.to_string() {
+            out.push(Notice {
+                level: Level::Warn,
+                text: format!("degraded: {reason}"),
+            });
+        }
     }
     if stats.mode == TrackingMode::Procfs {
         let reason = stats.degraded_reason.as_deref().unwrap_or("unknown reason");
@@ -904,6 +924,28 @@ pub(crate) mod tests {
         assert!(n[0].text.starts_with("container names unknown (cri: no runtime socket found; docker: /var/run/docker.sock"), "{n:?}");
         no_names.metadata.insert("cri".into(), SourceStatus::Ok);
         assert!(notices(&snap, &no_names).is_empty());
+    }
+
+    #[test]
+    fn a_stalled_gpu_or_nvml_thread_is_said_in_red() {
+        let mut snap = snapshot();
+        snap.devices[0].index = 3;
+        snap.devices[0].status = DeviceStatus::Stalled {
+            call: "power".into(),
+            secs: 42,
+        };
+        let n = notices(&snap, &sources());
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert_eq!(n[0].level, Level::Error);
+        assert_eq!(n[0].text, "GPU 3 not answering for 42 s (power has not returned)");
+        let wedged = Snapshot {
+            taken_at_ms: 1,
+            nvml: SourceStatus::Stalled("nvmlInit_v2 for 9 s".into()),
+            ..Default::default()
+        };
+        let n = notices(&wedged, &sources());
+        assert_eq!(n[0].level, Level::Error);
+        assert!(n[0].text.starts_with("NVML not answering: nvmlInit_v2 for 9 s"), "{n:?}");
     }
 
     #[test]
