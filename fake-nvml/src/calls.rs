@@ -10,9 +10,12 @@
 //! cost 0.7 ms a cycle on the 50,000-process node). The record opens and closes with the
 //! same sequence number (`"seq"`, `"end"`); a reader that finds them unequal read it
 //! half-written and reads again.
+//!
+//! It also lists the exported functions by whether they work on one device (`scope`),
+//! which the scenario's `hang` entries name.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 pub const ENV_CALLS: &str = "FAKE_NVML_CALLS";
@@ -23,7 +26,8 @@ static TOTAL: AtomicU64 = AtomicU64::new(0);
 /// One exported function's count; registered on its first call so the file can name it.
 pub struct Counter {
     n: AtomicU64,
-    registered: AtomicBool,
+    /// The function's name, set (and the counter registered) on its first call.
+    name: OnceLock<&'static str>,
     /// What a real driver takes for the call, µs (`cost`), once registered.
     cost_us: AtomicU64,
 }
@@ -34,18 +38,18 @@ impl Counter {
     pub const fn new() -> Counter {
         Counter {
             n: AtomicU64::new(0),
-            registered: AtomicBool::new(false),
+            name: OnceLock::new(),
             cost_us: AtomicU64::new(0),
         }
     }
 
-    /// `path` is the type name of a fn item nested in the exported function
+    /// Counts a call and answers the function's name. `path` is the type name of a fn
+    /// item nested in the exported function
     /// (`nvidia_ml::fields::nvmlDeviceGetFieldValues::f`): its second-to-last segment.
-    pub fn hit(&'static self, path: fn() -> &'static str) {
+    pub fn hit(&'static self, path: fn() -> &'static str) -> &'static str {
         TOTAL.fetch_add(1, Ordering::Relaxed);
         self.n.fetch_add(1, Ordering::Relaxed);
-        if !self.registered.load(Ordering::Relaxed) && !self.registered.swap(true, Ordering::AcqRel)
-        {
+        let name = *self.name.get_or_init(|| {
             let name = path().rsplit("::").nth(1).unwrap_or("?");
             self.cost_us
                 .store(crate::cost::per_call_us(name), Ordering::Relaxed);
@@ -53,19 +57,114 @@ impl Counter {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push((name, self));
-        }
+            name
+        });
         if crate::cost::on() {
             crate::cost::spend(self.cost_us.load(Ordering::Relaxed));
         }
+        name
     }
 }
 
-/// The first statement of every exported function (a test checks that).
+/// The exported functions that take no device handle (a `hang` entry's `device` does not
+/// apply to them).
+pub const NO_DEVICE: [&str; 17] = [
+    "nvmlInit_v2",
+    "nvmlInit",
+    "nvmlInitWithFlags",
+    "nvmlShutdown",
+    "nvmlErrorString",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+    "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetCount_v2",
+    "nvmlEventSetCreate",
+    "nvmlEventSetFree",
+    "nvmlEventSetWait_v2",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmMetricsGet",
+];
+
+/// The exported functions on one device: a handle, or (the handle look-ups) an index,
+/// UUID or bus id that names one. A `hang` entry's `"*"` blocks all of them.
+const PER_DEVICE: [&str; 47] = [
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetHandleByPciBusId_v2",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetIndex",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetAccountingMode",
+    "nvmlDeviceGetAccountingPids",
+    "nvmlDeviceGetAccountingStats",
+    "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetGridLicensableFeatures_v4",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmQueryIfStreamingEnabled",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+];
+
+/// Whether an exported function works on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Device,
+    NoDevice,
+}
+
+/// The scope of the exported function `name`; None if no such function is exported.
+pub fn scope(name: &str) -> Option<Scope> {
+    if NO_DEVICE.contains(&name) {
+        Some(Scope::NoDevice)
+    } else if PER_DEVICE.contains(&name) {
+        Some(Scope::Device)
+    } else {
+        None
+    }
+}
+
+/// The first statement of every exported function (a test checks that): counts the call,
+/// then enters `hang`, which blocks while the scenario hangs it.
 macro_rules! counted {
     () => {{
         fn f() {}
         static COUNTER: $crate::calls::Counter = $crate::calls::Counter::new();
-        COUNTER.hit(|| std::any::type_name_of_val(&f));
+        $crate::hang::enter(COUNTER.hit(|| std::any::type_name_of_val(&f)));
     }};
 }
 
@@ -153,6 +252,30 @@ mod tests {
             }
         }
         assert!(missing.is_empty(), "not counted: {missing:#?}");
+    }
+
+    /// The two lists name every exported function, each once.
+    #[test]
+    fn lists_cover_the_exports() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut exported = std::collections::BTreeSet::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+            for (i, _) in text.match_indices(concat!("#[no_", "mangle]")) {
+                let line = text[i..].lines().nth(1).unwrap();
+                let name = line.split("fn ").nth(1).unwrap().split('(').next().unwrap();
+                exported.insert(name.to_string());
+            }
+        }
+        let listed: Vec<&str> = super::NO_DEVICE
+            .iter()
+            .chain(&super::PER_DEVICE)
+            .copied()
+            .collect();
+        let set: std::collections::BTreeSet<String> =
+            listed.iter().map(|s| s.to_string()).collect();
+        assert_eq!(set.len(), listed.len(), "a name is listed twice");
+        assert_eq!(set, exported);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 #[macro_use]
 mod calls;
 mod cost;
+mod hang;
 mod scenario;
 mod sharing;
 mod state;
@@ -160,10 +161,12 @@ struct Target<'a> {
     mig: Option<(u32, &'a MigSpec)>,
 }
 
-/// Resolves a handle; every call on a lost GPU (or its MIG devices) fails.
+/// Resolves a handle; every call on a lost GPU (or its MIG devices) fails, and one the
+/// scenario hangs on the GPU is `hang::BLOCKED`.
 fn resolve(l: &Loaded, h: Device) -> Result<Target<'_>, Ret> {
     let (index, mig_ids) = decode_handle(h).ok_or(INVALID_ARGUMENT)?;
     let (pos, dev) = find_by_index(l, index).ok_or(INVALID_ARGUMENT)?;
+    hang::device(l, index)?;
     let mig = match mig_ids {
         None => None,
         Some((gi, ci)) => {
@@ -200,18 +203,26 @@ fn guard(f: impl FnOnce() -> Ret) -> Ret {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(UNKNOWN)
 }
 
-/// Runs `f` on the current scenario, after picking up edits to its file.
-fn with_loaded(f: impl FnOnce(&Loaded, Instant) -> Result<(), Ret>) -> Ret {
-    guard(|| {
+/// Runs `f` on the current scenario, after picking up edits to its file. While `f`
+/// answers `hang::BLOCKED` (the scenario hangs the call), sleeps without the lock and
+/// runs it again, so `f` must not act before it resolves its device.
+fn with_loaded(mut f: impl FnMut(&Loaded, Instant) -> Result<(), Ret>) -> Ret {
+    guard(|| loop {
         let mut st = state::lock();
         if !st.initialized() {
             return UNINITIALIZED;
         }
         let now = Instant::now();
         st.refresh(now);
-        match st.loaded() {
-            Some(l) => f(l, now).err().unwrap_or(SUCCESS),
-            None => UNINITIALIZED,
+        let Some(l) = st.loaded() else {
+            return UNINITIALIZED;
+        };
+        match f(l, now) {
+            Err(hang::BLOCKED) => {
+                drop(st);
+                std::thread::sleep(hang::STEP);
+            }
+            r => return r.err().unwrap_or(SUCCESS),
         }
     })
 }
@@ -222,7 +233,7 @@ fn gpu_reading<T>(
     device: Device,
     feature: Feature,
     out: *mut T,
-    read: impl FnOnce(&DeviceSpec) -> T,
+    read: impl Fn(&DeviceSpec) -> T,
 ) -> Ret {
     with_loaded(|l, _| {
         let t = resolve_gpu(l, device, Some(feature))?;
@@ -500,6 +511,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut 
 fn handle_by_index(index: c_uint, device: *mut Device) -> Ret {
     with_loaded(|l, _| {
         find_by_index(l, index).ok_or(INVALID_ARGUMENT)?;
+        hang::device(l, index)?;
         put(device, gpu_handle(index))
     })
 }
@@ -515,9 +527,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
         for (pos, d) in l.scenario.devices.iter().enumerate() {
             let index = nvml_index(pos, d);
             if d.uuid == uuid {
+                hang::device(l, index)?;
                 return put(device, gpu_handle(index));
             }
             if let Some(m) = d.mig_devices.iter().find(|m| m.uuid == uuid) {
+                hang::device(l, index)?;
                 return put(device, mig_handle(index, m));
             }
         }
@@ -540,7 +554,10 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
             .map(|(pos, d)| nvml_index(pos, d))
             .zip(&l.scenario.devices)
             .find(|(index, d)| parse_bus_id(&d.bus_id(*index)) == Some(wanted))
-            .map_or(Err(NOT_FOUND), |(index, _)| put(device, gpu_handle(index)))
+            .map_or(Err(NOT_FOUND), |(index, _)| {
+                hang::device(l, index)?;
+                put(device, gpu_handle(index))
+            })
     })
 }
 

@@ -4,6 +4,8 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::calls::Scope;
+
 /// JSON has no hex literals: accept 4660 or "0x1234" for ids and bitmasks.
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -78,6 +80,22 @@ pub struct Scenario {
     pub energy_grows: bool,
     #[serde(default)]
     pub devices: Vec<DeviceSpec>,
+    /// Calls that block while listed: a wedged driver (`crate::hang`).
+    #[serde(default)]
+    pub hang: Vec<HangSpec>,
+}
+
+/// A `hang` entry's `call` that names every call on a device.
+const ANY_CALL: &str = "*";
+
+/// One `hang` entry: `call` (an exported function's name, or `"*"` for every call on a
+/// device) blocks on device `device`, or on every device when absent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HangSpec {
+    pub call: String,
+    #[serde(default)]
+    pub device: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -497,7 +515,29 @@ impl Scenario {
                 }
             }
         }
+        for h in &self.hang {
+            let on_device = match crate::calls::scope(&h.call) {
+                _ if h.call == ANY_CALL => true,
+                Some(scope) => scope == Scope::Device,
+                None => return Err(format!("hang: no exported function {:?}", h.call)),
+            };
+            if let Some(d) = h
+                .device
+                .filter(|&d| on_device && d as usize >= self.devices.len())
+            {
+                return Err(format!("hang {}: no device {d}", h.call));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the scenario blocks `call` on the device with NVML index `index`, or,
+    /// with `None`, a call that takes no device (there `"*"` and `device` do not apply).
+    pub fn hangs(&self, call: &str, index: Option<u32>) -> bool {
+        self.hang.iter().any(|h| match index {
+            None => h.call == call,
+            Some(i) => (h.call == call || h.call == ANY_CALL) && h.device.is_none_or(|d| d == i),
+        })
     }
 
     pub fn cuda_version(&self) -> i32 {

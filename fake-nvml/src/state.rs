@@ -180,7 +180,7 @@ pub fn log(msg: &str) {
     let _ = writeln!(std::io::stderr(), "fake-nvml: {msg}");
 }
 
-fn read_scenario(path: &Path) -> Result<Scenario, String> {
+pub fn read_scenario(path: &Path) -> Result<Scenario, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     Scenario::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }

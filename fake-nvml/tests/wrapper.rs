@@ -1,9 +1,10 @@
 //! Loads the built libnvidia_ml.so through nvml-wrapper, as the agent does.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::sleep;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
@@ -595,4 +596,172 @@ fn mps_processes_and_accounting_stats() {
         gpu.accounting_stats_for(4100),
         Err(NvmlError::NotSupported)
     ));
+}
+
+/// Runs `f` on a thread of its own; the channel bounds a test's wait for a call that
+/// may block.
+fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Receiver<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx
+}
+
+fn still_blocked<T: std::fmt::Debug>(rx: &mpsc::Receiver<T>, wait: Duration) {
+    match rx.recv_timeout(wait) {
+        Err(RecvTimeoutError::Timeout) => {}
+        other => panic!("the call returned while hung: {other:?}"),
+    }
+}
+
+/// Writes `spec` (the scenario without its `hang`) back when dropped, so that a test
+/// that fails still lifts its hang and its blocked threads end.
+struct RestoreOnDrop<'a> {
+    file: &'a TempScenario,
+    spec: Value,
+}
+
+impl Drop for RestoreOnDrop<'_> {
+    fn drop(&mut self) {
+        self.file.write(&self.spec);
+        if std::thread::panicking() {
+            // Give blocked calls time to see it before the file goes.
+            sleep(RELOAD_WAIT);
+        }
+    }
+}
+
+#[test]
+fn a_hung_call_blocks_on_its_device_until_the_entry_goes() {
+    let _g = serial();
+    let mut spec = load_json("h100-8gpu.json");
+    let file = TempScenario::new("hang-call", &spec);
+    let nvml = Arc::new(init(&file.0));
+    let _restore = RestoreOnDrop {
+        file: &file,
+        spec: spec.clone(),
+    };
+
+    // GPU 1's power reading wedges mid-run.
+    spec["hang"] = json!([{"call": "nvmlDeviceGetPowerUsage", "device": 1}]);
+    file.write(&spec);
+    sleep(RELOAD_WAIT);
+    let n = Arc::clone(&nvml);
+    let hung = on_thread(move || n.device_by_index(1).and_then(|d| d.power_usage()));
+    still_blocked(&hung, Duration::from_millis(400));
+
+    // Meanwhile the same call on GPU 0, and another call on GPU 1, answer at once
+    // from other threads.
+    let n = Arc::clone(&nvml);
+    let gpu0 = on_thread(move || n.device_by_index(0).and_then(|d| d.power_usage()));
+    let answer = gpu0.recv_timeout(Duration::from_secs(2));
+    assert_eq!(answer.expect("GPU 0 answers").unwrap(), 688_494);
+    let n = Arc::clone(&nvml);
+    let temp = on_thread(move || {
+        n.device_by_index(1)
+            .and_then(|d| d.temperature(TemperatureSensor::Gpu))
+    });
+    let answer = temp.recv_timeout(Duration::from_secs(2));
+    assert_eq!(answer.expect("GPU 1's temperature answers").unwrap(), 64);
+    still_blocked(&hung, Duration::ZERO);
+
+    // The entry goes and the reading changes. Nothing else calls NVML meanwhile: the
+    // blocked call itself picks up the edit, and answers from it.
+    spec.as_object_mut().unwrap().remove("hang");
+    spec["devices"][1]["power_mw"] = json!(321_000);
+    let lifted = Instant::now();
+    file.write(&spec);
+    let answer = hung.recv_timeout(Duration::from_secs(2));
+    assert_eq!(
+        answer.expect("unblocked once the entry is gone").unwrap(),
+        321_000
+    );
+    assert!(
+        lifted.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        lifted.elapsed()
+    );
+}
+
+#[test]
+fn a_star_entry_blocks_every_call_on_its_device() {
+    let _g = serial();
+    let mut spec = load_json("h100-8gpu.json");
+    let file = TempScenario::new("hang-star", &spec);
+    let nvml = Arc::new(init(&file.0));
+    let _restore = RestoreOnDrop {
+        file: &file,
+        spec: spec.clone(),
+    };
+
+    // A thread holds GPU 1's handle from before the GPU falls off the bus.
+    let (ready_tx, ready) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let n = Arc::clone(&nvml);
+    let hung = on_thread(move || {
+        let d = n.device_by_index(1)?;
+        let _ = ready_tx.send(());
+        let _ = go_rx.recv_timeout(Duration::from_secs(5));
+        d.memory_info().map(|m| m.used)
+    });
+    ready
+        .recv_timeout(Duration::from_secs(2))
+        .expect("GPU 1's handle");
+    spec["hang"] = json!([{"call": "*", "device": 1}]);
+    file.write(&spec);
+    sleep(RELOAD_WAIT);
+    go.send(()).unwrap();
+    still_blocked(&hung, Duration::from_millis(400));
+    // Looking the device up is a call on it too.
+    let n = Arc::clone(&nvml);
+    let lookup = on_thread(move || n.device_by_index(1).and_then(|d| d.uuid()));
+    still_blocked(&lookup, Duration::from_millis(200));
+
+    // GPU 0 and the calls on no device answer.
+    let n = Arc::clone(&nvml);
+    let gpu0 = on_thread(move || {
+        let used = n.device_by_index(0)?.memory_info()?.used;
+        Ok::<_, NvmlError>((used, n.device_count()?))
+    });
+    let answer = gpu0.recv_timeout(Duration::from_secs(2));
+    let used0 = u64_of(&spec["devices"][0]["memory_used"]);
+    assert_eq!(answer.expect("GPU 0 answers").unwrap(), (used0, 8));
+
+    spec.as_object_mut().unwrap().remove("hang");
+    file.write(&spec);
+    let answer = hung.recv_timeout(Duration::from_secs(2));
+    let used1 = u64_of(&spec["devices"][1]["memory_used"]);
+    assert_eq!(answer.expect("memory_info unblocked").unwrap(), used1);
+    let answer = lookup.recv_timeout(Duration::from_secs(2));
+    let uuid1 = spec["devices"][1]["uuid"].as_str().unwrap();
+    assert_eq!(answer.expect("lookup unblocked").unwrap(), uuid1);
+}
+
+#[test]
+fn a_hung_init_returns_once_the_entry_goes() {
+    let _g = serial();
+    let mut spec = load_json("timesliced.json");
+    let file = TempScenario::new("hang-init", &spec);
+    let _restore = RestoreOnDrop {
+        file: &file,
+        spec: spec.clone(),
+    };
+    spec["hang"] = json!([{"call": "nvmlInit_v2"}]);
+    file.write(&spec);
+
+    std::env::set_var("FAKE_NVML_SCENARIO", &file.0);
+    let lib = lib_path();
+    let init = on_thread(move || {
+        Nvml::builder()
+            .lib_path(lib.as_os_str())
+            .init()
+            .and_then(|nvml| nvml.device_count())
+    });
+    still_blocked(&init, Duration::from_millis(400));
+
+    spec.as_object_mut().unwrap().remove("hang");
+    file.write(&spec);
+    let answer = init.recv_timeout(Duration::from_secs(2));
+    assert_eq!(answer.expect("init unblocked").unwrap(), 1);
 }
