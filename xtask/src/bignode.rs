@@ -17,13 +17,15 @@ use tests::{
 };
 
 use crate::{
-    bench::{hwm_kib, rss_kib, settle},
-    classic,
-    overhead::{
-        finish, other_protocol, start_agent, start_agent_env, start_agent_with, window,
-        write_scenario, BigFigures, Deployed, Layout, Mark, OtherProtocol, Row,
+    benchkit::{
+        agent::{
+            other_protocol, start_agent, start_agent_env, start_agent_with, window, write_scenario,
+            Layout, Mark,
+        },
+        figures::{finish, BigFigures, Deployed, OtherProtocol, Row},
+        host::{hwm_kib, rss_kib, settle},
     },
-    workspace_root,
+    classic, workspace_root,
 };
 
 pub(crate) const PODS: usize = 1000;
@@ -273,7 +275,7 @@ impl BigNode {
 
     /// The node as a Kubernetes node's runtime (CRI) and kubelet (pod-resources) describe
     /// it, served from sockets the bench's agents are configured with
-    /// (`overhead::set_metadata`): every container named (pod `pod-K` in namespace
+    /// (`benchkit::agent::set_metadata`): every container named (pod `pod-K` in namespace
     /// `bench`, container `c-J`), and each GPU process's container allocated the MIG
     /// device that `write_scenario` puts its process on (its position among `gpu_pids`,
     /// round-robin over the scenario's MIG devices).
@@ -314,7 +316,7 @@ impl BigNode {
         let world = World::default();
         world.set(containers);
         let fake = FakeNode::start(&dir, world);
-        crate::overhead::set_metadata(Some(format!(
+        crate::benchkit::agent::set_metadata(Some(format!(
             "\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\n",
             fake.cri.display(),
             fake.pod_resources.display()
@@ -347,7 +349,7 @@ impl Drop for BigNode {
         }
         self.sleepers = None;
         if let Some((mut fake, dir)) = self.named.take() {
-            crate::overhead::set_metadata(None);
+            crate::benchkit::agent::set_metadata(None);
             fake.stop();
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -361,7 +363,7 @@ impl Drop for BigNode {
 
 /// GPU_AGENT_BENCH_HOLD=SECS keeps the node and its agent that long after the window, to
 /// profile it (`perf record -p PID`).
-pub(crate) fn hold(r: &crate::overhead::Running) {
+pub(crate) fn hold(r: &crate::benchkit::agent::Running) {
     let secs: u64 = match std::env::var("GPU_AGENT_BENCH_HOLD")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -435,7 +437,7 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
 /// counts against the bench's own protocol. Returns the other protocol and the median ratio
 /// of its cost a cycle to this one's.
 fn protocols(bin: &Path, lib: &Path, secs: u64) -> Result<(String, f64)> {
-    let this = crate::overhead::protocol();
+    let this = crate::benchkit::agent::protocol();
     let other = other_protocol(&this);
     eprintln!("  {other} against {this}, side by side:");
     let b = start_agent_with(bin, lib, other)?;
@@ -505,7 +507,7 @@ fn deployed(
 ) -> Result<Deployed> {
     let (protocol, interval_ms, compression) = deployed_otlp()?;
     let named = deployed_names()?;
-    let this = crate::overhead::protocol();
+    let this = crate::benchkit::agent::protocol();
     let window = interval_ms.div_ceil(1000).max(1);
     let n = (3 * secs / window).clamp(2, 6) as usize;
     eprintln!(
@@ -521,13 +523,13 @@ fn deployed(
     // The deployed agent names the containers where deploy/'s `[metadata]` is on (the
     // runtime and the kubelet answer it as a Kubernetes node's would), whatever the bench's
     // agents do; their setting is put back after.
-    let bench_metadata = crate::overhead::metadata();
+    let bench_metadata = crate::benchkit::agent::metadata();
     if named && node.named.is_none() {
         node.name()?;
     }
-    crate::overhead::set_metadata(crate::overhead::metadata().filter(|_| named));
+    crate::benchkit::agent::set_metadata(crate::benchkit::agent::metadata().filter(|_| named));
     let b = start_agent_env(bin, lib, &protocol, &env);
-    crate::overhead::set_metadata(bench_metadata);
+    crate::benchkit::agent::set_metadata(bench_metadata);
     let b = b?;
     settle(&a.agent);
     settle(&b.agent);
@@ -565,8 +567,8 @@ fn deployed(
 /// Measures `a` and `b` over the same `rounds` windows of `secs`; each one's CPU (ns) and
 /// cycles summed over them.
 fn rounds(
-    a: &crate::overhead::Running,
-    b: &crate::overhead::Running,
+    a: &crate::benchkit::agent::Running,
+    b: &crate::benchkit::agent::Running,
     rounds: usize,
     secs: u64,
 ) -> Result<((f64, f64), (f64, f64))> {
@@ -590,8 +592,8 @@ fn rounds(
 /// Both agents' marks, in alternate order by round, so that neither is always measured a
 /// little longer.
 fn marks(
-    a: &crate::overhead::Running,
-    b: &crate::overhead::Running,
+    a: &crate::benchkit::agent::Running,
+    b: &crate::benchkit::agent::Running,
     round: usize,
 ) -> Result<(Mark, Mark)> {
     Ok(if round % 2 == 1 {
@@ -606,13 +608,13 @@ fn marks(
 /// Measures `a` and `b` over the same `rounds` windows of `secs`; each round's ratio of
 /// b's cost a cycle to a's.
 fn side_by_side(
-    a: &crate::overhead::Running,
-    b: &crate::overhead::Running,
+    a: &crate::benchkit::agent::Running,
+    b: &crate::benchkit::agent::Running,
     rounds: usize,
     secs: u64,
 ) -> Result<Vec<f64>> {
-    let us = |w: &crate::overhead::Window| w.cpu_ns / w.cycles / 1e3;
-    let parts = |w: &crate::overhead::Window| {
+    let us = |w: &crate::benchkit::agent::Window| w.cpu_ns / w.cycles / 1e3;
+    let parts = |w: &crate::benchkit::agent::Window| {
         format!(
             "NVML {:.0} / join {:.0} / export {:.0}",
             w.nvml_ns / 1e3,
@@ -658,7 +660,7 @@ const PAIR_ROUNDS: usize = 6;
 /// GPU_AGENT_BENCH_PAIR_PROTOCOL gives the other build's export protocol (default: the
 /// same as this one's), so that two protocols can be compared with one build.
 pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()> {
-    let protocol = crate::overhead::protocol();
+    let protocol = crate::benchkit::agent::protocol();
     let other_protocol = std::env::var("GPU_AGENT_BENCH_PAIR_PROTOCOL").unwrap_or(protocol.clone());
     eprintln!(
         "pair: {} ({protocol}) against {} ({other_protocol})",

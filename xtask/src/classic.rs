@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use gpu_agent::stats::thread_cpu_ns;
 use nvml_wrapper::Nvml;
 
-use crate::bench::cpu_ns;
+use crate::benchkit::host::cpu_ns;
 
 /// The harness's own scenario file: FAKE_NVML_SCENARIO of this process, set once at the
 /// start of the run (before any thread exists), rewritten for each node.

@@ -31,7 +31,7 @@ use tests::{
 };
 
 use crate::{
-    bench::{machine, median, require_root, run_storm, write_section},
+    benchkit::host::{machine, median, require_root, run_storm, write_section},
     ebpf,
 };
 

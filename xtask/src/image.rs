@@ -14,7 +14,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    bench::release_agent,
+    benchkit::host::release_agent,
     e2e::{dockerd::Dockerd, host::WorkDir, proc},
     is_root, on_path, workspace_root,
 };

@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: the project's chores.
 mod bench;
+mod benchkit;
 mod bignode;
 mod classic;
 mod config_doc;
@@ -177,7 +178,7 @@ fn with_leading_double_dash(argv: &[String], mut args: Vec<String>) -> Vec<Strin
 const AGENT_ENV: &[&str] = &["RUST_LOG", "FAKE_NVML_SCENARIO", "NODE_NAME"];
 
 fn run_agent(args: &[String]) -> Result<()> {
-    let bin = bench::release_agent()?;
+    let bin = benchkit::host::release_agent()?;
     let mut cmd = if is_root() {
         Command::new(&bin)
     } else if let Some(sudo) = on_path("sudo") {

@@ -2,8 +2,11 @@
 use std::fmt::Write;
 
 use crate::{
-    bench::{counter, ExportBench, StormFigures},
-    overhead::{Row, ShortLived},
+    bench::{ExportBench, StormFigures},
+    benchkit::{
+        figures::{Row, ShortLived},
+        host::counter,
+    },
 };
 
 pub(crate) struct Report<'a> {
@@ -59,7 +62,7 @@ pub(crate) fn markdown(r: &Report) -> String {
         if r.quick { " --quick" } else { "" },
         r.machine,
         r.elapsed_s,
-        shown(&crate::overhead::protocol()),
+        shown(&crate::benchkit::agent::protocol()),
     );
     rows_table(&mut md, r);
     big_node(&mut md, r);
@@ -195,8 +198,8 @@ fn big_node(md: &mut String, r: &Report) {
              agents side by side on this node, after the baselines, the median of six windows; \
              the {protocol} one started first, so the bias of the agent started second, about \
              3 %, is against {}), which puts it at {pct:.3} % of a core.",
-            shown(&crate::overhead::protocol()),
-            shown(&crate::overhead::protocol()),
+            shown(&crate::benchkit::agent::protocol()),
+            shown(&crate::benchkit::agent::protocol()),
         );
     }
 }
@@ -238,7 +241,7 @@ fn others(md: &mut String, r: &Report) {
          Exec storm ({} fork+exec): {} notifications lost, slowdown {:.3}x, agent {:.2} us CPU \
          per event, eBPF {:.0} ns per event (mean of the programs), proc_fork {:.0} ns per run.",
         s.total,
-        crate::overhead::SHORT_ROUND,
+        crate::benchkit::figures::SHORT_ROUND,
         s.agent,
         pct(s.agent),
         s.pid_read,
@@ -294,7 +297,10 @@ fn targets(md: &mut String, r: &Report) {
         at_most("proc_fork run time", st.fork_ns, 900.0, "ns", 0),
         at_most("agent CPU, 5,000 processes", r5.agent_cpu_pct, 0.2, "%", 3),
         at_most(
-            &format!("{big_cpu}, over {}", shown(&crate::overhead::protocol())),
+            &format!(
+                "{big_cpu}, over {}",
+                shown(&crate::benchkit::agent::protocol())
+            ),
             big.agent_cpu_pct,
             0.5,
             "%",
@@ -384,7 +390,7 @@ pub(crate) fn result_line(r: &Report) -> String {
         Report::calls(big),
         prom_ms,
         build_ms,
-        match crate::overhead::other_protocol(&crate::overhead::protocol()) {
+        match crate::benchkit::agent::other_protocol(&crate::benchkit::agent::protocol()) {
             "grpc" => "grpc",
             _ => "http",
         },

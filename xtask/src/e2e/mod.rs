@@ -46,7 +46,9 @@ use self::{
     podman::Podman,
     workloads::{GpuProcess, BUSYBOX},
 };
-use crate::{bench::release_agent, cargo, ebpf, image, is_root, tools::Tools, workspace_root};
+use crate::{
+    benchkit::host::release_agent, cargo, ebpf, image, is_root, tools::Tools, workspace_root,
+};
 
 /// The whole run's bound: CI allows about 10 minutes.
 const BUDGET: Duration = Duration::from_secs(540);
