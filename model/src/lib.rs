@@ -531,7 +531,10 @@ pub enum DeviceStatus {
     Lost,
     Error(String),
     /// A call on it that has not returned for `secs` seconds.
-    Stalled { call: String, secs: u64 },
+    Stalled {
+        call: String,
+        secs: u64,
+    },
 }
 
 impl DeviceStatus {
@@ -662,7 +665,9 @@ mod tests {
         };
         assert_eq!(json(&stalled), "\"stalled: power for 42 s\"");
         assert_eq!(
-            json(&SourceStatus::Stalled("power on GPU 3 (GPU-3) for 42 s".into())),
+            json(&SourceStatus::Stalled(
+                "power on GPU 3 (GPU-3) for 42 s".into()
+            )),
             "\"stalled: power on GPU 3 (GPU-3) for 42 s\""
         );
         assert_eq!(json(&TrackingMode::Procfs), "\"procfs\"");

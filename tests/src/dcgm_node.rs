@@ -232,9 +232,14 @@ impl DcgmNode {
 
     /// A `gpu-agent run` on this node with `args` (and `--no-ebpf` without processes).
     pub fn agent(&self, extra_config: &str, args: &[&str]) -> Agent {
+        self.agent_nvml("", extra_config, args)
+    }
+
+    /// `agent`, with `nvml` added to its `[nvml]` table.
+    pub fn agent_nvml(&self, nvml: &str, extra_config: &str, args: &[&str]) -> Agent {
         let lib = fake_nvml_lib();
         let cfg = format!(
-            "[nvml]\ninterval_ms = 200\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\n\
+            "[nvml]\ninterval_ms = 200\n{nvml}\n[metadata]\ncri_socket = \"{}\"\npod_resources_socket = \"{}\"\n\
              docker_socket = \"{}\"\nallocation_interval_secs = 1\n{extra_config}",
             self.node.cri.display(),
             self.node.pod_resources.display(),

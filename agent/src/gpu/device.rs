@@ -19,7 +19,7 @@ use super::{
     gpm::Gpm,
     processes::{sample_processes, Lists},
     reader::{in_call, Reader},
-    xid::Xids,
+    xid::{self, Xids},
     DeviceSample, MigSample,
 };
 
@@ -232,9 +232,13 @@ impl Extras {
             Some(h) => h.restore_extras(&mut d),
             None => self.gpm.sample(nvml, dev, &mut d),
         }
-        in_call("XID event registration", || {
-            self.xids.lock().unwrap().register(nvml, dev, &d.uuid)
-        });
+        let set = self.xids.lock().unwrap().set_for(nvml, &d.uuid);
+        if let Some(set) = set {
+            let r = in_call("nvmlDeviceRegisterEvents", || {
+                xid::register_device(nvml, dev, set)
+            });
+            self.xids.lock().unwrap().registered(&d.uuid, r);
+        }
         d
     }
 }

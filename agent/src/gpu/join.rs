@@ -1066,6 +1066,51 @@ mod sharing_tests {
     }
 
     #[test]
+    fn a_stalled_gpu_is_credited_nothing_for_the_stall() {
+        let procs = || vec![p(100, 10, Some(30)), p(200, 10, Some(20))];
+        let mut stalled = sample(3000, 0, vec![]);
+        stalled.devices[0].energy_mj = None;
+        stalled.devices[0].status = DeviceStatus::Stalled {
+            call: "power".into(),
+            secs: 5,
+        };
+        let samples = [
+            sample(1000, 1_000_000, procs()),
+            sample(2000, 1_100_000, procs()),
+            stalled,
+            // 900 J drawn while it did not answer, then 100 J in the cycle after.
+            sample(4000, 2_000_000, procs()),
+            sample(5000, 2_100_000, procs()),
+        ];
+        let (snap, _, records) = run(&Metadata::default(), &samples, &Inputs::default());
+        // 30 + 30 J and 20 + 20 J: the first increase after the stall starts the count.
+        assert!(
+            (energy(&snap, A) - 60.0).abs() < 1e-9,
+            "{}",
+            energy(&snap, A)
+        );
+        assert!(
+            (energy(&snap, B) - 40.0).abs() < 1e-9,
+            "{}",
+            energy(&snap, B)
+        );
+        let gpu = |c: &ContainerUsage| c.gpus[0].gpu_time_seconds.unwrap();
+        let a = snap
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(A));
+        // 0.3 s a cycle for the cycles it was read, none for the stall.
+        assert!((gpu(a.unwrap()) - 0.9).abs() < 1e-9, "{:?}", a);
+        // Its stretch of use ended at its last good sample; a new one began after.
+        let ended: Vec<_> = records
+            .iter()
+            .filter(|r| r.container_id.as_deref() == Some(A))
+            .collect();
+        assert_eq!(ended.len(), 1, "{records:?}");
+        assert_eq!(ended[0].end_ms, 2000, "{:?}", ended[0]);
+    }
+
+    #[test]
     fn an_energy_read_after_held_cycles_is_split_by_their_mean_shares() {
         // Energy read at 1 s and 4 s, held at 2 s and 3 s (nvml.slow_interval_ms): A alone
         // at 90% in the cycles at 2 and 3 s, then B alone at 60% at 4 s, when A has gone.

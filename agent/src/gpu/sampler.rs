@@ -57,7 +57,13 @@ pub fn spawn(
     let interval = Duration::from_millis(cfg.interval_ms);
     let stall_timeout = cfg.stall_timeout();
     let progress = Arc::new(Progress::default());
-    watch(progress.clone(), interval, stall_timeout, tx.clone(), stop.clone())?;
+    watch(
+        progress.clone(),
+        interval,
+        stall_timeout,
+        tx.clone(),
+        stop.clone(),
+    )?;
     // The thread's own timer, to sleep until the next cycle or until the agent stops.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -126,7 +132,10 @@ fn watch(
                     Some((call, t)) if t >= stall_timeout => {
                         let why = format!("{call} for {} s", t.as_secs());
                         if !stalled {
-                            tracing::warn!(call, "NVML not answering: {why}; no GPU data until it returns");
+                            tracing::warn!(
+                                call,
+                                "NVML not answering: {why}; no GPU data until it returns"
+                            );
                             stalled = true;
                         }
                         let status = SourceStatus::Stalled(why);

@@ -11,7 +11,10 @@ use std::{
 };
 
 use gpu_model::{SourceStatus, XidCount, XidProcess};
-use nvml_wrapper::{error::nvml_try, Device, Nvml};
+use nvml_wrapper::{
+    error::{nvml_try, NvmlError},
+    Device, Nvml,
+};
 use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t, nvmlEventTypeXidCriticalError};
 
 use super::{
@@ -23,6 +26,14 @@ use super::{
 const MATCH_WINDOW: Duration = Duration::from_secs(10);
 /// Events drained per cycle at most (a storm must not stall sampling).
 const MAX_EVENTS: usize = 1024;
+
+/// Registers `dev` in `set` (`Xids::set_for`) for critical XID events.
+pub fn register_device(nvml: &Nvml, dev: &Device, set: nvmlEventSet_t) -> Result<(), NvmlError> {
+    let register = nvml.lib().nvmlDeviceRegisterEvents.as_ref();
+    let register = register.map_err(|_| NvmlError::FunctionNotFound)?;
+    // SAFETY: a live device handle and event set from this library.
+    nvml_try(unsafe { register(dev.handle(), u64::from(nvmlEventTypeXidCriticalError), set) })
+}
 
 /// An XID NVML delivered, waiting for the kernel log to name its process.
 struct Pending {
@@ -69,19 +80,21 @@ impl Xids {
         }
     }
 
-    /// Registers `dev` (once), so that its XIDs are delivered.
-    pub fn register(&mut self, nvml: &Nvml, dev: &Device, uuid: &str) {
+    /// The event set to register device `uuid` in, made on first use; None if it is
+    /// registered already or events are unavailable. The registration itself
+    /// (`register_device`) runs without this lock: a call on a wedged GPU never returns.
+    pub fn set_for(&mut self, nvml: &Nvml, uuid: &str) -> Option<nvmlEventSet_t> {
         if self.registered.contains(uuid) || self.events_status.reason().is_some() {
-            return;
+            return None;
         }
         let lib = nvml.lib();
-        let (Ok(create), Ok(register)) = (
+        let (Ok(create), Ok(_)) = (
             lib.nvmlEventSetCreate.as_ref(),
             lib.nvmlDeviceRegisterEvents.as_ref(),
         ) else {
             self.events_status =
                 SourceStatus::Unavailable("this NVML has no event API: no XID counts".into());
-            return;
+            return None;
         };
         if self.set.is_none() {
             let mut set: nvmlEventSet_t = std::ptr::null_mut();
@@ -91,15 +104,15 @@ impl Xids {
                 Err(e) => {
                     self.events_status =
                         SourceStatus::Unavailable(format!("nvmlEventSetCreate: {e}"));
-                    return;
+                    return None;
                 }
             }
         }
-        let set = self.set.expect("created above");
-        // SAFETY: a live device handle and event set from this library.
-        let r = nvml_try(unsafe {
-            register(dev.handle(), u64::from(nvmlEventTypeXidCriticalError), set)
-        });
+        self.set
+    }
+
+    /// What `register_device` gave for `uuid`.
+    pub fn registered(&mut self, uuid: &str, r: Result<(), NvmlError>) {
         match r {
             Ok(()) => {
                 self.registered.insert(uuid.to_string());

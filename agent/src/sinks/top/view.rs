@@ -937,7 +937,10 @@ pub(crate) mod tests {
         let n = notices(&snap, &sources());
         assert_eq!(n.len(), 1, "{n:?}");
         assert_eq!(n[0].level, Level::Error);
-        assert_eq!(n[0].text, "GPU 3 not answering for 42 s (power has not returned)");
+        assert_eq!(
+            n[0].text,
+            "GPU 3 not answering for 42 s (power has not returned)"
+        );
         let wedged = Snapshot {
             taken_at_ms: 1,
             nvml: SourceStatus::Stalled("nvmlInit_v2 for 9 s".into()),
@@ -945,7 +948,11 @@ pub(crate) mod tests {
         };
         let n = notices(&wedged, &sources());
         assert_eq!(n[0].level, Level::Error);
-        assert!(n[0].text.starts_with("NVML not answering: nvmlInit_v2 for 9 s"), "{n:?}");
+        assert!(
+            n[0].text
+                .starts_with("NVML not answering: nvmlInit_v2 for 9 s"),
+            "{n:?}"
+        );
     }
 
     #[test]
