@@ -10,98 +10,46 @@
 //!
 //! and the prose around them is left alone. `--check` writes nothing and fails, naming each
 //! stale block, when the file differs from what the command would write.
-use std::{fmt::Write, fs};
+use std::fmt::Write;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 #[cfg(test)]
 use gpu_agent::config::Bounds;
 use gpu_agent::config::{reference, Allowed, Config, KeyDoc, ENV_ONLY, TABLES};
 
-use crate::workspace_root;
+use crate::generated::Generated;
 
 const DOC: &str = "docs/configuration.md";
 const SOURCE: &str = "agent/src/config/reference.rs";
 
+const GEN: Generated = Generated {
+    doc: DOC,
+    command: "config-doc",
+    source: SOURCE,
+};
+
 pub fn run(check: bool) -> Result<()> {
-    let path = workspace_root().join(DOC);
-    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let blocks = blocks(&reference(), &Config::default_toml());
-    if check {
-        self::check(&text, &blocks)?;
-        println!("{DOC}: every block matches the code");
-        return Ok(());
-    }
-    let (new, stale) = splice(&text, &blocks)?;
-    if stale.is_empty() {
-        println!("{DOC}: up to date");
-        return Ok(());
-    }
-    fs::write(&path, new).with_context(|| format!("writing {}", path.display()))?;
-    println!("{DOC}: regenerated {}", stale.join(", "));
-    Ok(())
+    GEN.run(check, &blocks(&reference(), &Config::default_toml()))
 }
 
-/// Fails, naming the stale blocks, when `text` is not what [`splice`] would make of it.
-pub fn check(text: &str, blocks: &[(&'static str, String)]) -> Result<()> {
-    let (_, stale) = splice(text, blocks)?;
-    if !stale.is_empty() {
-        bail!(
-            "{DOC} is stale: block(s) {} differ from {SOURCE}; run `cargo xtask config-doc`",
-            stale.join(", ")
-        );
-    }
-    Ok(())
+#[cfg(test)]
+fn check(text: &str, blocks: &[(&'static str, String)]) -> Result<()> {
+    GEN.check(text, blocks)
 }
 
+#[cfg(test)]
+fn splice(text: &str, blocks: &[(&'static str, String)]) -> Result<(String, Vec<&'static str>)> {
+    GEN.splice(text, blocks)
+}
+
+#[cfg(test)]
 fn begin(name: &str) -> String {
-    format!("<!-- BEGIN GENERATED {name}: cargo xtask config-doc, from {SOURCE} -->")
+    GEN.begin(name)
 }
 
+#[cfg(test)]
 fn end(name: &str) -> String {
-    format!("<!-- END GENERATED {name} -->")
-}
-
-/// `text` with every generated block replaced, and the names of those that changed. Each
-/// block must have exactly one pair of markers, and every marker must name a block.
-pub fn splice(
-    text: &str,
-    blocks: &[(&'static str, String)],
-) -> Result<(String, Vec<&'static str>)> {
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("<!-- BEGIN GENERATED ") {
-            let name = rest.split(':').next().unwrap_or_default();
-            if !blocks.iter().any(|(n, _)| *n == name) {
-                let names: Vec<&str> = blocks.iter().map(|b| b.0).collect();
-                bail!(
-                    "{DOC}: marker {line:?} names no block (blocks: {})",
-                    names.join(", ")
-                );
-            }
-        }
-    }
-    let mut out = text.to_string();
-    let mut stale = vec![];
-    for (name, body) in blocks {
-        let (b, e) = (begin(name), end(name));
-        let at = |m: &str| -> Result<usize> {
-            let mut found = out.match_indices(m);
-            match (found.next(), found.next()) {
-                (Some((i, _)), None) => Ok(i),
-                (None, _) => bail!("{DOC}: no marker for block `{name}`; add the lines\n{b}\n{e}"),
-                (Some(_), Some(_)) => bail!("{DOC}: marker {m:?} twice"),
-            }
-        };
-        let (start, stop) = (at(&b)? + b.len(), at(&e)?);
-        if stop < start {
-            bail!("{DOC}: the END marker of block `{name}` comes before its BEGIN");
-        }
-        let want = format!("\n{body}");
-        if out[start..stop] != want {
-            stale.push(*name);
-            out.replace_range(start..stop, &want);
-        }
-    }
-    Ok((out, stale))
+    GEN.end(name)
 }
 
 /// Every generated block, by marker name: the default file (`gpu-agent check-config
@@ -221,7 +169,7 @@ mod tests {
     use super::*;
 
     fn repository_doc() -> String {
-        fs::read_to_string(workspace_root().join(DOC)).unwrap()
+        std::fs::read_to_string(crate::workspace_root().join(DOC)).unwrap()
     }
 
     fn current() -> Vec<(&'static str, String)> {

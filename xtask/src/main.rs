@@ -7,6 +7,7 @@ mod config_doc;
 mod e2e;
 mod ebpf;
 mod floor;
+mod generated;
 mod image;
 mod kernels;
 mod metrics_doc;

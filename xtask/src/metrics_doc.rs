@@ -8,105 +8,46 @@
 //!
 //! and the prose around them is left alone. `--check` writes nothing and fails, naming
 //! each stale table, when the file differs from what the command would write.
-use std::{fmt::Write, fs, path::Path};
+use std::fmt::Write;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use otel::catalogue::{
     dcgm_fields_of, Attr, AttrSet, Attribute, Group, Metric, MetricId, Place, Source, ATTRIBUTES,
     CATALOGUE, DCGM_UNSERVED,
 };
 
-use crate::workspace_root;
+use crate::generated::Generated;
 
 const DOC: &str = "docs/metrics.md";
 
+const GEN: Generated = Generated {
+    doc: DOC,
+    command: "metrics-doc",
+    source: "otel/src/catalogue.rs",
+};
+
 pub fn run(check: bool) -> Result<()> {
-    let path = workspace_root().join(DOC);
-    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let tables = tables(&CATALOGUE, &ATTRIBUTES);
-    if check {
-        self::check(&text, &tables)?;
-        println!("{DOC}: every table matches the catalogue");
-        return Ok(());
-    }
-    let (new, stale) = splice(&text, &tables)?;
-    if stale.is_empty() {
-        println!("{DOC}: up to date");
-        return Ok(());
-    }
-    write_file(&path, &new)?;
-    println!("{DOC}: regenerated {}", stale.join(", "));
-    Ok(())
+    GEN.run(check, &tables(&CATALOGUE, &ATTRIBUTES))
 }
 
-fn write_file(path: &Path, text: &str) -> Result<()> {
-    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+#[cfg(test)]
+fn check(text: &str, tables: &[(&'static str, String)]) -> Result<()> {
+    GEN.check(text, tables)
 }
 
-/// Fails, naming the stale tables, when `text` is not what [`splice`] would make of it.
-pub fn check(text: &str, tables: &[(&'static str, String)]) -> Result<()> {
-    let (_, stale) = splice(text, tables)?;
-    if !stale.is_empty() {
-        bail!(
-            "{DOC} is stale: table(s) {} differ from otel/src/catalogue.rs; run `cargo xtask metrics-doc`",
-            stale.join(", ")
-        );
-    }
-    Ok(())
+#[cfg(test)]
+fn splice(text: &str, tables: &[(&'static str, String)]) -> Result<(String, Vec<&'static str>)> {
+    GEN.splice(text, tables)
 }
 
+#[cfg(test)]
 fn begin(name: &str) -> String {
-    format!("<!-- BEGIN GENERATED {name}: cargo xtask metrics-doc, from otel/src/catalogue.rs -->")
+    GEN.begin(name)
 }
 
+#[cfg(test)]
 fn end(name: &str) -> String {
-    format!("<!-- END GENERATED {name} -->")
-}
-
-/// `text` with every generated table replaced, and the names of those that changed. Each
-/// table must have exactly one pair of markers, and every marker must name a table.
-pub fn splice(
-    text: &str,
-    tables: &[(&'static str, String)],
-) -> Result<(String, Vec<&'static str>)> {
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("<!-- BEGIN GENERATED ") {
-            let name = rest.split(':').next().unwrap_or_default();
-            if !tables.iter().any(|(n, _)| *n == name) {
-                bail!(
-                    "{DOC}: marker {line:?} names no table (tables: {})",
-                    names(tables)
-                );
-            }
-        }
-    }
-    let mut out = text.to_string();
-    let mut stale = vec![];
-    for (name, body) in tables {
-        let (b, e) = (begin(name), end(name));
-        let at = |m: &str| -> Result<usize> {
-            let mut found = out.match_indices(m);
-            match (found.next(), found.next()) {
-                (Some((i, _)), None) => Ok(i),
-                (None, _) => bail!("{DOC}: no marker for table `{name}`; add the lines\n{b}\n{e}"),
-                (Some(_), Some(_)) => bail!("{DOC}: marker {m:?} twice"),
-            }
-        };
-        let (start, stop) = (at(&b)? + b.len(), at(&e)?);
-        if stop < start {
-            bail!("{DOC}: the END marker of table `{name}` comes before its BEGIN");
-        }
-        let want = format!("\n{body}");
-        if out[start..stop] != want {
-            stale.push(*name);
-            out.replace_range(start..stop, &want);
-        }
-    }
-    Ok((out, stale))
-}
-
-fn names(tables: &[(&'static str, String)]) -> String {
-    tables.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
+    GEN.end(name)
 }
 
 /// Every generated table, by marker name, rendered from `metrics` and `attributes` (the
@@ -344,7 +285,7 @@ mod tests {
     use super::*;
 
     fn repository_doc() -> String {
-        fs::read_to_string(workspace_root().join(DOC)).unwrap()
+        std::fs::read_to_string(crate::workspace_root().join(DOC)).unwrap()
     }
 
     /// `cargo xtask test` runs this: a catalogue change without `cargo xtask metrics-doc`
@@ -363,7 +304,7 @@ mod tests {
         metrics[MetricId::HwPower as usize].help = "Something else.";
         let err = check(&repository_doc(), &tables(&metrics, &ATTRIBUTES)).unwrap_err();
         let msg = format!("{err:#}");
-        assert!(msg.contains("table(s) device differ"), "{msg}");
+        assert!(msg.contains("block(s) device differ"), "{msg}");
 
         let mut attributes = ATTRIBUTES.to_vec();
         attributes[Attr::Node as usize].prometheus = Some("node_name");
@@ -403,13 +344,13 @@ mod tests {
         let t = tables(&CATALOGUE, &ATTRIBUTES);
         let err = splice("# Metrics\n", &t).unwrap_err();
         assert!(
-            format!("{err}").contains("no marker for table `attributes`"),
+            format!("{err}").contains("no marker for block `attributes`"),
             "{err}"
         );
         let doc = repository_doc();
         let unknown = format!("{doc}\n<!-- BEGIN GENERATED nonsense: x -->\n");
         let err = splice(&unknown, &t).unwrap_err();
-        assert!(format!("{err}").contains("names no table"), "{err}");
+        assert!(format!("{err}").contains("names no block"), "{err}");
         let twice = format!("{doc}\n{}\n", end("self"));
         let err = splice(&twice, &t).unwrap_err();
         assert!(format!("{err}").contains("twice"), "{err}");
