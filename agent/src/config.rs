@@ -241,8 +241,11 @@ pub enum ConfigError {
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub config: Config,
-    /// Where and how to push OTLP; None when no endpoint is configured anywhere.
+    /// Where and how to push OTLP metrics; None when no endpoint is configured for them.
     pub otlp: Option<otel::export::OtlpSettings>,
+    /// Where and how usage records go as OTLP logs; None when neither
+    /// OTEL_EXPORTER_OTLP_LOGS_ENDPOINT nor a base endpoint is set.
+    pub otlp_logs: Option<otel::export::OtlpSettings>,
 }
 
 impl Loaded {
@@ -261,7 +264,8 @@ impl Loaded {
         check("cgroup", a.cgroup == b.cgroup);
         check("nvml", a.nvml == b.nvml);
         check("prometheus", a.prometheus == b.prometheus);
-        check("otlp", a.otlp == b.otlp && self.otlp == newer.otlp);
+        let same_otlp = self.otlp == newer.otlp && self.otlp_logs == newer.otlp_logs;
+        check("otlp", a.otlp == b.otlp && same_otlp);
         check("metrics", a.metrics == b.metrics);
         check("node_name", a.node_name == b.node_name);
         check("metadata", a.metadata == b.metadata);
@@ -270,18 +274,27 @@ impl Loaded {
 }
 
 impl Config {
-    /// Validates, and resolves the OTLP settings against the environment (`env` looks a
-    /// variable up): the OTEL_* variables are configuration too, and a bad one is named.
+    /// Validates, and resolves the OTLP settings of each signal against the environment
+    /// (`env` looks a variable up): the OTEL_* variables are configuration too, and a bad
+    /// one is named.
     pub fn resolve(self, env: impl Fn(&str) -> Option<String>) -> Result<Loaded, ConfigError> {
+        use otel::settings::Signal;
         self.validate()?;
-        let otlp = self
-            .otlp
-            .resolve(env)
-            .map_err(|message| ConfigError::Invalid {
-                field: "otlp",
-                message,
-            })?;
-        Ok(Loaded { config: self, otlp })
+        let resolve = |signal| {
+            self.otlp
+                .resolve_signal(signal, &env)
+                .map_err(|message| ConfigError::Invalid {
+                    field: "otlp",
+                    message,
+                })
+        };
+        let otlp = resolve(Signal::Metrics)?;
+        let otlp_logs = resolve(Signal::Logs)?;
+        Ok(Loaded {
+            config: self,
+            otlp,
+            otlp_logs,
+        })
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
