@@ -304,22 +304,24 @@ pub(crate) mod tests {
     fn a_record_after_a_torn_last_line_is_a_line_of_its_own() {
         let dir = TempDir::new("torn");
         let path = dir.0.join("usage.jsonl");
-        let whole = serde_json::to_string(&record(1)).unwrap();
-        // A crash in the middle of the second record's write.
-        let torn = &serde_json::to_string(&record(2)).unwrap()[..20];
-        std::fs::write(&path, format!("{whole}\n{torn}")).unwrap();
+        let mut whole = serde_json::to_vec(&record(1)).unwrap();
+        whole.push(b'\n');
+        // A crash in the middle of the second record's write, inside a character.
+        let second = UsageRecord {
+            pod_name: Some("zürich-0".into()),
+            ..record(2)
+        };
+        let second = serde_json::to_vec(&second).unwrap();
+        let cut = second.iter().position(|b| *b == 0xc3).unwrap() + 1;
+        std::fs::write(&path, [&whole[..], &second[..cut]].concat()).unwrap();
         let mut f = RecordFile::new(path.clone(), 1 << 20, 2);
         f.append(&record(3)).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(
-            text,
-            format!(
-                "{whole}\n{torn}\n{}\n",
-                serde_json::to_string(&record(3)).unwrap()
-            )
-        );
+        let text = std::fs::read(&path).unwrap();
+        let third = serde_json::to_vec(&record(3)).unwrap();
+        assert_eq!(text, [&whole[..], &second[..cut], b"\n", &third, b"\n"].concat());
+        // `gpu-agent report` reads both records, and the fragment as one bad line.
         let (records, bad) = super::super::report::read_records(&path).unwrap();
         let starts: Vec<u64> = records.iter().map(|r| r.start_ms).collect();
-        assert_eq!((starts, bad), (vec![1, 3], 1), "{text}");
+        assert_eq!((starts, bad), (vec![1, 3], 1));
     }
 }
