@@ -318,7 +318,10 @@ pub(crate) mod tests {
         f.append(&record(3)).unwrap();
         let text = std::fs::read(&path).unwrap();
         let third = serde_json::to_vec(&record(3)).unwrap();
-        assert_eq!(text, [&whole[..], &second[..cut], b"\n", &third, b"\n"].concat());
+        assert_eq!(
+            text,
+            [&whole[..], &second[..cut], b"\n", &third, b"\n"].concat()
+        );
         // `gpu-agent report` reads both records, and the fragment as one bad line.
         let (records, bad) = super::super::report::read_records(&path).unwrap();
         let starts: Vec<u64> = records.iter().map(|r| r.start_ms).collect();
