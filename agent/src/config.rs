@@ -513,8 +513,9 @@ pub struct UsageConfig {
     /// Rotate the file beyond this size: `file` -> `file.1` -> ... -> `file.<file_keep>`.
     pub file_max_bytes: u64,
     pub file_keep: u32,
-    /// Records kept while the collector is unreachable; the oldest beyond are dropped and
-    /// counted (`usage_records_dropped`).
+    /// Records kept for each destination while it fails (the collector unreachable, the
+    /// file's disk full); the oldest beyond are given up and counted
+    /// (`usage_records_dropped`).
     pub queue_records: usize,
     /// Read NVML's per-process accounting stats when a GPU process exits (needs
     /// accounting mode on the GPU: `nvidia-smi -am 1`).

@@ -7,12 +7,13 @@ use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 /// The `[otlp]` section of the config file. Each key is overridden by its standard
-/// environment variable when that is set.
+/// environment variable when that is set, the signal's own (`OTEL_EXPORTER_OTLP_METRICS_*`,
+/// `OTEL_EXPORTER_OTLP_LOGS_*`) over the general one.
 #[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OtlpConfig {
-    /// Base URL (…:4317 for gRPC, …:4318 for HTTP). OTEL_EXPORTER_OTLP_ENDPOINT, or
-    /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT (used as is). Unset: no push.
+    /// Base URL (…:4317 for gRPC, …:4318 for HTTP). OTEL_EXPORTER_OTLP_ENDPOINT; a
+    /// signal's own OTEL_EXPORTER_OTLP_{METRICS,LOGS}_ENDPOINT is used as is. Unset: no push.
     pub endpoint: Option<String>,
     /// "grpc" or "http/protobuf" (default). OTEL_EXPORTER_OTLP_PROTOCOL.
     pub protocol: Option<String>,
@@ -64,7 +65,7 @@ pub enum Protocol {
 /// Everything resolved: what the exporter runs with.
 #[derive(Clone, PartialEq)]
 pub struct OtlpSettings {
-    /// Full URL: the gRPC endpoint, or the HTTP URL including /v1/metrics. May hold
+    /// Full URL: the gRPC endpoint, or the HTTP URL including the signal's path. May hold
     /// credentials: print `redacted_url()`.
     pub url: String,
     pub protocol: Protocol,
