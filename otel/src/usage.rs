@@ -1,8 +1,9 @@
 //! Usage records as OTLP log records (opentelemetry-proto's logs service): one log record
 //! per record, on the container's resource so that the Collector's k8sattributes processor
-//! enriches it and any logs pipeline can route it to a store. Sent over the same transport
-//! and settings as the metrics, with a queue bounded in records that survives a collector
-//! outage; what falls off the queue is counted.
+//! enriches it and any logs pipeline can route it to a store. Sent with the logs' own
+//! settings (`Signal::Logs`: their endpoint, or the base endpoint's `/v1/logs`), with a
+//! queue bounded in records that survives a collector outage; what falls off the queue is
+//! counted.
 use std::{
     collections::VecDeque,
     sync::{
