@@ -151,6 +151,7 @@ impl RecordQueue {
     }
 
     /// Shorter backoff bounds, for tests.
+    #[cfg(test)]
     pub fn with_retry(mut self, min: Duration, max: Duration) -> RecordQueue {
         self.retry = (min, max);
         self.backoff = min;
