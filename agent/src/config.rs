@@ -251,8 +251,11 @@ pub enum ConfigError {
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub config: Config,
-    /// Where and how to push OTLP; None when no endpoint is configured anywhere.
+    /// Where and how to push OTLP metrics; None when no endpoint is configured for them.
     pub otlp: Option<otel::export::OtlpSettings>,
+    /// Where and how usage records go as OTLP logs; None when neither
+    /// OTEL_EXPORTER_OTLP_LOGS_ENDPOINT nor a base endpoint is set.
+    pub otlp_logs: Option<otel::export::OtlpSettings>,
 }
 
 impl Loaded {
@@ -270,7 +273,8 @@ impl Loaded {
             .map(|(k, _)| k.clone())
             .collect();
         // The OTEL_* variables are part of [otlp].
-        if self.otlp != newer.otlp && !out.iter().any(|s| s == "otlp") {
+        let same_otlp = self.otlp == newer.otlp && self.otlp_logs == newer.otlp_logs;
+        if !same_otlp && !out.iter().any(|s| s == "otlp") {
             out.push("otlp".into());
         }
         out
@@ -278,18 +282,27 @@ impl Loaded {
 }
 
 impl Config {
-    /// Validates, and resolves the OTLP settings against the environment (`env` looks a
-    /// variable up): the OTEL_* variables are configuration too, and a bad one is named.
+    /// Validates, and resolves the OTLP settings of each signal against the environment
+    /// (`env` looks a variable up): the OTEL_* variables are configuration too, and a bad
+    /// one is named.
     pub fn resolve(self, env: impl Fn(&str) -> Option<String>) -> Result<Loaded, ConfigError> {
+        use otel::settings::Signal;
         self.validate()?;
-        let otlp = self
-            .otlp
-            .resolve(env)
-            .map_err(|message| ConfigError::Invalid {
-                field: "otlp",
-                message,
-            })?;
-        Ok(Loaded { config: self, otlp })
+        let resolve = |signal| {
+            self.otlp
+                .resolve_signal(signal, &env)
+                .map_err(|message| ConfigError::Invalid {
+                    field: "otlp",
+                    message,
+                })
+        };
+        let otlp = resolve(Signal::Metrics)?;
+        let otlp_logs = resolve(Signal::Logs)?;
+        Ok(Loaded {
+            config: self,
+            otlp,
+            otlp_logs,
+        })
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
@@ -519,8 +532,9 @@ pub struct UsageConfig {
     /// Rotate the file beyond this size: `file` -> `file.1` -> ... -> `file.<file_keep>`.
     pub file_max_bytes: u64,
     pub file_keep: u32,
-    /// Records kept while the collector is unreachable; the oldest beyond are dropped and
-    /// counted (`usage_records_dropped`).
+    /// Records kept for each destination while it fails (the collector unreachable, the
+    /// file's disk full); the oldest beyond are given up and counted
+    /// (`usage_records_dropped`).
     pub queue_records: usize,
     /// Read NVML's per-process accounting stats when a GPU process exits (needs
     /// accounting mode on the GPU: `nvidia-smi -am 1`).

@@ -193,10 +193,9 @@ pub async fn run(loaded: Loaded, prep_error: Option<String>, reload: Reload) -> 
     let mut tasks = vec![serve_http(config, &handles, ready.clone(), &stop).await?];
     sources.walk();
     ready.store(true, Ordering::Release);
-    if let Some(t) = start_exporter(&loaded, &handles, &stop)? {
-        tasks.push(t);
-    }
-    let records = start_usage_sink(&loaded, &handles, &stop)?.map(|(tx, task)| {
+    // The sinks cannot fail from here on: one that does not work says so and retries.
+    tasks.extend(start_exporter(&loaded, &handles, &stop));
+    let records = start_usage_sink(&loaded, &handles, &stop).map(|(tx, task)| {
         tasks.push(task);
         tx
     });
@@ -417,28 +416,24 @@ pub fn raise_permitted_capabilities() -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// The OTLP metrics push, if an endpoint is configured.
 fn start_exporter(
     loaded: &Loaded,
     handles: &Handles,
     stop: &CancellationToken,
-) -> Result<Option<JoinHandle<()>>> {
+) -> Option<JoinHandle<()>> {
     let Some(settings) = loaded.otlp.clone() else {
         *handles.stats.otlp.write().unwrap() = ExportTarget::Disabled;
-        tracing::info!("no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT or [otlp] endpoint): not pushing");
-        return Ok(None);
+        *handles.stats.export.status.write().unwrap() = SourceStatus::Disabled;
+        tracing::info!("no OTLP metrics endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or [otlp] endpoint): not pushing");
+        return None;
     };
     let config = &loaded.config;
     *handles.stats.otlp.write().unwrap() = ExportTarget::Url(settings.redacted_url());
-    let ctx = otel::otlp::ExportContext {
-        node: node_identity(config),
-        service_name: settings.service_name.clone(),
-        resource_attributes: settings.resource_attributes.clone(),
-        groups: config.metrics.clone(),
-    };
+    let ctx = export_context(config, &settings);
     tracing::info!(url = %settings.redacted_url(), protocol = ?settings.protocol,
         interval = ?settings.interval, "pushing OTLP metrics");
-    let ex = otel::export::OtlpExporter::new(settings, handles.stats.export.clone())
-        .map_err(|e| anyhow::anyhow!("OTLP exporter: {e}"))?;
+    let ex = otel::export::OtlpExporter::new(settings, handles.stats.export.clone());
     let task = export::run(
         ex,
         ctx,
@@ -448,7 +443,20 @@ fn start_exporter(
         stop.clone(),
     );
     let timed = CpuTimed::new(task, handles.stats.clone(), |s| &s.export_cpu_ns);
-    Ok(Some(tokio::spawn(timed)))
+    Some(tokio::spawn(timed))
+}
+
+/// The resource every OTLP request of the agent starts from.
+fn export_context(
+    config: &Config,
+    settings: &otel::export::OtlpSettings,
+) -> otel::otlp::ExportContext {
+    otel::otlp::ExportContext {
+        node: node_identity(config),
+        service_name: settings.service_name.clone(),
+        resource_attributes: settings.resource_attributes.clone(),
+        groups: config.metrics.clone(),
+    }
 }
 
 /// The usage-record sink (`[usage]`): the local file and OTLP logs.
@@ -456,30 +464,21 @@ fn start_usage_sink(
     loaded: &Loaded,
     handles: &Handles,
     stop: &CancellationToken,
-) -> Result<
-    Option<(
-        tokio::sync::mpsc::Sender<gpu_model::UsageRecord>,
-        JoinHandle<()>,
-    )>,
-> {
+) -> Option<(
+    tokio::sync::mpsc::Sender<gpu_model::UsageRecord>,
+    JoinHandle<()>,
+)> {
     let config = &loaded.config;
     let node = node_identity(config);
-    let ctx = otel::otlp::ExportContext {
-        node: node.clone(),
-        service_name: loaded
-            .otlp
-            .as_ref()
-            .map(|s| s.service_name.clone())
-            .unwrap_or_default(),
-        resource_attributes: loaded
-            .otlp
-            .as_ref()
-            .map(|s| s.resource_attributes.clone())
-            .unwrap_or_default(),
-        groups: config.metrics.clone(),
+    let ctx = match &loaded.otlp_logs {
+        Some(settings) => export_context(config, settings),
+        None => otel::otlp::ExportContext {
+            node: node.clone(),
+            groups: config.metrics.clone(),
+            ..Default::default()
+        },
     };
-    let usage = handles.stats.usage.clone();
-    crate::sinks::usage::start(loaded, &node, ctx, usage, stop)
+    crate::sinks::usage::start(loaded, &node, ctx, &handles.stats, stop)
 }
 
 /// Runs the sources (eBPF cache, NVML, metadata, the pipeline) on a thread of their own,

@@ -47,6 +47,7 @@ pub struct Stats {
     /// Usage records: written by the usage sink and its OTLP logs exporter.
     pub usage: Arc<otel::usage::UsageCounters>,
     pub otlp: RwLock<ExportTarget>,
+    pub otlp_logs: RwLock<ExportTarget>,
     /// Written by the metadata source, the one owner of its sockets' health.
     pub metadata: Arc<RwLock<BTreeMap<String, SourceStatus>>>,
     /// Containers the metadata sources can name right now.
@@ -111,6 +112,8 @@ impl Stats {
             gpu_processes: n(&self.gpu_processes),
             gpu_processes_unresolved: n(&self.gpu_processes_unresolved),
             otlp: self.otlp.read().unwrap().clone(),
+            export_status: self.export.status.read().unwrap().clone(),
+            otlp_logs: self.otlp_logs.read().unwrap().clone(),
             metadata: self.metadata.read().unwrap().clone(),
             metadata_names: n(&self.metadata_names),
             export_sent: n(&self.export.sent),
@@ -122,6 +125,10 @@ impl Stats {
             usage_records: n(&self.usage.emitted),
             usage_records_dropped: n(&self.usage.dropped),
             usage_records_queued: n(&self.usage.queued),
+            usage_records_written: n(&self.usage.written),
+            usage_file_queued: n(&self.usage.file_queued),
+            usage_file: self.usage.file.read().unwrap().clone(),
+            usage_logs: self.usage.logs.read().unwrap().clone(),
         }
     }
 }

@@ -447,8 +447,13 @@ pub struct AgentStats {
     pub gpu_processes: u64,
     /// GPU processes neither the cache nor /proc could place (charged to the host entry).
     pub gpu_processes_unresolved: u64,
-    /// Where OTLP is pushed.
+    /// Where OTLP metrics are pushed.
     pub otlp: ExportTarget,
+    /// The OTLP push's state: `disabled`, `starting`, `ok` (the last send went through),
+    /// `unavailable: <error>` (retried with backoff).
+    pub export_status: SourceStatus,
+    /// Where usage records go as OTLP logs.
+    pub otlp_logs: ExportTarget,
     /// Each metadata source's health: "cri", "pod_resources", "docker".
     pub metadata: BTreeMap<String, SourceStatus>,
     /// Containers the metadata sources can name now (removed containers are forgotten).
@@ -461,11 +466,18 @@ pub struct AgentStats {
     pub programs: Vec<ProgramStats>,
     /// NVML's optional features (profiling, XID events) and why one is unavailable.
     pub nvml_features: NvmlFeatures,
-    /// Usage records emitted, lost (queue full, file or collector failing past the
-    /// queue), and waiting for the collector.
+    /// Usage records emitted; copies given up for good (a queue over its bound while the
+    /// file or the collector failed, refused, still queued at exit); waiting for the
+    /// collector; appended to the file; waiting for the file.
     pub usage_records: u64,
     pub usage_records_dropped: u64,
     pub usage_records_queued: u64,
+    pub usage_records_written: u64,
+    pub usage_file_queued: u64,
+    /// The usage-record file's state and the collector's for usage records: `disabled`,
+    /// `ok`, `unavailable: <error>` (retried).
+    pub usage_file: SourceStatus,
+    pub usage_logs: SourceStatus,
 }
 
 /// One eBPF program's run count and run time, from the kernel.

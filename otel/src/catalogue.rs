@@ -1232,7 +1232,7 @@ table! {
             prometheus: Some("gpu_agent_usage_records_dropped_total"),
             unit: "{record}",
             kind: Counter,
-            help: "Usage records lost: the queue full while the collector was down, refused, or not written to the file.",
+            help: "Usage records given up for good, once per destination (the file, the collector): a queue over its bound while it failed, refused by the collector, or still queued at exit.",
             ..SELF_METRIC
         },
         Mode => Metric {

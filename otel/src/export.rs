@@ -6,11 +6,12 @@ use std::{
     collections::VecDeque,
     sync::{
         atomic::{AtomicU64, Ordering::Relaxed},
-        Arc,
+        Arc, RwLock,
     },
     time::{Duration, Instant},
 };
 
+use gpu_model::SourceStatus;
 use prost::bytes::Bytes;
 
 pub use crate::settings::{parse_pairs, OtlpConfig, OtlpSettings, Protocol};
@@ -22,6 +23,8 @@ pub struct ExportCounters {
     pub failures: AtomicU64,
     pub dropped_batches: AtomicU64,
     pub queued_bytes: AtomicU64,
+    /// `starting` until the first send, then `ok` or `unavailable: <its error>`.
+    pub status: RwLock<SourceStatus>,
 }
 
 #[derive(Debug)]
@@ -43,7 +46,9 @@ enum Transport {
 
 pub struct OtlpExporter {
     settings: OtlpSettings,
-    transport: Transport,
+    /// Made at the first send: a failure to make it (no TLS roots, the CA bundle gone) is
+    /// a failed export, retried with backoff as a collector that is down.
+    transport: Option<Transport>,
     /// Encoded requests: in memory exactly what the byte budget counts.
     queue: VecDeque<Bytes>,
     queued_bytes: usize,
@@ -107,37 +112,44 @@ pub(crate) fn http_client(
     b.build().map_err(|e| format!("HTTP client: {e}"))
 }
 
-impl OtlpExporter {
-    /// Builds the client. Nothing connects yet: a collector that is down at start-up is
-    /// just a failed first export.
-    pub fn new(
-        settings: OtlpSettings,
-        counters: Arc<ExportCounters>,
-    ) -> Result<OtlpExporter, String> {
-        let ca = read_ca(&settings)?;
-        let transport = match settings.protocol {
+/// The transport in `slot`, made first if it is not there yet.
+fn connect<'a>(
+    slot: &'a mut Option<Transport>,
+    settings: &OtlpSettings,
+) -> Result<&'a mut Transport, String> {
+    if slot.is_none() {
+        let ca = read_ca(settings)?;
+        *slot = Some(match settings.protocol {
             Protocol::Grpc => {
                 let shown = format!("OTLP endpoint {}", settings.redacted_url());
                 Transport::Grpc(grpc_channel(
                     &settings.url,
                     &shown,
-                    &settings,
+                    settings,
                     ca.as_deref(),
                 )?)
             }
-            Protocol::HttpProtobuf => Transport::Http(http_client(&settings, ca.as_deref())?),
-        };
-        Ok(OtlpExporter {
+            Protocol::HttpProtobuf => Transport::Http(http_client(settings, ca.as_deref())?),
+        });
+    }
+    Ok(slot.as_mut().unwrap())
+}
+
+impl OtlpExporter {
+    /// Nothing connects yet: a collector that is down at start-up, or a client that cannot
+    /// be made, is just a failed first export.
+    pub fn new(settings: OtlpSettings, counters: Arc<ExportCounters>) -> OtlpExporter {
+        OtlpExporter {
             max_request_bytes: settings.max_request_bytes,
             settings,
-            transport,
+            transport: None,
             queue: VecDeque::new(),
             queued_bytes: 0,
             backoff: BACKOFF_MIN,
             next_attempt: Instant::now(),
             counters,
             sent: VecDeque::new(),
-        })
+        }
     }
 
     /// The requests that left the queue since the last call, where nothing else holds
@@ -179,6 +191,12 @@ impl OtlpExporter {
     /// Counts and logs one send's outcome, and arms the backoff on a retryable failure.
     /// Returns false when the batch should be kept for a retry.
     fn settle(&mut self, result: Result<(), SendError>) -> bool {
+        *self.counters.status.write().unwrap() = match &result {
+            Ok(()) => SourceStatus::Ok,
+            Err(SendError::Permanent(e) | SendError::TooLarge(e) | SendError::Retryable(e, _)) => {
+                SourceStatus::Unavailable(e.clone())
+            }
+        };
         match result {
             Ok(()) => {
                 self.counters.sent.fetch_add(1, Relaxed);
@@ -282,18 +300,17 @@ impl OtlpExporter {
 
     /// Sends one batch; `Bytes` so that the queued copy is not duplicated.
     async fn send(&mut self, body: Bytes) -> Result<(), SendError> {
-        match &mut self.transport {
+        let settings = &self.settings;
+        match connect(&mut self.transport, settings).map_err(|e| SendError::Retryable(e, None))? {
             Transport::Grpc(channel) => crate::grpc::unary(
                 channel,
                 "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
                 body,
-                &self.settings,
+                settings,
             )
             .await
             .map_err(grpc_error),
-            Transport::Http(client) => {
-                post_http(client, &self.settings.url, &self.settings, body).await
-            }
+            Transport::Http(client) => post_http(client, &settings.url, settings, body).await,
         }
     }
 }
@@ -455,7 +472,7 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let mut ex = OtlpExporter::new(settings, counters.clone()).unwrap();
+            let mut ex = OtlpExporter::new(settings, counters.clone());
             for _ in 0..50 {
                 ex.enqueue(batch());
             }
@@ -482,10 +499,7 @@ mod tests {
         .unwrap()
         .unwrap();
         let counters = Arc::new(ExportCounters::default());
-        (
-            OtlpExporter::new(settings, counters.clone()).unwrap(),
-            counters,
-        )
+        (OtlpExporter::new(settings, counters.clone()), counters)
     }
 
     /// A request of one resource per size, each resource's bytes its index.

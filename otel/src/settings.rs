@@ -7,12 +7,13 @@ use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 /// The `[otlp]` section of the config file. Each key is overridden by its standard
-/// environment variable when that is set.
+/// environment variable when that is set, the signal's own (`OTEL_EXPORTER_OTLP_METRICS_*`,
+/// `OTEL_EXPORTER_OTLP_LOGS_*`) over the general one.
 #[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OtlpConfig {
-    /// Base URL (…:4317 for gRPC, …:4318 for HTTP). OTEL_EXPORTER_OTLP_ENDPOINT, or
-    /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT (used as is). Unset: no push.
+    /// Base URL (…:4317 for gRPC, …:4318 for HTTP). OTEL_EXPORTER_OTLP_ENDPOINT; a
+    /// signal's own OTEL_EXPORTER_OTLP_{METRICS,LOGS}_ENDPOINT is used as is. Unset: no push.
     pub endpoint: Option<String>,
     /// "grpc" or "http/protobuf" (default). OTEL_EXPORTER_OTLP_PROTOCOL.
     pub protocol: Option<String>,
@@ -64,7 +65,7 @@ pub enum Protocol {
 /// Everything resolved: what the exporter runs with.
 #[derive(Clone, PartialEq)]
 pub struct OtlpSettings {
-    /// Full URL: the gRPC endpoint, or the HTTP URL including /v1/metrics. May hold
+    /// Full URL: the gRPC endpoint, or the HTTP URL including the signal's path. May hold
     /// credentials: print `redacted_url()`.
     pub url: String,
     pub protocol: Protocol,
@@ -156,123 +157,185 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The metrics' push interval (the logs go as records come).
+const INTERVAL: &str = "OTEL_METRIC_EXPORT_INTERVAL";
+
 /// Looks a variable up, blank counting as unset.
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
+/// What is pushed over OTLP. Each signal resolves its own settings, by the OTLP exporter
+/// spec's rules: `OTEL_EXPORTER_OTLP_{SIGNAL}_*` over `OTEL_EXPORTER_OTLP_*` over the
+/// `[otlp]` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Metrics,
+    /// Usage records.
+    Logs,
+}
+
+impl Signal {
+    fn var(self, option: &str) -> String {
+        let signal = match self {
+            Signal::Metrics => "METRICS",
+            Signal::Logs => "LOGS",
+        };
+        format!("OTEL_EXPORTER_OTLP_{signal}_{option}")
+    }
+
+    /// Appended to the base endpoint over HTTP.
+    fn path(self) -> &'static str {
+        match self {
+            Signal::Metrics => "/v1/metrics",
+            Signal::Logs => "/v1/logs",
+        }
+    }
+}
+
+/// The signal's variable for `option` when set, else the general one: (name, value).
+fn option(env: Env, signal: Signal, option: &str) -> Option<(String, String)> {
+    [signal.var(option), format!("OTEL_EXPORTER_OTLP_{option}")]
+        .into_iter()
+        .find_map(|var| env(&var).map(|v| (var, v)))
+}
+
+/// The HTTP URL of `signal` under a base endpoint: the base, its trailing slash dropped,
+/// plus `/v1/metrics` or `/v1/logs`. A base that already ends in `/v1/metrics` (the
+/// metrics URL given as the base) counts without it.
+pub fn signal_url(base: &str, signal: Signal) -> String {
+    let base = base.trim_end_matches('/');
+    let base = base.strip_suffix("/v1/metrics").unwrap_or(base);
+    format!("{base}{}", signal.path())
+}
+
 impl OtlpConfig {
-    /// Resolves the config against the environment (`env` looks a variable up). None when
-    /// no endpoint is configured anywhere. Errors name the variable or key and the range.
+    /// The metrics' settings: `resolve_signal(Signal::Metrics, env)`.
     pub fn resolve(
         &self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<OtlpSettings>, String> {
+        self.resolve_signal(Signal::Metrics, env)
+    }
+
+    /// Resolves the config against the environment (`env` looks a variable up) for one
+    /// signal. None when no endpoint is configured for it anywhere. Errors name the
+    /// variable or key and the range.
+    pub fn resolve_signal(
+        &self,
+        signal: Signal,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<OtlpSettings>, String> {
         let env = |k: &str| env(k).filter(|v| !v.trim().is_empty());
         let env: Env = &env;
-        let protocol = self.protocol(env)?;
-        let Some(url) = self.url(env, protocol)? else {
+        let protocol = self.protocol(env, signal)?;
+        let Some(url) = self.url(env, signal, protocol)? else {
             return Ok(None);
         };
         let (resource_attributes, service_name) = self.resource(env)?;
         Ok(Some(OtlpSettings {
             url,
             protocol,
-            headers: self.headers(env)?,
+            headers: self.headers(env, signal)?,
             timeout: millis(
-                env,
-                "OTEL_EXPORTER_OTLP_TIMEOUT",
-                "otlp.timeout_ms",
+                option(env, signal, "TIMEOUT"),
+                ("otlp.timeout_ms", "OTEL_EXPORTER_OTLP_TIMEOUT"),
                 self.timeout_ms,
                 (10_000, 100, 600_000),
             )?,
             interval: millis(
-                env,
-                "OTEL_METRIC_EXPORT_INTERVAL",
-                "otlp.interval_ms",
+                env(INTERVAL).map(|v| (INTERVAL.into(), v)),
+                ("otlp.interval_ms", INTERVAL),
                 self.interval_ms,
                 (60_000, 100, 86_400_000),
             )?,
             resource_attributes,
             service_name,
-            certificate: self.certificate(env)?,
-            gzip: self.gzip(env)?,
+            certificate: self.certificate(env, signal)?,
+            gzip: self.gzip(env, signal)?,
             max_queue_bytes: self.queue_bytes()?,
             max_request_bytes: self.request_bytes(protocol)?,
         }))
     }
 
-    fn protocol(&self, env: Env) -> Result<Protocol, String> {
-        match env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
-            .or_else(|| self.protocol.clone())
-            .as_deref()
-        {
+    fn protocol(&self, env: Env, signal: Signal) -> Result<Protocol, String> {
+        let (from, v) = match option(env, signal, "PROTOCOL") {
+            Some((var, v)) => (var, Some(v)),
+            None => ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), self.protocol.clone()),
+        };
+        match v.as_deref() {
             None | Some("http/protobuf") => Ok(Protocol::HttpProtobuf),
             Some("grpc") => Ok(Protocol::Grpc),
             Some(other) => Err(format!(
-                "otlp.protocol / OTEL_EXPORTER_OTLP_PROTOCOL: {other:?} is not grpc or \
-                 http/protobuf (http/json is not supported)"
+                "otlp.protocol / {from}: {other:?} is not grpc or http/protobuf (http/json is \
+                 not supported)"
             )),
         }
     }
 
     /// The URL to push to, checked to be one: a typo here would otherwise fail every export.
-    fn url(&self, env: Env, protocol: Protocol) -> Result<Option<String>, String> {
-        const WHERE: &str = "otlp.endpoint / OTEL_EXPORTER_OTLP_ENDPOINT";
-        let url = if let Some(u) = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") {
-            u
+    /// The signal's own endpoint is used as it is; the base gets the signal's path over
+    /// HTTP and is the target itself over gRPC.
+    fn url(&self, env: Env, signal: Signal, protocol: Protocol) -> Result<Option<String>, String> {
+        let specific = signal.var("ENDPOINT");
+        let (url, from) = if let Some(u) = env(&specific) {
+            (u, specific)
         } else if let Some(base) =
             env("OTEL_EXPORTER_OTLP_ENDPOINT").or_else(|| self.endpoint.clone())
         {
-            match protocol {
+            let url = match protocol {
                 Protocol::Grpc => base,
-                Protocol::HttpProtobuf if base.ends_with("/v1/metrics") => base,
-                Protocol::HttpProtobuf => format!("{}/v1/metrics", base.trim_end_matches('/')),
-            }
+                Protocol::HttpProtobuf => signal_url(&base, signal),
+            };
+            (url, "otlp.endpoint / OTEL_EXPORTER_OTLP_ENDPOINT".into())
         } else {
             return Ok(None);
         };
         let shown = redact_url(&url);
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(format!(
-                "{WHERE}: {shown:?} must start with http:// or https://"
+                "{from}: {shown:?} must start with http:// or https://"
             ));
         }
         let parsed = reqwest::Url::parse(&url)
-            .map_err(|e| format!("{WHERE}: {shown:?} is not a valid URL: {e}"))?;
+            .map_err(|e| format!("{from}: {shown:?} is not a valid URL: {e}"))?;
         if parsed.host_str().is_none_or(str::is_empty) {
-            return Err(format!("{WHERE}: {shown:?} has no host"));
+            return Err(format!("{from}: {shown:?} has no host"));
+        }
+        // gRPC's own parser is stricter than the URL one (a space in the path).
+        if protocol == Protocol::Grpc
+            && tonic::transport::Endpoint::from_shared(url.clone()).is_err()
+        {
+            return Err(format!("{from}: {shown:?} is not a valid gRPC target"));
         }
         Ok(Some(url))
     }
 
     /// Header names must be HTTP tokens and values printable: checked here, not at the
-    /// first send. Values are never echoed.
-    fn headers(&self, env: Env) -> Result<Vec<(String, String)>, String> {
+    /// first send. Values are never echoed. The signal's variable replaces the general
+    /// one; either overrides the config's headers by name.
+    fn headers(&self, env: Env, signal: Signal) -> Result<Vec<(String, String)>, String> {
         let mut headers: Vec<(String, String)> = self
             .headers
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        for var in [
-            "OTEL_EXPORTER_OTLP_HEADERS",
-            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
-        ] {
-            if let Some(h) = env(var) {
-                for (k, v) in parse_pairs(&h).map_err(|e| format!("{var}: {e}"))? {
-                    headers.retain(|(hk, _)| !hk.eq_ignore_ascii_case(&k));
-                    headers.push((k, v));
-                }
+        let mut from = "OTEL_EXPORTER_OTLP_HEADERS".to_string();
+        if let Some((var, h)) = option(env, signal, "HEADERS") {
+            for (k, v) in parse_pairs(&h).map_err(|e| format!("{var}: {e}"))? {
+                headers.retain(|(hk, _)| !hk.eq_ignore_ascii_case(&k));
+                headers.push((k, v));
             }
+            from = var;
         }
         for (k, v) in &headers {
-            const WHERE: &str = "otlp.headers / OTEL_EXPORTER_OTLP_HEADERS";
             if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
-                return Err(format!("{WHERE}: {k:?} is not a valid header name"));
+                return Err(format!(
+                    "otlp.headers / {from}: {k:?} is not a valid header name"
+                ));
             }
             if reqwest::header::HeaderValue::from_str(v).is_err() {
                 return Err(format!(
-                    "{WHERE}: the value of {k:?} is not a valid header value (control \
-                     characters such as a newline?)"
+                    "otlp.headers / {from}: the value of {k:?} is not a valid header value \
+                     (control characters such as a newline?)"
                 ));
             }
         }
@@ -303,32 +366,37 @@ impl OtlpConfig {
         Ok((attributes, service_name))
     }
 
-    fn gzip(&self, env: Env) -> Result<bool, String> {
-        match env("OTEL_EXPORTER_OTLP_COMPRESSION")
-            .or_else(|| self.compression.clone())
-            .as_deref()
-        {
+    fn gzip(&self, env: Env, signal: Signal) -> Result<bool, String> {
+        let (from, v) = match option(env, signal, "COMPRESSION") {
+            Some((var, v)) => (var, Some(v)),
+            None => (
+                "OTEL_EXPORTER_OTLP_COMPRESSION".into(),
+                self.compression.clone(),
+            ),
+        };
+        match v.as_deref() {
             None | Some("none") => Ok(false),
             Some("gzip") => Ok(true),
             Some(o) => Err(format!(
-                "otlp.compression / OTEL_EXPORTER_OTLP_COMPRESSION: {o:?} is not gzip or none"
+                "otlp.compression / {from}: {o:?} is not gzip or none"
             )),
         }
     }
 
     /// The CA bundle must be there and hold PEM certificates.
-    fn certificate(&self, env: Env) -> Result<Option<PathBuf>, String> {
-        const WHERE: &str = "otlp.certificate / OTEL_EXPORTER_OTLP_CERTIFICATE";
-        let Some(c) = env("OTEL_EXPORTER_OTLP_CERTIFICATE")
-            .map(PathBuf::from)
-            .or_else(|| self.certificate.clone())
-        else {
-            return Ok(None);
+    fn certificate(&self, env: Env, signal: Signal) -> Result<Option<PathBuf>, String> {
+        let (from, c) = match option(env, signal, "CERTIFICATE") {
+            Some((var, v)) => (var, PathBuf::from(v)),
+            None => match &self.certificate {
+                Some(c) => ("OTEL_EXPORTER_OTLP_CERTIFICATE".into(), c.clone()),
+                None => return Ok(None),
+            },
         };
-        let pem = read_small_file(&c).map_err(|e| format!("{WHERE}: {}: {e}", c.display()))?;
+        let at = format!("otlp.certificate / {from}: {}", c.display());
+        let pem = read_small_file(&c).map_err(|e| format!("{at}: {e}"))?;
         match reqwest::Certificate::from_pem_bundle(&pem) {
             Ok(certs) if !certs.is_empty() => Ok(Some(c)),
-            _ => Err(format!("{WHERE}: {} holds no PEM certificate", c.display())),
+            _ => Err(format!("{at} holds no PEM certificate")),
         }
     }
 
@@ -382,21 +450,24 @@ pub(crate) fn read_small_file(path: &std::path::Path) -> std::io::Result<Vec<u8>
     std::fs::read(path)
 }
 
-/// A duration in milliseconds from `var`, else the config's `key`, else the default;
-/// `(default, min, max)`.
+/// A duration in milliseconds from a variable (name, value), else the config's key, else
+/// the default; `(default, min, max)`. `(key, var)`: what errors name when no variable is
+/// set.
 fn millis(
-    env: Env,
-    var: &str,
-    key: &str,
+    set: Option<(String, String)>,
+    (key, var): (&str, &str),
     cfg: Option<u64>,
     (default, min, max): (u64, u64, u64),
 ) -> Result<Duration, String> {
-    let v = match env(var) {
-        Some(v) => v
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| format!("{var}: {v:?} is not a number of milliseconds"))?,
-        None => cfg.unwrap_or(default),
+    let (var, v) = match set {
+        Some((var, v)) => {
+            let ms = v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{var}: {v:?} is not a number of milliseconds"))?;
+            (var, ms)
+        }
+        None => (var.to_string(), cfg.unwrap_or(default)),
     };
     if !(min..=max).contains(&v) {
         return Err(format!("{key} / {var}: {v} ms is outside {min}..={max} ms"));
@@ -568,6 +639,200 @@ mod tests {
         assert!(!settings.redacted_url().contains("s3cr3t"));
         let e = resolve_err(&[("OTEL_EXPORTER_OTLP_HEADERS", "Authorization Bearer s3cr3t")]);
         assert!(!e.contains("s3cr3t"), "{e}");
+    }
+
+    /// Where each signal goes, and how: (url, protocol), None for no push.
+    type Target = Option<(&'static str, Protocol)>;
+    type Vars<'a> = Vec<(&'a str, &'a str)>;
+    type Headers = Vec<(String, String)>;
+
+    fn target(cfg: &OtlpConfig, signal: Signal, vars: &[(&str, &str)]) -> Target {
+        let s = cfg.resolve_signal(signal, env(vars)).unwrap()?;
+        Some((s.url.leak(), s.protocol))
+    }
+
+    /// The OTLP exporter spec's rules (protocol/exporter.md): a signal's own endpoint as is;
+    /// else the base plus `/v1/<signal>` over HTTP, the base itself over gRPC; each option's
+    /// signal variable over the general one over the config file.
+    #[test]
+    fn each_signal_resolves_its_url_and_protocol_by_the_spec() {
+        use Protocol::{Grpc, HttpProtobuf as Http};
+        const BASE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+        const METRICS: &str = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT";
+        const LOGS: &str = "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT";
+        const PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+        let file = |endpoint: &str, protocol: Option<&str>| OtlpConfig {
+            endpoint: Some(endpoint.into()),
+            protocol: protocol.map(Into::into),
+            ..Default::default()
+        };
+        let none = OtlpConfig::default();
+        #[rustfmt::skip]
+        let cases: Vec<(&str, OtlpConfig, Vars, Target, Target)> = vec![
+            ("the spec's example: a custom metrics path, logs from the base", none.clone(),
+                vec![(BASE, "http://collector:4318"), (METRICS, "http://collector:4318/custom/metrics/path")],
+                Some(("http://collector:4318/custom/metrics/path", Http)),
+                Some(("http://collector:4318/v1/logs", Http))),
+            ("a base over HTTP", none.clone(), vec![(BASE, "http://c:4318")],
+                Some(("http://c:4318/v1/metrics", Http)), Some(("http://c:4318/v1/logs", Http))),
+            ("a base with a path and a trailing slash", none.clone(), vec![(BASE, "https://c/otlp/")],
+                Some(("https://c/otlp/v1/metrics", Http)), Some(("https://c/otlp/v1/logs", Http))),
+            ("a base over gRPC is the target itself", none.clone(),
+                vec![(BASE, "http://c:4317"), (PROTOCOL, "grpc")],
+                Some(("http://c:4317", Grpc)), Some(("http://c:4317", Grpc))),
+            ("a signal's own protocol", none.clone(),
+                vec![(BASE, "http://c:4317"), (PROTOCOL, "grpc"), ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "http/protobuf")],
+                Some(("http://c:4317", Grpc)), Some(("http://c:4317/v1/logs", Http))),
+            ("the metrics' protocol is not the logs'", none.clone(),
+                vec![(BASE, "http://c:4317"), ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc")],
+                Some(("http://c:4317", Grpc)), Some(("http://c:4317/v1/logs", Http))),
+            ("a metrics endpoint alone: no logs", none.clone(), vec![(METRICS, "http://m:4318/x")],
+                Some(("http://m:4318/x", Http)), None),
+            ("a logs endpoint alone: no metrics", none.clone(), vec![(LOGS, "http://l:4318/logs")],
+                None, Some(("http://l:4318/logs", Http))),
+            ("a logs endpoint over gRPC, as is", none.clone(),
+                vec![(BASE, "http://c:4317"), (PROTOCOL, "grpc"), (LOGS, "https://l:4317")],
+                Some(("http://c:4317", Grpc)), Some(("https://l:4317", Grpc))),
+            ("the config file's endpoint is a base", file("http://file:4318", None), vec![],
+                Some(("http://file:4318/v1/metrics", Http)), Some(("http://file:4318/v1/logs", Http))),
+            ("the environment overrides the file", file("http://file:4318", Some("grpc")),
+                vec![(BASE, "http://env:4318"), (PROTOCOL, "http/protobuf")],
+                Some(("http://env:4318/v1/metrics", Http)), Some(("http://env:4318/v1/logs", Http))),
+            ("a base that is the metrics URL already", file("http://c:4318/v1/metrics", None), vec![],
+                Some(("http://c:4318/v1/metrics", Http)), Some(("http://c:4318/v1/logs", Http))),
+            ("blank is unset", none.clone(), vec![(METRICS, " "), (LOGS, ""), (BASE, "http://c:4318")],
+                Some(("http://c:4318/v1/metrics", Http)), Some(("http://c:4318/v1/logs", Http))),
+            ("nothing configured", none.clone(), vec![(PROTOCOL, "grpc")], None, None),
+        ];
+        for (what, cfg, vars, metrics, logs) in cases {
+            assert_eq!(
+                target(&cfg, Signal::Metrics, &vars),
+                metrics,
+                "metrics: {what}"
+            );
+            assert_eq!(target(&cfg, Signal::Logs, &vars), logs, "logs: {what}");
+        }
+    }
+
+    #[test]
+    fn each_signal_takes_its_own_headers_timeout_compression_and_certificate() {
+        let ca = std::env::temp_dir().join(format!("signal-ca-{}.pem", std::process::id()));
+        // PEM armour is all the check reads.
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let file = OtlpConfig {
+            endpoint: Some("https://c:4318".into()),
+            headers: [
+                ("a".to_string(), "file".to_string()),
+                ("c".into(), "file".into()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let h = |v: &[(&str, &str)]| -> Headers {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Vars, Headers, Headers)> = vec![
+            ("the file's headers", vec![], h(&[("a", "file"), ("c", "file")]), h(&[("a", "file"), ("c", "file")])),
+            ("the general variable overrides the file by name",
+                vec![("OTEL_EXPORTER_OTLP_HEADERS", "a=env,b=env")],
+                h(&[("c", "file"), ("a", "env"), ("b", "env")]), h(&[("c", "file"), ("a", "env"), ("b", "env")])),
+            ("a signal's variable replaces the general one",
+                vec![("OTEL_EXPORTER_OTLP_HEADERS", "a=env,b=env"), ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "b=m%3D")],
+                h(&[("a", "file"), ("c", "file"), ("b", "m=")]), h(&[("c", "file"), ("a", "env"), ("b", "env")])),
+            ("the logs' own", vec![("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "x-logs=1")],
+                h(&[("a", "file"), ("c", "file")]), h(&[("a", "file"), ("c", "file"), ("x-logs", "1")])),
+        ];
+        for (what, vars, metrics, logs) in cases {
+            let m = file
+                .resolve_signal(Signal::Metrics, env(&vars))
+                .unwrap()
+                .unwrap();
+            let l = file
+                .resolve_signal(Signal::Logs, env(&vars))
+                .unwrap()
+                .unwrap();
+            assert_eq!((m.headers, l.headers), (metrics, logs), "{what}");
+        }
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "3000"),
+            ("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT", "2000"),
+            ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_LOGS_CERTIFICATE", ca.to_str().unwrap()),
+        ];
+        let m = file
+            .resolve_signal(Signal::Metrics, env(&vars))
+            .unwrap()
+            .unwrap();
+        let l = file
+            .resolve_signal(Signal::Logs, env(&vars))
+            .unwrap()
+            .unwrap();
+        let _ = std::fs::remove_file(&ca);
+        assert_eq!(
+            (m.timeout, l.timeout),
+            (Duration::from_secs(3), Duration::from_secs(2))
+        );
+        assert_eq!((m.gzip, l.gzip), (true, false));
+        assert_eq!((m.certificate, l.certificate), (None, Some(ca)));
+    }
+
+    #[test]
+    fn a_bad_signal_variable_is_named() {
+        let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+        let logs_err = |v: (&str, &str)| {
+            OtlpConfig::default()
+                .resolve_signal(Signal::Logs, env(&[v, base]))
+                .unwrap_err()
+        };
+        for (var, value, says) in [
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                "collector:4318",
+                "http://",
+            ),
+            ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "http/json", "not grpc"),
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+                "bad name=1",
+                "not a valid header name",
+            ),
+            ("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT", "soon", "milliseconds"),
+            ("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT", "1", "100..="),
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION",
+                "zstd",
+                "gzip or none",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_CERTIFICATE",
+                "/nonexistent.pem",
+                "No such file",
+            ),
+        ] {
+            let e = logs_err((var, value));
+            assert!(e.contains(var) && e.contains(says), "{var}={value}: {e}");
+        }
+        // The metrics do not read the logs' variables.
+        let m = OtlpConfig::default().resolve_signal(
+            Signal::Metrics,
+            env(&[("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "http/json"), base]),
+        );
+        assert!(m.is_ok(), "{m:?}");
+        // gRPC's parser is stricter than the URL one: refused at start, not at each send.
+        let e = OtlpConfig::default()
+            .resolve(env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317/a b"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ]))
+            .unwrap_err();
+        assert!(e.contains("not a valid gRPC target"), "{e}");
     }
 
     #[test]

@@ -1,18 +1,19 @@
 //! Usage records as OTLP log records (opentelemetry-proto's logs service): one log record
 //! per record, on the container's resource so that the Collector's k8sattributes processor
-//! enriches it and any logs pipeline can route it to a store. Sent over the same transport
-//! and settings as the metrics, with a queue bounded in records that survives a collector
-//! outage; what falls off the queue is counted.
+//! enriches it and any logs pipeline can route it to a store. Sent with the logs' own
+//! settings (`Signal::Logs`: their endpoint, or the base endpoint's `/v1/logs`), with a
+//! queue bounded in records that survives a collector outage; what falls off the queue is
+//! counted.
 use std::{
     collections::VecDeque,
     sync::{
         atomic::{AtomicU64, Ordering::Relaxed},
-        Arc,
+        Arc, RwLock,
     },
     time::{Duration, Instant},
 };
 
-use gpu_model::{ContainerUsage, UsageRecord};
+use gpu_model::{ContainerUsage, SourceStatus, UsageRecord};
 use opentelemetry_proto::tonic::{
     collector::logs::v1::{logs_service_client::LogsServiceClient, ExportLogsServiceRequest},
     common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
@@ -30,18 +31,29 @@ use crate::{
     settings::redact_url,
 };
 
-/// Usage-record counters, shared with the agent's stats.
+/// Usage-record counters and the state of each destination, shared with the agent's
+/// stats.
 #[derive(Debug, Default)]
 pub struct UsageCounters {
     /// Records the join emitted.
     pub emitted: AtomicU64,
-    /// Records lost: the queue over its bound while the collector was down, refused by the
-    /// collector, or neither sent nor written at shutdown.
+    /// Copies given up for good, one per destination that gave up: a queue over its bound
+    /// (the collector or the file failing meanwhile), refused by the collector, still
+    /// queued at exit, or the sink's channel full.
     pub dropped: AtomicU64,
     /// Records waiting for the collector.
     pub queued: AtomicU64,
     /// Records the collector accepted.
     pub sent: AtomicU64,
+    /// Records appended to the file.
+    pub written: AtomicU64,
+    /// Records waiting for the file (it failed: a full disk).
+    pub file_queued: AtomicU64,
+    /// The file's state: `disabled` (no `usage.file`), `ok`, `unavailable: <error>`.
+    pub file: RwLock<SourceStatus>,
+    /// The collector's, for usage records: `disabled` (no logs endpoint), `ok` (the last
+    /// send went through), `unavailable: <error>`.
+    pub logs: RwLock<SourceStatus>,
 }
 
 /// The log record attributes of a usage record, besides `hw.id` and `hw.parent`
@@ -175,46 +187,43 @@ pub fn build_logs_request(
     ExportLogsServiceRequest { resource_logs }
 }
 
-/// Where the logs go: OTEL_EXPORTER_OTLP_LOGS_ENDPOINT (used as is), else the metrics
-/// endpoint (gRPC), or its HTTP URL with `/v1/logs` for `/v1/metrics`.
-pub fn logs_url(
-    settings: &OtlpSettings,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<String, String> {
-    if let Some(u) = env("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT").filter(|u| !u.trim().is_empty()) {
-        if !(u.starts_with("http://") || u.starts_with("https://")) {
-            return Err(format!(
-                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: {:?} must start with http:// or https://",
-                redact_url(&u)
-            ));
-        }
-        return Ok(u);
-    }
-    match settings.protocol {
-        Protocol::Grpc => Ok(settings.url.clone()),
-        Protocol::HttpProtobuf => match settings.url.strip_suffix("/v1/metrics") {
-            Some(base) => Ok(format!("{base}/v1/logs")),
-            None => Err(format!(
-                "the metrics URL {} has no /v1/metrics to derive the logs URL from: set \
-                 OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-                settings.redacted_url()
-            )),
-        },
-    }
-}
-
 enum Transport {
     Grpc(LogsServiceClient<tonic::transport::Channel>),
     Http(reqwest::Client),
 }
 
+/// The transport in `slot`, made first if it is not there yet.
+fn connect<'a>(
+    slot: &'a mut Option<Transport>,
+    settings: &OtlpSettings,
+) -> Result<&'a mut Transport, String> {
+    if slot.is_none() {
+        let ca = read_ca(settings)?;
+        let url = &settings.url;
+        *slot = Some(match settings.protocol {
+            Protocol::Grpc => {
+                let shown = format!("OTLP logs endpoint {}", redact_url(url));
+                let channel = grpc_channel(url, &shown, settings, ca.as_deref())?;
+                let mut client = LogsServiceClient::new(channel);
+                if settings.gzip {
+                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+                }
+                Transport::Grpc(client)
+            }
+            Protocol::HttpProtobuf => Transport::Http(http_client(settings, ca.as_deref())?),
+        });
+    }
+    Ok(slot.as_mut().unwrap())
+}
+
 /// Sends usage records as OTLP logs; keeps up to `max_queued` records while the collector
 /// is down, dropping (and counting) the oldest beyond that.
 pub struct LogsExporter {
-    url: String,
     settings: OtlpSettings,
     ctx: ExportContext,
-    transport: Transport,
+    /// Made at the first send: a failure to make it (no TLS roots, the CA bundle gone) is
+    /// a failed send, retried as the collector being down is.
+    transport: Option<Transport>,
     queue: VecDeque<UsageRecord>,
     max_queued: usize,
     backoff: Duration,
@@ -228,46 +237,38 @@ const BACKOFF_MAX: Duration = Duration::from_secs(120);
 const BATCH: usize = 512;
 
 impl LogsExporter {
+    /// To the logs settings' URL (`OtlpConfig::resolve_signal(Signal::Logs, ..)`). Nothing
+    /// connects yet.
     pub fn new(
         settings: OtlpSettings,
-        url: String,
         ctx: ExportContext,
         max_queued: usize,
         counters: Arc<UsageCounters>,
-    ) -> Result<LogsExporter, String> {
-        let ca = read_ca(&settings)?;
-        let transport = match settings.protocol {
-            Protocol::Grpc => {
-                let shown = format!("OTLP logs endpoint {}", redact_url(&url));
-                let channel = grpc_channel(&url, &shown, &settings, ca.as_deref())?;
-                let mut client = LogsServiceClient::new(channel);
-                if settings.gzip {
-                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
-                }
-                Transport::Grpc(client)
-            }
-            Protocol::HttpProtobuf => Transport::Http(http_client(&settings, ca.as_deref())?),
-        };
-        Ok(LogsExporter {
-            url,
+    ) -> LogsExporter {
+        LogsExporter {
             settings,
             ctx,
-            transport,
+            transport: None,
             queue: VecDeque::new(),
             max_queued: max_queued.max(1),
             backoff: BACKOFF_MIN,
             next_attempt: Instant::now(),
             counters,
-        })
+        }
     }
 
     /// The logs URL with any credentials in it masked, for logs and errors.
     pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+        self.settings.redacted_url()
     }
 
     pub fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// When a retry is due: None when nothing waits.
+    pub fn next_attempt(&self) -> Option<Instant> {
+        (!self.queue.is_empty()).then_some(self.next_attempt)
     }
 
     /// Queues a record; beyond the bound the oldest is dropped and counted.
@@ -290,7 +291,15 @@ impl LogsExporter {
             let n = self.queue.len().min(BATCH);
             let batch: Vec<UsageRecord> = self.queue.iter().take(n).cloned().collect();
             let req = build_logs_request(&batch, &self.ctx, now_ms);
-            match self.send(req).await {
+            let result = self.send(req).await;
+            let status = match &result {
+                Ok(()) => SourceStatus::Ok,
+                Err(
+                    SendError::Permanent(e) | SendError::TooLarge(e) | SendError::Retryable(e, _),
+                ) => SourceStatus::Unavailable(e.clone()),
+            };
+            *self.counters.logs.write().unwrap() = status;
+            match result {
                 Ok(()) => {
                     self.queue.drain(..n);
                     self.counters.sent.fetch_add(n as u64, Relaxed);
@@ -323,20 +332,15 @@ impl LogsExporter {
     }
 
     async fn send(&mut self, req: ExportLogsServiceRequest) -> Result<(), SendError> {
-        match &mut self.transport {
+        let settings = &self.settings;
+        match connect(&mut self.transport, settings).map_err(|e| SendError::Retryable(e, None))? {
             Transport::Grpc(client) => client
-                .export(grpc_request(req, &self.settings))
+                .export(grpc_request(req, settings))
                 .await
                 .map(|_| ())
                 .map_err(grpc_error),
             Transport::Http(client) => {
-                post_http(
-                    client,
-                    &self.url,
-                    &self.settings,
-                    req.encode_to_vec().into(),
-                )
-                .await
+                post_http(client, &settings.url, settings, req.encode_to_vec().into()).await
             }
         }
     }
@@ -345,7 +349,7 @@ impl LogsExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::OtlpConfig;
+    use crate::{export::OtlpConfig, settings::Signal};
 
     fn record(reason: &str) -> UsageRecord {
         UsageRecord {
@@ -373,7 +377,7 @@ mod tests {
             protocol: Some(protocol.into()),
             ..Default::default()
         }
-        .resolve(|_| None)
+        .resolve_signal(Signal::Logs, |_| None)
         .unwrap()
         .unwrap()
     }
@@ -429,32 +433,15 @@ mod tests {
     }
 
     #[test]
-    fn logs_url_follows_the_metrics_endpoint() {
-        let h = settings("http://c:4318", "http/protobuf");
-        assert_eq!(logs_url(&h, |_| None).unwrap(), "http://c:4318/v1/logs");
-        let g = settings("http://c:4317", "grpc");
-        assert_eq!(logs_url(&g, |_| None).unwrap(), "http://c:4317");
-        let env = |k: &str| (k == "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT").then(|| "https://l/x".into());
-        assert_eq!(logs_url(&h, env).unwrap(), "https://l/x");
-        let mut odd = h.clone();
-        odd.url = "http://c/custom".into();
-        assert!(logs_url(&odd, |_| None)
-            .unwrap_err()
-            .contains("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"));
-    }
-
-    #[test]
     fn the_queue_is_bounded_and_kept_while_the_collector_is_down() {
         let s = settings("http://127.0.0.1:9", "http/protobuf");
-        let url = logs_url(&s, |_| None).unwrap();
         let counters = Arc::new(UsageCounters::default());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async {
-            let mut ex =
-                LogsExporter::new(s, url, ExportContext::default(), 3, counters.clone()).unwrap();
+            let mut ex = LogsExporter::new(s, ExportContext::default(), 3, counters.clone());
             for _ in 0..5 {
                 ex.push(record("exited"));
             }
@@ -465,6 +452,8 @@ mod tests {
             assert_eq!(ex.queued(), 3);
             assert_eq!(counters.dropped.load(Relaxed), 2);
             assert_eq!(counters.queued.load(Relaxed), 3);
+            let st = counters.logs.read().unwrap().clone();
+            assert!(st.reason().is_some(), "{st}");
         });
     }
 }

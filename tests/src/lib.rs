@@ -207,6 +207,11 @@ impl Agent {
         self.child.id()
     }
 
+    /// How the agent exited, if it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("wait")
+    }
+
     /// The config file the agent was started with (a test may edit it, then SIGHUP).
     pub fn config_path(&self) -> Option<&std::path::Path> {
         self.config.as_ref().map(|c| c.0.as_path())

@@ -208,6 +208,13 @@ pub struct Receiver {
 impl Receiver {
     /// Binds 127.0.0.1:`port` (0: any free port).
     pub fn start(kind: Kind, port: u16) -> Receiver {
+        Self::start_at(kind, port, "/v1/metrics")
+    }
+
+    /// As `start`, with HTTP metrics taken at `metrics_path` only (logs at /v1/logs): a
+    /// request to any other path is refused (404).
+    pub fn start_at(kind: Kind, port: u16, metrics_path: &str) -> Receiver {
+        let metrics_path = metrics_path.to_string();
         let received = Received::default();
         let logs = ReceivedLogs::default();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -251,7 +258,7 @@ impl Receiver {
                     }
                     Kind::Http => {
                         let app = axum::Router::new().route(
-                            "/v1/metrics",
+                            &metrics_path,
                             axum::routing::post(
                                 move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
                                     let r = r.clone();

@@ -263,6 +263,57 @@ fn collector_down_then_up_resumes_without_restart() {
     assert!(status.success());
 }
 
+/// The OTLP exporter spec's own example of per-signal endpoints: the metrics go to their
+/// custom path as is, the usage records (logs) to the base's /v1/logs, never to a URL made
+/// from the metrics', and the agent stays up through many exports.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_custom_metrics_path_leaves_the_logs_at_the_base_and_the_agent_up() {
+    let fx = Fixture::new();
+    // 404 anywhere but the custom metrics path and /v1/logs.
+    let rx = Receiver::start_at(Kind::Http, 0, "/custom/metrics/path");
+    let base = rx.url();
+    let metrics = format!("{base}/custom/metrics/path");
+    let mut agent = fx.agent(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &base),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", &metrics),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+    ]);
+    rx.received
+        .wait_for(Duration::from_secs(20), |r| has_container_bytes(r, &fx.id))
+        .unwrap_or_else(|| panic!("no export at the custom path\n{}", agent.log()));
+    // The container stops using the GPU: its usage record is sent.
+    let mut sc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fx.scenario).unwrap()).unwrap();
+    sc["devices"][0]["processes"] = json!([]);
+    let tmp = fx.scenario.with_extension("tmp");
+    std::fs::write(&tmp, sc.to_string()).unwrap();
+    std::fs::rename(&tmp, &fx.scenario).unwrap();
+    agent.wait_until(
+        "the usage record at /v1/logs",
+        Duration::from_secs(20),
+        || !rx.logs.records().is_empty(),
+    );
+    // Many export cycles later: still up, still exporting.
+    let before = rx.received.count();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(agent.exited(), None, "the agent exited:\n{}", agent.log());
+    assert!(
+        rx.received.count() >= before + 5,
+        "{} exports in 3 s",
+        rx.received.count() - before
+    );
+    let st = agent.stats();
+    assert_eq!(st["otlp"], metrics.as_str());
+    assert_eq!(st["otlp_logs"], format!("{base}/v1/logs").as_str());
+    assert_eq!(
+        (&st["export_status"], &st["usage_logs"]),
+        (&json!("ok"), &json!("ok"))
+    );
+    assert_eq!(st["usage_records_dropped"], 0, "{st}");
+    assert!(!agent.log().contains("ERROR"), "{}", agent.log());
+}
+
 /// A throwaway CA and a server certificate for 127.0.0.1/localhost, made with openssl.
 fn test_pki(dir: &std::path::Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
     let run = |args: &[&str]| {

@@ -162,7 +162,7 @@ fn grpc_refused_by_a_proxys_body_limit_goes_again_in_pieces() {
         .unwrap();
     let _in_rt = rt.enter(); // the channel is made in the runtime
     let counters = Arc::new(ExportCounters::default());
-    let mut ex = OtlpExporter::new(settings, counters.clone()).unwrap();
+    let mut ex = OtlpExporter::new(settings, counters.clone());
     // 900 KB: under the agent's 1 MiB, over the proxy's 300 KiB.
     rt.block_on(ex.export(request(9, 100_000)));
     let want: Vec<String> = (0..9).map(|i| format!("r{i}")).collect();

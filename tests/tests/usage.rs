@@ -117,6 +117,63 @@ fn a_300ms_gpu_job_gets_its_accounting_stats_charged() {
     );
 }
 
+/// NVML's accounting list outlives the agent: at a start it still holds the jobs of the
+/// run before, which that run charged, and a live process may have one's PID by now. When
+/// that process exits, the old job is not charged (and recorded) a second time; a job that
+/// comes after the start is.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_job_ended_before_the_start_is_not_charged_again_when_its_pid_exits() {
+    let dir = Dir::new("usage");
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    // A process of the pod that never used a GPU, with the PID of a job that ended.
+    let w = Proc(cg.spawn(&mut sleeper()));
+    let hour_ago_us = (std::time::SystemTime::now() - Duration::from_secs(3600))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let old = json!({"pid": w.pid(), "gpu_util": 90, "max_memory": GIB, "time_ms": 5000,
+                     "start_time_us": hour_ago_us});
+    let mut dev = gpu(0, G0, 100_000, vec![]);
+    dev["accounting"] = json!([old]);
+    let sc = Scenario::new(&json!({"devices": [dev]}));
+    let file = dir.0.join("usage.jsonl");
+    let extra = format!("[usage]\nfile = \"{}\"\n", file.display());
+    let agent = start(&sc, &dir.0, None, &extra, &[]);
+    agent.wait_until("a few samples", Duration::from_secs(10), || {
+        agent.stats()["nvml_samples"].as_u64() >= Some(3)
+    });
+    drop(w);
+    // A job after the start, as in a_300ms_gpu_job_gets_its_accounting_stats_charged.
+    let mut job = cg.spawn(Command::new("sleep").arg("0.3"));
+    let pid = job.id();
+    job.wait().unwrap();
+    let mut dev = gpu(0, G0, 100_000, vec![]);
+    dev["accounting"] = json!([old, {"pid": pid, "gpu_util": 70, "time_ms": 300}]);
+    sc.write(&json!({"devices": [dev]}));
+    agent.wait_until("the new job's record", Duration::from_secs(10), || {
+        !read_lines(&file).is_empty()
+    });
+    // Time for a wrong charge of the old job to arrive.
+    std::thread::sleep(Duration::from_secs(2));
+    let lines = read_lines(&file);
+    let spans: Vec<(u64, u64)> = lines
+        .iter()
+        .map(|r| {
+            (
+                r["start_ms"].as_u64().unwrap(),
+                r["end_ms"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(lines.len(), 1, "the old job charged again: {spans:?}");
+    assert_eq!(spans[0].1 - spans[0].0, 300, "{spans:?}");
+    let snap = agent.json("/debug/snapshot");
+    let a = &container(&snap, &id).unwrap()["accounts"][0];
+    assert_eq!(a["accounted_processes"], 1, "{a}");
+}
+
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn energy_per_container_sums_to_the_device_energy() {

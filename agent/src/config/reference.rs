@@ -146,8 +146,9 @@ pub const TABLES: &[(&str, &str)] = &[
 /// Variables the agent reads that override no key.
 pub const ENV_ONLY: &[(&str, &str)] = &[(
     "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-    "Where usage records are pushed as OTLP logs. Unset: the metrics URL with \
-     /v1/logs in place of /v1/metrics (over gRPC, the same URL).",
+    "Where usage records are pushed as OTLP logs, used as is. Unset: the base endpoint \
+     (OTEL_EXPORTER_OTLP_ENDPOINT, else otlp.endpoint) with /v1/logs over HTTP, as is over \
+     gRPC; never the metrics URL. Neither set: usage records are not pushed (said once).",
 )];
 
 /// otel/src/settings.rs's rules for `[otlp]`: the otel crate validates them, and the tests
@@ -638,8 +639,9 @@ fn otlp() -> Vec<KeyDoc> {
             "otlp.endpoint",
             Type::String,
             "Base URL of the collector (…:4318 for http/protobuf, …:4317 for gRPC); over \
-             HTTP /v1/metrics is appended. OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as \
-             is. Unset, with no variable: no push.",
+             HTTP /v1/metrics (and /v1/logs for usage records) is appended. \
+             OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as is. Unset, with no variable: \
+             no push.",
         )
         .rule("an http:// or https:// URL")
         .example(r#""http://otel-collector:4318""#)
@@ -657,18 +659,20 @@ fn otlp() -> Vec<KeyDoc> {
         .env(&[
             "OTEL_EXPORTER_OTLP_PROTOCOL",
             "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
         ]),
         key(
             "otlp.headers",
             Type::Map,
             "Headers sent with every export (API keys); the variables (`k=v,k2=v2`, \
-             percent-encoded) add to them, replacing a header of the same name. Values \
-             are never printed.",
+             percent-encoded) add to them, replacing a header of the same name; a \
+             signal's own variable replaces the general one. Values are never printed.",
         )
         .example(r#"{ "x-api-key" = "secret" }"#)
         .env(&[
             "OTEL_EXPORTER_OTLP_HEADERS",
             "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+            "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
         ]),
         key(
             "otlp.timeout_ms",
@@ -677,7 +681,11 @@ fn otlp() -> Vec<KeyDoc> {
         )
         .range(OTLP_TIMEOUT_MS)
         .example(OTLP_TIMEOUT_DEFAULT_MS.to_string())
-        .env(&["OTEL_EXPORTER_OTLP_TIMEOUT"]),
+        .env(&[
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
+        ]),
         key(
             "otlp.interval_ms",
             Type::Millis,
@@ -701,11 +709,19 @@ fn otlp() -> Vec<KeyDoc> {
             "CA bundle (PEM) for an https endpoint. Unset: the system's roots.",
         )
         .example(r#""/etc/ssl/collector-ca.pem""#)
-        .env(&["OTEL_EXPORTER_OTLP_CERTIFICATE"]),
+        .env(&[
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_LOGS_CERTIFICATE",
+        ]),
         key("otlp.compression", Type::String, "Unset: none.")
             .one_of(&["gzip", "none"])
             .example(r#""gzip""#)
-            .env(&["OTEL_EXPORTER_OTLP_COMPRESSION"]),
+            .env(&[
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
+                "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
+                "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION",
+            ]),
         key(
             "otlp.max_queue_bytes",
             Type::Bytes,

@@ -331,13 +331,9 @@ pub(super) fn read_accounting(dev: &Device, d: &mut DeviceSample, acc: &mut Acco
         acc.pending.retain(|(u, _, _)| *u != d.uuid);
         return;
     }
-    if let Ok(pids) = dev.accounting_pids() {
-        let before = acc.listed.get(&d.uuid);
-        d.sharing.accounting_pids = pids
-            .iter()
-            .copied()
-            .filter(|p| !before.is_some_and(|b| b.contains(p)))
-            .collect();
+    if let Ok(mut pids) = dev.accounting_pids() {
+        pids.sort_unstable();
+        d.sharing.accounting_pids = new_accounting_pids(acc.listed.get(&d.uuid), &pids);
         acc.listed.insert(d.uuid.clone(), pids);
     }
     let uuid = d.uuid.clone();
@@ -369,9 +365,36 @@ pub(super) fn read_accounting(dev: &Device, d: &mut DeviceSample, acc: &mut Acco
     });
 }
 
+/// The PIDs of NVML's accounting list (`now`, sorted) that the last list (`before`,
+/// sorted) lacked. The first list of a run is where counting starts, so none of it is new:
+/// its processes either run (and are watched as listed processes) or ended before this run
+/// started, charged by the run before or by nobody. Taken as new, an old PID that a live
+/// process has taken since would be charged again, at that process's exit, with the old
+/// one's stats: written twice across a restart.
+fn new_accounting_pids(before: Option<&Vec<u32>>, now: &[u32]) -> Vec<u32> {
+    match before {
+        None => vec![],
+        Some(b) => now
+            .iter()
+            .copied()
+            .filter(|p| b.binary_search(p).is_err())
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_accounting_list_of_a_run_has_no_new_pid() {
+        assert_eq!(new_accounting_pids(None, &[3, 7, 9]), Vec::<u32>::new());
+        assert_eq!(
+            new_accounting_pids(Some(&vec![3, 7, 9]), &[3, 5, 9, 11]),
+            [5, 11]
+        );
+        assert_eq!(new_accounting_pids(Some(&vec![]), &[4]), [4]);
+    }
 
     #[test]
     fn held_lists_stand_until_the_memory_moves_the_mig_devices_change_or_time_is_up() {

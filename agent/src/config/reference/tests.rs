@@ -205,8 +205,12 @@ fn documented_variables_are_the_ones_read() {
         endpoint: Some("http://c:4318".into()),
         ..Default::default()
     };
-    let settings = otlp.resolve(env).unwrap().unwrap();
-    otel::usage::logs_url(&settings, env).unwrap();
+    for signal in [
+        otel::settings::Signal::Metrics,
+        otel::settings::Signal::Logs,
+    ] {
+        otlp.resolve_signal(signal, env).unwrap().unwrap();
+    }
     let docs = reference();
     let documented: BTreeSet<String> = docs
         .iter()

@@ -115,9 +115,13 @@ pub fn read_records(file: &Path) -> Result<(Vec<UsageRecord>, usize), String> {
     }
     let (mut records, mut bad) = (vec![], 0);
     for p in paths {
-        let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            match serde_json::from_str::<UsageRecord>(line) {
+        // Bytes, not text: a line torn inside a character is one bad line, not a bad file.
+        let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        for line in bytes.split(|b| *b == b'\n') {
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<UsageRecord>(line) {
                 Ok(r) => records.push(r),
                 Err(_) => bad += 1,
             }
