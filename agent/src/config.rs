@@ -573,12 +573,24 @@ impl MetadataConfig {
 }
 
 /// dcgm-exporter compatibility (`--prometheus-compat dcgm` or `dcgm-virtual-gpus`).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DcgmConfig {
     /// A dcgm-exporter counters CSV (`-f`, `--collectors`): the DCGM fields to serve, with
     /// their types and help. dcgm-exporter's default counters when unset.
     pub collectors: Option<PathBuf>,
+    /// The host label's name: "Hostname" (dcgm-exporter as released) or "hostname" (its
+    /// main branch, for its next release).
+    pub host_label: String,
+}
+
+impl Default for DcgmConfig {
+    fn default() -> Self {
+        DcgmConfig {
+            collectors: None,
+            host_label: "Hostname".into(),
+        }
+    }
 }
 
 /// XID errors: NVML's event API counts them per GPU; the kernel log names the process.
@@ -613,8 +625,13 @@ impl Config {
 
     /// What `--prometheus-compat` serves, with the counters CSV read; None without it.
     pub fn dcgm_compat(&self) -> Result<Option<otel::dcgm::DcgmCompat>, ConfigError> {
-        use otel::dcgm::{DcgmCompat, Mode};
+        use otel::dcgm::{DcgmCompat, HostLabel, Mode};
         let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let label = &self.dcgm.host_label;
+        let host_label = HostLabel::parse(label).ok_or_else(|| {
+            let why = format!("expected \"Hostname\" or \"hostname\", got {label:?}");
+            invalid("dcgm.host_label", why)
+        })?;
         let Some(c) = &self.prometheus.compat else {
             if self.dcgm.collectors.is_some() {
                 return Err(invalid(
@@ -630,18 +647,21 @@ impl Config {
                 format!("expected \"dcgm\" or \"dcgm-virtual-gpus\", got {c:?}"),
             )
         })?;
-        let Some(path) = &self.dcgm.collectors else {
-            return Ok(Some(DcgmCompat::defaults(mode)));
+        let compat = match &self.dcgm.collectors {
+            None => DcgmCompat::defaults(mode),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    let why = format!("cannot read {}: {e}", path.display());
+                    invalid("dcgm.collectors", why)
+                })?;
+                DcgmCompat::from_csv(mode, &text)
+                    .map_err(|e| invalid("dcgm.collectors", format!("{}: {e}", path.display())))?
+            }
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            invalid(
-                "dcgm.collectors",
-                format!("cannot read {}: {e}", path.display()),
-            )
-        })?;
-        DcgmCompat::from_csv(mode, &text)
-            .map(Some)
-            .map_err(|e| invalid("dcgm.collectors", format!("{}: {e}", path.display())))
+        Ok(Some(DcgmCompat {
+            host_label,
+            ..compat
+        }))
     }
 }
 

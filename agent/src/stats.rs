@@ -33,7 +33,7 @@ pub struct Stats {
     pub process_programs: RwLock<&'static str>,
     pub ebpf_load_ms: AtomicU64,
     pub nvml_samples: AtomicU64,
-    /// CPU time (thread clock) of the NVML sampling thread, NVML's own calls included.
+    /// CPU time (thread clock) of the NVML thread and its GPU readers, NVML's calls included.
     pub nvml_sample_cpu_ns: AtomicU64,
     /// CPU time of joining samples and publishing snapshots.
     pub join_cpu_ns: AtomicU64,

@@ -399,7 +399,12 @@ table! {
         },
         DcgmHostname => Attribute {
             prometheus: Some("Hostname"),
-            doc: "dcgm-exporter: the node name when known, else the host name",
+            doc: "dcgm-exporter: the node name when known, else the host name (`dcgm.host_label = \"Hostname\"`, the default, as released)",
+            ..LABEL
+        },
+        DcgmHostnameLower => Attribute {
+            prometheus: Some("hostname"),
+            doc: "dcgm-exporter: `Hostname` as dcgm-exporter's main branch spells it (`dcgm.host_label = \"hostname\"`)",
             ..LABEL
         },
         DcgmDriverVersion => Attribute {
@@ -634,6 +639,7 @@ pub const DCGM: AttrSet = AttrSet {
         Attr::DcgmGpuProfile,
         Attr::DcgmGpuInstance,
         Attr::DcgmHostname,
+        Attr::DcgmHostnameLower,
         Attr::DcgmDriverVersion,
         Attr::ContainerName,
         Attr::Namespace,

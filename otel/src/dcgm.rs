@@ -51,6 +51,37 @@ pub struct DcgmCompat {
     pub fields: Vec<Field>,
     /// `DCGM_FI_DRIVER_VERSION, label, ...`: the driver version as a label on every series.
     pub driver_version_label: bool,
+    /// The host label's name: `Hostname` as dcgm-exporter releases spell it, or `hostname`
+    /// as its main branch does (`dcgm.host_label`).
+    pub host_label: HostLabel,
+}
+
+/// The spelling of dcgm-exporter's host label.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HostLabel {
+    /// `Hostname`, as released.
+    #[default]
+    Hostname,
+    /// `hostname`, as dcgm-exporter's main branch renames it for its next release.
+    Lowercase,
+}
+
+impl HostLabel {
+    pub fn parse(s: &str) -> Option<HostLabel> {
+        match s {
+            "Hostname" => Some(HostLabel::Hostname),
+            "hostname" => Some(HostLabel::Lowercase),
+            _ => None,
+        }
+    }
+
+    /// The attribute that carries it.
+    pub fn attr(self) -> Attr {
+        match self {
+            HostLabel::Hostname => Attr::DcgmHostname,
+            HostLabel::Lowercase => Attr::DcgmHostnameLower,
+        }
+    }
 }
 
 /// A counters CSV line gpu-agent cannot serve.
@@ -94,6 +125,7 @@ impl DcgmCompat {
             mode,
             fields,
             driver_version_label: true,
+            host_label: HostLabel::default(),
         }
     }
 
@@ -105,6 +137,7 @@ impl DcgmCompat {
             mode,
             fields: vec![],
             driver_version_label: false,
+            host_label: HostLabel::default(),
         };
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();

@@ -77,6 +77,19 @@ pub(crate) fn read_ca(settings: &OtlpSettings) -> Result<Option<Vec<u8>>, String
     }
 }
 
+/// What every OTLP request names its exporter with: name, version, language and transport,
+/// as the OpenTelemetry specification asks of exporters (protocol/exporter.md).
+pub const USER_AGENT_HTTP: &str = concat!(
+    "gpu-agent/",
+    env!("CARGO_PKG_VERSION"),
+    " (Rust; OTLP/HTTP)"
+);
+pub const USER_AGENT_GRPC: &str = concat!(
+    "gpu-agent/",
+    env!("CARGO_PKG_VERSION"),
+    " (Rust; OTLP/gRPC)"
+);
+
 /// A gRPC channel to `url` that connects on first use, with the settings' timeout, and TLS
 /// (native roots plus `ca`) for https. `shown` names the endpoint in errors, redacted.
 pub(crate) fn grpc_channel(
@@ -88,7 +101,9 @@ pub(crate) fn grpc_channel(
     let mut ep = tonic::transport::Endpoint::from_shared(url.to_string())
         .map_err(|e| format!("{shown}: {e}"))?
         .timeout(settings.timeout)
-        .connect_timeout(settings.timeout);
+        .connect_timeout(settings.timeout)
+        .user_agent(USER_AGENT_GRPC)
+        .map_err(|e| format!("user agent: {e}"))?;
     if url.starts_with("https://") {
         let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
         if let Some(ca) = ca {
@@ -104,7 +119,9 @@ pub(crate) fn http_client(
     settings: &OtlpSettings,
     ca: Option<&[u8]>,
 ) -> Result<reqwest::Client, String> {
-    let mut b = reqwest::Client::builder().timeout(settings.timeout);
+    let mut b = reqwest::Client::builder()
+        .timeout(settings.timeout)
+        .user_agent(USER_AGENT_HTTP);
     if let Some(ca) = ca {
         let cert = reqwest::Certificate::from_pem(ca).map_err(|e| format!("CA bundle: {e}"))?;
         b = b.add_root_certificate(cert);

@@ -79,10 +79,7 @@ pub(crate) async fn unary(
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("grpc-timeout", format!("{}m", settings.timeout.as_millis()))
-        .header(
-            "user-agent",
-            concat!("gpu-agent/", env!("CARGO_PKG_VERSION")),
-        );
+        .header("user-agent", crate::export::USER_AGENT_GRPC);
     if settings.gzip {
         req = req.header("grpc-encoding", "gzip");
     }

@@ -866,7 +866,7 @@ fn dcgm_entities(snap: &Snapshot, node: &str, compat: &DcgmCompat, drop: Dropped
                 }
                 p.push((Attr::DcgmGpuInstance, gi));
             }
-            p.push((Attr::DcgmHostname, node));
+            p.push((compat.host_label.attr(), node));
             if compat.driver_version_label && !driver.is_empty() {
                 p.push((Attr::DcgmDriverVersion, driver));
             }

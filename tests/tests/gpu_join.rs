@@ -147,6 +147,33 @@ fn two_processes_of_one_container_are_summed() {
     assert_eq!(agent.stats()["nvml"], "ok");
 }
 
+/// dcgm-exporter reads /proc/PID/cgroup for each new GPU process; the agent's eBPF cache
+/// already knows where a process is, started before the agent or after it.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn gpu_processes_are_placed_without_reading_proc() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let before = Proc(cg.spawn(&mut sleeper()));
+    let gpu0 = "GPU-11111111-2222-3333-4444-555555555555";
+    let sc = Scenario::new(&scenario(json!([gpu(
+        gpu0,
+        json!([p(before.pid(), GIB, 30)])
+    )])));
+    let agent = start(&sc, "");
+    assert_eq!(agent.stats()["mode"], "ebpf");
+    let after = Proc(cg.spawn(&mut sleeper()));
+    let both = json!([p(before.pid(), GIB, 30), p(after.pid(), GIB, 20)]);
+    sc.write(&scenario(json!([gpu(gpu0, both)])));
+    wait_snapshot(&agent, "both processes in their container", |s| {
+        container(s, Some(&id))
+            .is_some_and(|c| c["gpus"][0]["pids"].as_array().map(Vec::len) == Some(2))
+    });
+    let stats = agent.stats();
+    assert_eq!(stats["procfs_fallback_lookups"], 0, "{stats:#}");
+    assert_eq!(stats["gpu_processes_unresolved"], 0, "{stats:#}");
+}
+
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn process_in_its_own_pid_namespace_lands_in_its_container() {

@@ -162,6 +162,18 @@ fn exact_assertions(kind: Kind, protocol: &str) {
             .any(|(k, v)| k == "x-api-key" && v == "s3cret"),
         "{headers:?}"
     );
+    // The exporter names itself, as the OTLP exporter spec asks.
+    let transport = if protocol == "grpc" { "gRPC" } else { "HTTP" };
+    let agent_ua = format!(
+        "gpu-agent/{} (Rust; OTLP/{transport})",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "user-agent" && *v == agent_ua),
+        "no user-agent {agent_ua:?}: {headers:?}"
+    );
     // The receiver has the request before the agent has read the response: wait for it.
     agent.wait_until(
         "the export counted as sent",

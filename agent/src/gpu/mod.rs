@@ -3,7 +3,7 @@
 //!
 //! The NVML side (nothing else sees NVML): nvml.rs (init, backoff, the cycle) reads each
 //! device (device.rs) and its processes (processes.rs) through reader.rs, each GPU on a
-//! reader thread of its own with a deadline (readers.rs); fields.rs, gpm.rs and xid.rs add
+//! reader thread with a deadline, retired when stuck in a call (readers.rs); fields.rs, gpm.rs and xid.rs add
 //! dcgm-exporter's fields; sampler.rs runs the cycle on its thread, watched for stalls.
 //!
 //! The join side, lowest first: owner.rs (who a process is charged to, the sample's device

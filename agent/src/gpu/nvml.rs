@@ -3,9 +3,9 @@
 //! an unsupported call -> that device or metric is marked and skipped, the others go on; a
 //! GPU whose calls do not return -> left out, then reported stalled (readers.rs).
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
-    sync::{mpsc, Arc, Mutex},
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -16,7 +16,7 @@ use gpu_model::{DeviceStatus, NvmlFeatures, SourceStatus};
 use super::{
     device::Slow,
     reader::in_call,
-    readers::{Answer, DeviceReader, Settings},
+    readers::{Readers, Settings},
     xid::Xids,
     DeviceSample, GpuSample,
 };
@@ -36,10 +36,11 @@ pub struct NvmlSampler {
     /// Per device index: the uuid and name last seen, to name a device that is lost or
     /// does not answer.
     known: HashMap<u32, (String, String)>,
-    /// One reader thread per device index, and the channel they all answer on.
-    readers: Vec<DeviceReader>,
-    answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
+    /// The GPUs' reading states and the thread that reads them; made at init.
+    readers: Option<Readers>,
     settings: Settings,
+    /// The GPUs reported stalled, until they answer.
+    stalled: HashSet<u32>,
     cycle: u64,
     /// How long a cycle waits for its readers' answers.
     wait: Duration,
@@ -54,6 +55,8 @@ pub struct NvmlSampler {
     accounting: Vec<(String, u32)>,
     /// When the costly, slowly changing readings are due.
     slow: Slow,
+    /// The readers' CPU time since `take_reader_cpu_ns` last took it.
+    reader_cpu_ns: u64,
 }
 
 impl NvmlSampler {
@@ -65,8 +68,8 @@ impl NvmlSampler {
             next_init: Instant::now(),
             backoff: BACKOFF_MIN,
             known: HashMap::new(),
-            readers: vec![],
-            answers: mpsc::channel(),
+            readers: None,
+            stalled: HashSet::new(),
             settings: Settings {
                 crowded_list_interval: Duration::from_secs(5),
                 accounting: false,
@@ -82,6 +85,7 @@ impl NvmlSampler {
                 last: None,
                 reads: 0,
             },
+            reader_cpu_ns: 0,
         }
     }
 
@@ -127,6 +131,12 @@ impl NvmlSampler {
         self
     }
 
+    /// The CPU time the reader threads spent on the answers taken since the last call:
+    /// with the NVML thread's own, NVML's whole cost.
+    pub fn take_reader_cpu_ns(&mut self) -> u64 {
+        std::mem::take(&mut self.reader_cpu_ns)
+    }
+
     pub fn status(&self) -> &SourceStatus {
         &self.status
     }
@@ -141,10 +151,13 @@ impl NvmlSampler {
         }
     }
 
-    /// Drops NVML, freeing first what was allocated from it. The readers go: an idle one
-    /// ends at once (freeing its profiling samples), a stuck one once its call returns.
+    /// Drops NVML, freeing first what was allocated from it. The reader goes: an idle one
+    /// at once, one stuck in a call once it returns.
     fn shut_down(&mut self) {
-        self.readers.clear();
+        if let Some(mut r) = self.readers.take() {
+            r.release();
+        }
+        self.stalled.clear();
         if let Some(nvml) = self.nvml.take() {
             self.xids.lock().unwrap().release(&nvml);
         }
@@ -228,127 +241,74 @@ impl NvmlSampler {
         })
     }
 
-    /// Every device's sample of this cycle, in index order: each reader that is free is
-    /// asked, and the answers are awaited until the cycle's deadline. A device that has
-    /// not answered by then is left out, or reported stalled once it is overdue.
+    /// Every device's sample of this cycle, in index order: the reader is asked and
+    /// awaited until the cycle's deadline. A device a stuck read holds is left out, and
+    /// reported stalled once it has been for the stall timeout.
     fn read_devices(&mut self, nvml: &Arc<Nvml>, count: u32, due: bool) -> Vec<DeviceSample> {
         self.cycle += 1;
-        let cycle = self.cycle;
-        self.readers.truncate(count as usize);
-        // Answers that came after their cycle: their readers are free again, their
-        // readings stale.
-        while let Ok(a) = self.answers.1.try_recv() {
-            self.answered(a, cycle);
+        let (xids, settings) = (&self.xids, &self.settings);
+        let readers = (self.readers)
+            .get_or_insert_with(|| Readers::new(nvml.clone(), xids.clone(), settings.clone()));
+        // Each exit's accounting request goes to its GPU's read, by the uuid last seen there.
+        let mut accounting: HashMap<u32, Vec<(String, u32)>> = HashMap::new();
+        let by_uuid: HashMap<&str, u32> = self
+            .known
+            .iter()
+            .map(|(i, (u, _))| (u.as_str(), *i))
+            .collect();
+        self.accounting
+            .retain(|(uuid, pid)| match by_uuid.get(uuid.as_str()) {
+                Some(i) => {
+                    accounting.entry(*i).or_default().push((uuid.clone(), *pid));
+                    false
+                }
+                None => true,
+            });
+        let cycle = readers.read(self.cycle, count, due, accounting, self.wait);
+        let mut out = Vec::with_capacity(count as usize);
+        for a in cycle.answers {
+            self.reader_cpu_ns += a.cpu_ns;
+            self.gpm.extend(a.gpm.into_iter().flatten());
+            out.push(a.sample);
         }
-        let mut asked = 0;
-        for index in 0..count {
-            if index as usize == self.readers.len() && !self.spawn_reader(nvml, index) {
-                break;
-            }
-            let reader = &mut self.readers[index as usize];
-            if reader.asked.is_some() {
-                continue;
-            }
-            let uuid = self.known.get(&index).map(|(u, _)| u.as_str());
-            let (mine, rest) = std::mem::take(&mut self.accounting)
-                .into_iter()
-                .partition(|(u, _)| Some(u.as_str()) == uuid);
-            self.accounting = rest;
-            if reader.ask(cycle, due, mine) {
-                asked += 1;
-            }
+        let stuck: Vec<_> = (cycle.stuck.into_iter())
+            .filter(|(_, _, waited)| *waited >= self.stall_timeout)
+            .collect();
+        self.stalled
+            .retain(|i| stuck.iter().any(|(j, _, _)| i == j));
+        for (index, call, waited) in stuck {
+            out.push(self.stalled_sample(index, call, waited));
         }
-        let deadline = Instant::now() + self.wait;
-        let mut fresh: Vec<DeviceSample> = Vec::with_capacity(count as usize);
-        while asked > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(a) = self.answers.1.recv_timeout(left) else {
-                break;
-            };
-            if a.cycle == cycle {
-                asked -= 1;
-            }
-            fresh.extend(self.answered(a, cycle));
-        }
-        fresh.extend(self.overdue());
-        fresh.sort_by_key(|d| d.index);
-        fresh
+        out.sort_by_key(|d| d.index);
+        out
     }
 
-    /// Starts the reader of device `index`; false (said once) if no thread can be made.
-    fn spawn_reader(&mut self, nvml: &Arc<Nvml>, index: u32) -> bool {
-        let tx = self.answers.0.clone();
-        match DeviceReader::spawn(nvml.clone(), index, tx, self.xids.clone(), &self.settings) {
-            Ok(r) => {
-                self.readers.push(r);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(index, "cannot start a GPU reader thread: {e}");
-                false
-            }
-        }
-    }
-
-    /// Takes one reader's answer: its sample if it answers `cycle`, else nothing (stale).
-    fn answered(&mut self, a: Answer, cycle: u64) -> Option<DeviceSample> {
-        let reader = self.readers.get_mut(a.index as usize)?;
-        let asked_at = reader.asked.take().map(|(_, t)| t);
-        if let (Some(_), Some(at)) = (reader.stalled.take(), asked_at) {
+    /// A stalled device's sample: its identity and `stalled`, no reading. Said once per
+    /// stall.
+    fn stalled_sample(&mut self, index: u32, call: &'static str, waited: Duration) -> DeviceSample {
+        let (uuid, name) = self.known.get(&index).cloned().unwrap_or_default();
+        if self.stalled.insert(index) {
+            let xid = self.xids.lock().unwrap().last_xid(&uuid);
             tracing::warn!(
-                index = a.index,
-                uuid = a.sample.uuid,
-                "GPU {} answers again, after {} s without an answer",
-                a.index,
-                at.elapsed().as_secs()
-            );
-        }
-        if a.cycle != cycle {
-            reader.afresh = true;
-            return None;
-        }
-        self.gpm.extend(a.gpm);
-        Some(a.sample)
-    }
-
-    /// A sample for each device whose reader has been asked for longer than the stall
-    /// timeout: its identity and `stalled`, no reading. Said once per stall.
-    fn overdue(&mut self) -> Vec<DeviceSample> {
-        let mut out = vec![];
-        for (index, reader) in self.readers.iter_mut().enumerate() {
-            let Some((call, waited)) = reader.waiting() else {
-                continue;
-            };
-            if waited < self.stall_timeout {
-                continue;
-            }
-            let index = index as u32;
-            let (uuid, name) = self.known.get(&index).cloned().unwrap_or_default();
-            if reader.stalled.is_none() {
-                reader.stalled = Some(Instant::now());
-                let xid = self.xids.lock().unwrap().last_xid(&uuid);
-                tracing::warn!(
-                    index,
-                    uuid,
-                    call,
-                    "GPU {index} not answering: {call} has not returned for {} s{}; its \
-                     readings are left out until it answers",
-                    waited.as_secs(),
-                    xid_note(xid)
-                );
-            }
-            out.push(DeviceSample {
                 index,
                 uuid,
-                name,
-                status: DeviceStatus::Stalled {
-                    call: call.to_string(),
-                    secs: waited.as_secs(),
-                },
-                ..Default::default()
-            });
+                call,
+                "GPU {index} not answering: {call} has not returned for {} s{}; its readings \
+                 are left out until it answers",
+                waited.as_secs(),
+                xid_note(xid)
+            );
         }
-        out
+        DeviceSample {
+            index,
+            uuid,
+            name,
+            status: DeviceStatus::Stalled {
+                call: call.to_string(),
+                secs: waited.as_secs(),
+            },
+            ..Default::default()
+        }
     }
 
     /// NVML's status: `stalled` naming the first stalled device (and how many more), else

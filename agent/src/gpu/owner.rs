@@ -47,8 +47,8 @@ impl From<&Owner> for Owner {
     }
 }
 
-/// By content, as `eq` compares when the pointers differ, but only the id's tail
-/// (`id_tail`); as `OwnerKey` hashes, so that either finds an owner.
+/// By content, as `eq` compares when the pointers differ, and as `OwnerKey` hashes, so
+/// that either finds an owner.
 impl std::hash::Hash for Owner {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
         match self {
@@ -57,17 +57,6 @@ impl std::hash::Hash for Owner {
             Owner::Host => OwnerKey(None).hash(h),
         }
     }
-}
-
-/// What an owner's hash reads of its id: the last 16 bytes (all of a shorter one), which
-/// with the length the hasher needs nothing else to tell ids apart: a container id is 64
-/// hex digits of a SHA-256 and a pod uid ends in 12 random ones. The grouping hashes the
-/// owner of each GPU process (its slot in the ledgers); over all 64 bytes, when an owner
-/// was hashed four times a cycle, those hashes were a tenth of the join on the large node.
-/// Equal ids hash alike, as `eq` needs.
-fn id_tail(s: &str) -> &[u8] {
-    let b = s.as_bytes();
-    &b[b.len().saturating_sub(16)..]
 }
 
 /// The grouping's key: the owner's kind (a container, else a pod) and id, borrowed; None
@@ -80,7 +69,7 @@ impl std::hash::Hash for OwnerKey<'_> {
         match self.0 {
             Some((container, id)) => {
                 h.write_u8(container as u8);
-                h.write(id_tail(id));
+                h.write(id.as_bytes());
             }
             None => h.write_u8(2),
         }

@@ -1,6 +1,6 @@
 //! The NVML thread: NVML calls block, so sampling runs on a thread of its own and sends one
-//! message per cycle to the pipeline. Each GPU is read on a reader thread of its own
-//! (readers.rs); the calls this thread makes itself (init, the device count) are watched by
+//! message per cycle to the pipeline. The GPUs are read on a reader thread that a stuck
+//! call retires (readers.rs); the calls this thread makes itself (init, the device count) are watched by
 //! a second thread, which says so when one does not return (a wedged driver at start).
 use std::{
     sync::{atomic::Ordering::Relaxed, Arc, Mutex},
@@ -85,9 +85,8 @@ pub fn spawn(
                     sampler.request_accounting(a.take());
                 }
                 let sample = sampler.sample();
-                stats
-                    .nvml_sample_cpu_ns
-                    .fetch_add(thread_cpu_ns() - cpu0, Relaxed);
+                let cpu = thread_cpu_ns() - cpu0 + sampler.take_reader_cpu_ns();
+                stats.nvml_sample_cpu_ns.fetch_add(cpu, Relaxed);
                 *stats.nvml_features.write().unwrap() = sampler.features();
                 if tx
                     .blocking_send((sample, sampler.status().clone()))

@@ -7,7 +7,7 @@ use super::tests::{has, lines_of, opts, snapshot, stats, value_of, CID, GIB};
 use super::*;
 use crate::{
     catalogue::{Source, CATALOGUE},
-    dcgm::Field,
+    dcgm::{Field, HostLabel},
 };
 
 const A: &str = r#"gpu="0",UUID="GPU-a",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-a",DCGM_FI_DRIVER_VERSION="580.159.04""#;
@@ -31,6 +31,7 @@ pub(super) fn every_dcgm_field(mode: Mode) -> DcgmCompat {
         mode,
         fields,
         driver_version_label: true,
+        host_label: Default::default(),
     }
 }
 
@@ -249,6 +250,25 @@ fn virtual_gpus_copy_the_device_series_per_pod_and_give_pods_their_own_use() {
     assert_eq!(lines_of(&t, "DCGM_FI_DEV_GPU_TEMP").len(), 2, "{t}");
     // A device nobody holds keeps its one series.
     has(&t, &format!("DCGM_FI_DEV_FB_USED{{{B}}} 5120"));
+}
+
+#[test]
+fn the_host_label_has_either_spelling() {
+    let released = render(&full_snapshot(), &stats(), &with_dcgm(Mode::Default));
+    has(
+        &released,
+        &format!("DCGM_FI_DEV_GPU_TEMP{{{A},{TRAINER}}} 45"),
+    );
+    assert!(!released.contains("hostname="), "{released}");
+    let mut o = with_dcgm(Mode::Default);
+    o.dcgm.as_mut().unwrap().host_label = HostLabel::Lowercase;
+    let main_branch = render(&full_snapshot(), &stats(), &o);
+    let a = A.replace("Hostname=", "hostname=");
+    has(
+        &main_branch,
+        &format!("DCGM_FI_DEV_GPU_TEMP{{{a},{TRAINER}}} 45"),
+    );
+    assert!(!main_branch.contains("Hostname="), "{main_branch}");
 }
 
 #[test]
