@@ -266,8 +266,8 @@ impl NvmlSampler {
             });
         let cycle = readers.read(self.cycle, count, due, accounting, self.wait);
         let mut out = Vec::with_capacity(count as usize);
+        self.reader_cpu_ns += readers.take_cpu_ns();
         for a in cycle.answers {
-            self.reader_cpu_ns += a.cpu_ns;
             self.gpm.extend(a.gpm.into_iter().flatten());
             out.push(a.sample);
         }

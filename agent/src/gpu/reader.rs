@@ -5,20 +5,20 @@
 use std::{
     cell::RefCell,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
 };
 
 use nvml_wrapper::error::NvmlError;
 
-/// What one thread is doing in NVML: the call in flight, and since when.
+/// What one thread is doing in NVML: the call in flight (None between calls), and how many
+/// calls it has begun, so that another thread can tell one call that lasts from many. No
+/// clock is read per call: whoever watches times it.
 #[derive(Debug, Default)]
-pub struct Progress(Mutex<Option<(&'static str, Instant)>>);
+pub struct Progress(Mutex<(Option<&'static str>, u64)>);
 
 impl Progress {
-    /// The call in flight and how long it has run; None between calls.
-    pub fn busy(&self) -> Option<(&'static str, Duration)> {
-        let p = *self.0.lock().unwrap();
-        p.map(|(call, since)| (call, since.elapsed()))
+    /// The call in flight, and the number of the last call begun.
+    pub fn now(&self) -> (Option<&'static str>, u64) {
+        *self.0.lock().unwrap()
     }
 }
 
@@ -34,18 +34,19 @@ pub fn track(p: Arc<Progress>) {
 /// Runs `f`, one NVML call (or a few that belong together), recorded as `call` while it
 /// runs on a thread that `track`s; the enclosing call's record comes back after it.
 pub fn in_call<T>(call: &'static str, f: impl FnOnce() -> T) -> T {
-    let swap = |v: Option<(&'static str, Instant)>| {
+    let set = |v: Option<&'static str>, begin: bool| {
         PROGRESS.with(|t| {
             let t = t.borrow();
-            let mut held = t.as_ref()?.0.lock().unwrap();
-            let was = std::mem::replace(&mut *held, v);
-            drop(held);
-            was
+            let mut p = t.as_ref()?.0.lock().unwrap();
+            let outer = p.0;
+            p.0 = v;
+            p.1 += u64::from(begin);
+            Some(outer)
         })
     };
-    let outer = swap(Some((call, Instant::now())));
+    let outer = set(Some(call), true).flatten();
     let r = f();
-    swap(outer);
+    set(outer, false);
     r
 }
 

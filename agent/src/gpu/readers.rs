@@ -54,8 +54,6 @@ pub(super) struct Answer {
     pub sample: DeviceSample,
     /// Profiling's status on this GPU (and its MIG devices), when it changed.
     pub gpm: Option<BTreeMap<String, SourceStatus>>,
-    /// The reader's CPU time for this read, NVML's calls included.
-    pub cpu_ns: u64,
 }
 
 /// What every GPU's reading state is made with.
@@ -76,6 +74,9 @@ struct Reader {
 
 const NONE: u32 = u32::MAX;
 
+/// (cycle, the reader's CPU time for it), when a reader is done with a request.
+type Done = (u64, u64);
+
 /// The GPUs' reading states and the reader thread that reads them.
 pub(super) struct Readers {
     nvml: Arc<Nvml>,
@@ -91,7 +92,9 @@ pub(super) struct Readers {
     /// Retired readers still in a call: the GPU each is stuck on, and its progress.
     retired: Vec<(u32, Arc<Progress>)>,
     answers: Arc<Mutex<Vec<Answer>>>,
-    done: (mpsc::Sender<u64>, mpsc::Receiver<u64>),
+    done: (mpsc::Sender<Done>, mpsc::Receiver<Done>),
+    /// The readers' CPU time since `take_cpu_ns`, NVML's calls included.
+    cpu_ns: u64,
 }
 
 /// One cycle's outcome: the GPUs that answered, and those a stuck read holds, with the
@@ -114,6 +117,7 @@ impl Readers {
             retired: vec![],
             answers: Arc::default(),
             done: mpsc::channel(),
+            cpu_ns: 0,
         }
     }
 
@@ -130,7 +134,9 @@ impl Readers {
         self.resize(count as usize);
         let mut answers = self.take_answers(cycle);
         // A reader that finished a cycle late is free again.
-        while self.done.1.try_recv().is_ok() {}
+        while let Ok((_, cpu)) = self.done.1.try_recv() {
+            self.cpu_ns += cpu;
+        }
         let asks = (0..count)
             .filter(|&i| self.stuck[i as usize].is_none())
             .map(|index| Ask {
@@ -152,15 +158,24 @@ impl Readers {
     }
 
     /// Whether the reader says it finished `cycle` by `deadline`.
-    fn wait_done(&self, cycle: u64, deadline: Instant) -> bool {
+    fn wait_done(&mut self, cycle: u64, deadline: Instant) -> bool {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.done.1.recv_timeout(left) {
-                Ok(c) if c == cycle => return true,
-                Ok(_) => continue,
+                Ok((c, cpu)) => {
+                    self.cpu_ns += cpu;
+                    if c == cycle {
+                        return true;
+                    }
+                }
                 Err(_) => return false,
             }
         }
+    }
+
+    /// The readers' CPU time since the last call.
+    pub fn take_cpu_ns(&mut self) -> u64 {
+        std::mem::take(&mut self.cpu_ns)
     }
 
     fn resize(&mut self, n: usize) {
@@ -235,7 +250,7 @@ impl Readers {
             .iter()
             .filter_map(|(i, p)| {
                 let since = self.stuck.get(*i as usize).copied().flatten()?;
-                let call = p.busy().map_or("device read", |(c, _)| c);
+                let call = p.now().0.unwrap_or("device read");
                 Some((*i, call, since.elapsed()))
             })
             .collect()
@@ -253,6 +268,7 @@ impl Readers {
             .spawn(move || {
                 track(p);
                 while let Ok(req) = rx.recv() {
+                    let cpu0 = thread_cpu_ns();
                     for ask in req.asks {
                         if r.load(Relaxed) {
                             return;
@@ -263,7 +279,8 @@ impl Readers {
                         }
                     }
                     d.store(NONE, Relaxed);
-                    if r.load(Relaxed) || done.send(req.cycle).is_err() {
+                    let cpu = thread_cpu_ns() - cpu0;
+                    if r.load(Relaxed) || done.send((req.cycle, cpu)).is_err() {
                         return;
                     }
                 }
@@ -294,7 +311,6 @@ fn read_one(nvml: &Nvml, ask: Ask, cycle: u64) -> Option<Answer> {
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => return None,
     };
-    let cpu0 = thread_cpu_ns();
     let sample = state.read(nvml, ask.due, ask.accounting);
     let gpm = state.gpm_changed();
     Some(Answer {
@@ -302,7 +318,6 @@ fn read_one(nvml: &Nvml, ask: Ask, cycle: u64) -> Option<Answer> {
         cycle,
         sample,
         gpm,
-        cpu_ns: thread_cpu_ns() - cpu0,
     })
 }
 

@@ -124,12 +124,19 @@ fn watch(
     std::thread::Builder::new()
         .name("nvml-watchdog".into())
         .spawn(move || {
+            // The call seen in flight, its number, and since when it has been seen.
+            let mut seen: Option<(&'static str, u64, Instant)> = None;
             let mut stalled = false;
             while !stop.is_cancelled() {
                 std::thread::sleep(interval);
-                match progress.busy() {
-                    Some((call, t)) if t >= stall_timeout => {
-                        let why = format!("{call} for {} s", t.as_secs());
+                seen = match (progress.now(), seen) {
+                    ((Some(c), n), Some((_, m, t))) if n == m => Some((c, n, t)),
+                    ((Some(c), n), _) => Some((c, n, Instant::now())),
+                    ((None, _), _) => None,
+                };
+                match seen {
+                    Some((call, _, t)) if t.elapsed() >= stall_timeout => {
+                        let why = format!("{call} for {} s", t.elapsed().as_secs());
                         if !stalled {
                             tracing::warn!(
                                 call,
