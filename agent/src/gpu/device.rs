@@ -234,7 +234,7 @@ impl Extras {
         }
         let set = self.xids.lock().unwrap().set_for(nvml, &d.uuid);
         if let Some(set) = set {
-            let r = in_call("nvmlDeviceRegisterEvents", || {
+            let r = in_call(&"nvmlDeviceRegisterEvents", || {
                 xid::register_device(nvml, dev, set)
             });
             self.xids.lock().unwrap().registered(&d.uuid, r);
@@ -291,7 +291,7 @@ pub(super) fn sample_device<'h>(
 }
 
 fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed: &mut Fixed) {
-    d.uuid = r.read("uuid", || dev.uuid()).unwrap_or_default();
+    d.uuid = r.read(&"uuid", || dev.uuid()).unwrap_or_default();
     let f = match fixed.gpus.get(&d.uuid) {
         Some(f) => f,
         None => read_gpu_fixed(r, dev, d, &mut fixed.gpus),
@@ -302,27 +302,27 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed
     let unsupported = |name| f.unsupported.contains(&name).then_some(name);
     r.unsupported
         .extend(["name", "pci_info"].into_iter().filter_map(unsupported));
-    if let Some(m) = r.read("memory", || dev.memory_info()) {
+    if let Some(m) = r.read(&"memory", || dev.memory_info()) {
         d.memory_total_bytes = Some(m.total);
         d.memory_used_bytes = Some(m.used);
         d.fields.memory_reserved_bytes = Some(m.reserved);
     }
-    if let Some(u) = r.read("utilization", || dev.utilization_rates()) {
+    if let Some(u) = r.read(&"utilization", || dev.utilization_rates()) {
         d.utilization_gpu = Some(u.gpu);
         d.utilization_memory = Some(u.memory);
     }
-    d.power_mw = r.read("power", || dev.power_usage());
-    d.temperature_c = r.read("temperature", || dev.temperature(TemperatureSensor::Gpu));
-    d.sm_clock_mhz = r.read("clocks", || dev.clock_info(Clock::SM));
-    d.mem_clock_mhz = r.read("clocks", || dev.clock_info(Clock::Memory));
-    d.ecc_corrected = r.read("ecc", || {
+    d.power_mw = r.read(&"power", || dev.power_usage());
+    d.temperature_c = r.read(&"temperature", || dev.temperature(TemperatureSensor::Gpu));
+    d.sm_clock_mhz = r.read(&"clocks", || dev.clock_info(Clock::SM));
+    d.mem_clock_mhz = r.read(&"clocks", || dev.clock_info(Clock::Memory));
+    d.ecc_corrected = r.read(&"ecc", || {
         dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
     });
-    d.ecc_uncorrected = r.read("ecc", || {
+    d.ecc_uncorrected = r.read(&"ecc", || {
         dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
     });
     d.throttle_reasons = r
-        .read("throttle", || dev.current_throttle_reasons())
+        .read(&"throttle", || dev.current_throttle_reasons())
         .map(|t| t.bits());
     d.sharing.minor_number = f.minor_number;
     r.unsupported.extend(unsupported("minor_number"));
@@ -341,9 +341,9 @@ fn read_gpu_fixed(
         lost: r.lost,
     };
     let f = GpuFixed {
-        name: own.read("name", || dev.name()),
-        pci_bus_id: own.read("pci_info", || dev.pci_info()).map(|p| p.bus_id),
-        minor_number: own.read("minor_number", || dev.minor_number()),
+        name: own.read(&"name", || dev.name()),
+        pci_bus_id: own.read(&"pci_info", || dev.pci_info()).map(|p| p.bus_id),
+        minor_number: own.read(&"minor_number", || dev.minor_number()),
         unsupported: own.unsupported,
     };
     r.lost |= own.lost;
@@ -359,9 +359,9 @@ fn read_gpu_fixed(
 
 /// The device's readings of `SLOW_READINGS` (the fields' and GPM's are read with them).
 fn read_slow_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
-    d.energy_mj = r.read("energy", || dev.total_energy_consumption());
+    d.energy_mj = r.read(&"energy", || dev.total_energy_consumption());
     d.mig_enabled = r
-        .read("mig", || dev.mig_mode())
+        .read(&"mig", || dev.mig_mode())
         .is_some_and(|m| m.current == 1);
 }
 
@@ -372,7 +372,7 @@ fn read_mig_devices(
     d: &mut DeviceSample,
     fixed: &mut Fixed,
 ) {
-    let n = r.read("mig", || dev.mig_device_count()).unwrap_or(0);
+    let n = r.read(&"mig", || dev.mig_device_count()).unwrap_or(0);
     for i in 0..n {
         // Empty slots answer NotFound: skip them.
         let Ok(mig) = dev.mig_device_by_index(i) else {

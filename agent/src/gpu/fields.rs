@@ -37,19 +37,19 @@ pub fn read(
 ) {
     let f = &mut d.fields;
     f.encoder_util = r
-        .read("encoder_utilization", || dev.encoder_utilization())
+        .read(&"encoder_utilization", || dev.encoder_utilization())
         .map(|u| u.utilization);
     f.decoder_util = r
-        .read("decoder_utilization", || dev.decoder_utilization())
+        .read(&"decoder_utilization", || dev.decoder_utilization())
         .map(|u| u.utilization);
     if slow {
         f.pcie_replay = r
-            .read("pcie_replay", || dev.pcie_replay_counter())
+            .read(&"pcie_replay", || dev.pcie_replay_counter())
             .map(u64::from);
     }
-    f.remapped_rows = r.read("remapped_rows", || remapped_rows(nvml, dev));
-    f.vgpu_licensed = r.read("vgpu_license", || vgpu_licensed(nvml, dev));
-    let Some(values) = r.read("field_values", || field_values(nvml, dev)) else {
+    f.remapped_rows = r.read(&"remapped_rows", || remapped_rows(nvml, dev));
+    f.vgpu_licensed = r.read(&"vgpu_license", || vgpu_licensed(nvml, dev));
+    let Some(values) = r.read(&"field_values", || field_values(nvml, dev)) else {
         return;
     };
     let [mem_temp, tx, rx] = values;

@@ -176,7 +176,7 @@ impl NvmlSampler {
         if let Some(p) = &self.lib_path {
             builder.lib_path(p.as_os_str());
         }
-        match in_call("nvmlInit_v2", || builder.init()) {
+        match in_call(&"nvmlInit_v2", || builder.init()) {
             Ok(nvml) => {
                 tracing::info!(lib = ?self.lib_path, "NVML initialised");
                 self.nvml = Some(Arc::new(nvml));
@@ -203,7 +203,7 @@ impl NvmlSampler {
             return None;
         }
         let nvml = self.nvml.clone().unwrap();
-        let count = match in_call("nvmlDeviceGetCount", || nvml.device_count()) {
+        let count = match in_call(&"nvmlDeviceGetCount", || nvml.device_count()) {
             Ok(c) => c,
             Err(e) => {
                 // The driver went away under us: start over, with backoff.
@@ -214,7 +214,7 @@ impl NvmlSampler {
                 return None;
             }
         };
-        let driver_version = in_call("nvmlSystemGetDriverVersion", || nvml.sys_driver_version());
+        let driver_version = in_call(&"nvmlSystemGetDriverVersion", || nvml.sys_driver_version());
         let due = self.slow.due(Instant::now());
         let mut devices = self.read_devices(&nvml, count, due);
         // A lost device may no longer tell its name: use what it said before.
@@ -228,7 +228,7 @@ impl NvmlSampler {
                 self.known.insert(d.index, (d.uuid.clone(), d.name.clone()));
             }
         }
-        in_call("XID events", || {
+        in_call(&"XID events", || {
             self.xids.lock().unwrap().collect(&nvml, &mut devices)
         });
         self.status = self.stalled_status(&devices);

@@ -185,8 +185,8 @@ pub(super) fn sample_processes(
 fn read_process_lists(r: &mut Reader, dev: &Device, d: &DeviceSample) -> Vec<ProcessSample> {
     // Compute and graphics contexts; a process with both is one process.
     let lists = [
-        r.read("processes", || dev.running_compute_processes()),
-        r.read("graphics_processes", || dev.running_graphics_processes()),
+        r.read(&"processes", || dev.running_compute_processes()),
+        r.read(&"graphics_processes", || dev.running_graphics_processes()),
     ];
     // Sized for them at once: grown from empty, the list and its index were reallocated
     // and rehashed eight times a cycle on a GPU of 250 processes.
@@ -301,7 +301,7 @@ impl Merged {
 /// MPS clients, merged into the per-process list: a PID the compute list already has is
 /// the same process (marked `mps`), attributed by host PID like any other.
 fn read_mps_processes(r: &mut Reader, dev: &Device, migs: &[MigSample], merged: &mut Merged) {
-    let Some(list) = r.read("mps_processes", || dev.mps_running_compute_processes()) else {
+    let Some(list) = r.read(&"mps_processes", || dev.mps_running_compute_processes()) else {
         return;
     };
     for p in &list {

@@ -4,21 +4,33 @@
 //! a call that does not return (a wedged driver) can be named by another thread.
 use std::{
     cell::RefCell,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed},
+        Arc,
+    },
 };
 
 use nvml_wrapper::error::NvmlError;
 
-/// What one thread is doing in NVML: the call in flight (None between calls), and how many
-/// calls it has begun, so that another thread can tell one call that lasts from many. No
-/// clock is read per call: whoever watches times it.
+/// What one thread is doing in NVML: the call in flight (none between calls), and how many
+/// calls it has begun, so that another thread can tell one call that lasts from many. Each
+/// call costs two plain stores (one thread writes; no clock is read: whoever watches times
+/// it).
 #[derive(Debug, Default)]
-pub struct Progress(Mutex<(Option<&'static str>, u64)>);
+pub struct Progress {
+    /// Points at the call's name (a `&'static &'static str`), or is null.
+    call: AtomicPtr<&'static str>,
+    begun: AtomicU64,
+}
 
 impl Progress {
     /// The call in flight, and the number of the last call begun.
     pub fn now(&self) -> (Option<&'static str>, u64) {
-        *self.0.lock().unwrap()
+        let p = self.call.load(Relaxed);
+        // SAFETY: only `in_call` stores here, and only pointers made from a
+        // `&'static &'static str` (or null).
+        let call = (!p.is_null()).then(|| unsafe { *p });
+        (call, self.begun.load(Relaxed))
     }
 }
 
@@ -33,20 +45,24 @@ pub fn track(p: Arc<Progress>) {
 
 /// Runs `f`, one NVML call (or a few that belong together), recorded as `call` while it
 /// runs on a thread that `track`s; the enclosing call's record comes back after it.
-pub fn in_call<T>(call: &'static str, f: impl FnOnce() -> T) -> T {
-    let set = |v: Option<&'static str>, begin: bool| {
+pub fn in_call<T>(call: &'static &'static str, f: impl FnOnce() -> T) -> T {
+    let set = |to: *mut &'static str, begin: bool| {
         PROGRESS.with(|t| {
             let t = t.borrow();
-            let mut p = t.as_ref()?.0.lock().unwrap();
-            let outer = p.0;
-            p.0 = v;
-            p.1 += u64::from(begin);
+            let p = t.as_ref()?;
+            let outer = p.call.load(Relaxed);
+            p.call.store(to, Relaxed);
+            if begin {
+                p.begun.store(p.begun.load(Relaxed) + 1, Relaxed);
+            }
             Some(outer)
         })
     };
-    let outer = set(Some(call), true).flatten();
+    let outer = set(std::ptr::from_ref(call).cast_mut(), true);
     let r = f();
-    set(outer, false);
+    if let Some(outer) = outer {
+        set(outer, false);
+    }
     r
 }
 
@@ -80,7 +96,7 @@ pub struct Reader {
 impl Reader {
     pub fn read<T>(
         &mut self,
-        name: &'static str,
+        name: &'static &'static str,
         call: impl FnOnce() -> Result<T, NvmlError>,
     ) -> Option<T> {
         if self.lost {
@@ -89,7 +105,7 @@ impl Reader {
         match metric(in_call(name, call)) {
             Metric::Value(v) => Some(v),
             Metric::Unsupported => {
-                self.unsupported.push(name);
+                self.unsupported.push(*name);
                 None
             }
             Metric::Lost => {

@@ -357,7 +357,9 @@ impl State {
     /// The device's sample; `due` reads the slow readings afresh.
     fn read(&mut self, nvml: &Nvml, due: bool, accounting: Vec<(String, u32)>) -> DeviceSample {
         let index = self.index;
-        let dev = match in_call("nvmlDeviceGetHandleByIndex", || nvml.device_by_index(index)) {
+        let dev = match in_call(&"nvmlDeviceGetHandleByIndex", || {
+            nvml.device_by_index(index)
+        }) {
             Ok(dev) => dev,
             Err(e) => {
                 let status = match e {
@@ -380,7 +382,7 @@ impl State {
         };
         let (mut d, held) = sample_device(nvml, &dev, index, &mut ctx, held);
         if self.accounting.enabled && d.status.is_ok() && !d.mig_enabled {
-            in_call("accounting", || {
+            in_call(&"accounting", || {
                 read_accounting(&dev, &mut d, &mut self.accounting)
             });
         }
