@@ -4,6 +4,7 @@ mod benchkit;
 mod bignode;
 mod classic;
 mod config_doc;
+mod demo;
 mod e2e;
 mod ebpf;
 mod floor;
@@ -34,6 +35,10 @@ enum Cmd {
     BuildEbpf,
     /// build-ebpf, then `cargo build --release -p agent` (the object embedded).
     Build,
+    /// As root: a GPU node made of real parts on this machine (processes in pod cgroups,
+    /// CRI and pod-resources servers, the fake NVML library on eight GPUs, moving every few
+    /// seconds), and `gpu-agent top` on it; everything is removed on quitting.
+    Demo(demo::Args),
     /// build, then `target/release/gpu-agent run ARGS`: directly as root, else through sudo
     /// (keeping RUST_LOG, OTEL_*, FAKE_NVML_SCENARIO and NODE_NAME).
     Run {
@@ -117,6 +122,10 @@ fn main() -> Result<()> {
         Cmd::Build => {
             ebpf::build()?;
             cargo(&["build", "--release", "-p", "agent"])
+        }
+        Cmd::Demo(args) => {
+            let code = demo::run(args)?;
+            std::process::exit(code)
         }
         Cmd::Run { args } => run_agent(&args),
         Cmd::Test { args } => test::run(&with_leading_double_dash(
