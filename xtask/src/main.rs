@@ -188,6 +188,15 @@ const AGENT_ENV: &[&str] = &["RUST_LOG", "FAKE_NVML_SCENARIO", "NODE_NAME"];
 
 fn run_agent(args: &[String]) -> Result<()> {
     let bin = benchkit::host::release_agent()?;
+    let own_nvml = args.iter().any(|a| a.starts_with("--nvml-lib"))
+        || std::env::var_os("FAKE_NVML_SCENARIO").is_some();
+    if !own_nvml && !nvidia_driver_here() {
+        eprintln!(
+            "xtask: no NVIDIA driver here (no /dev/nvidiactl, no libnvidia-ml.so.1): the agent \
+             runs without GPU data; `cargo xtask demo` shows it on a GPU node with pods, on \
+             any machine"
+        );
+    }
     let mut cmd = if is_root() {
         Command::new(&bin)
     } else if let Some(sudo) = on_path("sudo") {
@@ -211,6 +220,22 @@ fn run_agent(args: &[String]) -> Result<()> {
     };
     cmd.arg("run").args(args);
     Err(cmd.exec()).with_context(|| format!("running {}", bin.display()))
+}
+
+/// The driver's device node, or its NVML library where the loader finds it.
+fn nvidia_driver_here() -> bool {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return true;
+    }
+    // SAFETY: dlopen with a constant name; the handle is closed at once.
+    unsafe {
+        let h = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_LAZY);
+        if h.is_null() {
+            return false;
+        }
+        libc::dlclose(h);
+    }
+    true
 }
 
 pub fn is_root() -> bool {
