@@ -16,7 +16,7 @@ pub const JOB_LINGER: u64 = 2;
 /// ...and the next job starts this many ticks after it finished.
 pub const JOB_GAP: u64 = 4;
 /// The first job is this far into its run when the demo starts.
-pub const FIRST_JOB_AGE: u64 = 7;
+pub const FIRST_JOB_AGE: u64 = 5;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
