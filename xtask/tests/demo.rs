@@ -38,7 +38,12 @@ struct Traces {
 fn traces() -> Traces {
     let mount = v2_mount();
     let mut cgroups = BTreeSet::new();
-    for top in ["kubepods.slice", "kubepods", "system.slice/ollama.service"] {
+    for top in [
+        "kubepods.slice",
+        "kubepods",
+        "system.slice/ollama.service",
+        "system.slice/gpu-agent-demo-ollama.service",
+    ] {
         walk(&mount.join(top), &mut cgroups);
     }
     let mut sleepers = vec![];

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use serde_json::json;
 use tests::{
     cgroups::{kubelet_container, v2_mount, Proc, TestCgroup},
@@ -109,13 +109,15 @@ impl Node {
         let (uid, id) = (random_uid(), random_hex(64));
         let path = match w.home {
             Home::Pod(driver, qos) => kubelet_container(driver, qos, &uid, &id),
-            Home::Service(name) => {
-                let path = format!("/system.slice/{name}");
-                if v2_mount().join(&path[1..]).exists() {
-                    bail!("{path} exists already: the demo puts its host service there");
-                }
-                path
-            }
+            // A service of that name that really runs here keeps its cgroup: the demo's
+            // goes beside it (dropping a cgroup kills what is in it).
+            Home::Service(name) => [
+                format!("/system.slice/{name}"),
+                format!("/system.slice/gpu-agent-demo-{name}"),
+            ]
+            .into_iter()
+            .find(|p| !v2_mount().join(&p[1..]).exists())
+            .with_context(|| format!("/system.slice/{name} and its demo twin exist already"))?,
         };
         let cgroup = TestCgroup::v2(&path);
         self.ledger.record(&cgroup)?;
