@@ -337,6 +337,7 @@ fn top(args: TopArgs) -> ExitCode {
     top::init_logging(&opts);
     let prep_error = prepare_tracefs(&config);
     let node = gpu_agent::run::node_identity(&config);
+    let metadata = config.metadata.enabled;
     let (handles, stop, thread) = match gpu_agent::run::spawn_embedded(config, prep_error) {
         Ok(h) => h,
         Err(e) => {
@@ -348,6 +349,7 @@ fn top(args: TopArgs) -> ExitCode {
         snapshot: handles.snapshot,
         stats: handles.stats,
         host: node.node_name.unwrap_or(node.host_name),
+        metadata,
     };
     let code = top::main(feed, &opts);
     stop.cancel();

@@ -81,6 +81,11 @@ impl TestCgroup {
         })
     }
 
+    /// The directories this cgroup's creation made, outermost first (what drop removes).
+    pub fn created(&self) -> &[PathBuf] {
+        &self.created
+    }
+
     pub fn procs(&self) -> Vec<u32> {
         std::fs::read_to_string(self.dir.join("cgroup.procs"))
             .unwrap_or_default()
@@ -219,6 +224,43 @@ pub fn systemd_container(uid: &str, id: &str) -> String {
 /// kubelet, cgroupfs driver: a best-effort pod's container.
 pub fn cgroupfs_container(uid: &str, id: &str) -> String {
     format!("/kubepods/besteffort/pod{uid}/{id}")
+}
+
+/// The kubelet's cgroup driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Driver {
+    Systemd,
+    Cgroupfs,
+}
+
+/// A pod's QoS class, as the kubelet names its cgroups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QosClass {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+/// A containerd container's cgroup as the kubelet lays it out for `driver` and `qos`
+/// (guaranteed pods sit directly under kubepods).
+pub fn kubelet_container(driver: Driver, qos: QosClass, uid: &str, id: &str) -> String {
+    let class = match qos {
+        QosClass::Guaranteed => None,
+        QosClass::Burstable => Some("burstable"),
+        QosClass::BestEffort => Some("besteffort"),
+    };
+    match (driver, class) {
+        (Driver::Systemd, None) => format!(
+            "/kubepods.slice/kubepods-pod{}.slice/cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        ),
+        (Driver::Systemd, Some(q)) => format!(
+            "/kubepods.slice/kubepods-{q}.slice/kubepods-{q}-pod{}.slice/cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        ),
+        (Driver::Cgroupfs, None) => format!("/kubepods/pod{uid}/{id}"),
+        (Driver::Cgroupfs, Some(q)) => format!("/kubepods/{q}/pod{uid}/{id}"),
+    }
 }
 
 /// The first child of `pid` (e.g. the payload `unshare --fork` starts), waiting for it.

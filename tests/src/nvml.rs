@@ -14,7 +14,15 @@ pub struct Scenario(PathBuf);
 
 impl Scenario {
     pub fn new(v: &Value) -> Scenario {
-        let s = Scenario(std::env::temp_dir().join(format!("fake-nvml-{}.json", random_hex(12))));
+        Scenario::at(
+            std::env::temp_dir().join(format!("fake-nvml-{}.json", random_hex(12))),
+            v,
+        )
+    }
+
+    /// A scenario file at `path`.
+    pub fn at(path: PathBuf, v: &Value) -> Scenario {
+        let s = Scenario(path);
         s.write(v);
         s
     }

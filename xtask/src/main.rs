@@ -4,6 +4,7 @@ mod benchkit;
 mod bignode;
 mod classic;
 mod config_doc;
+mod demo;
 mod e2e;
 mod ebpf;
 mod floor;
@@ -35,6 +36,10 @@ enum Cmd {
     BuildEbpf,
     /// build-ebpf, then `cargo build --release -p agent` (the object embedded).
     Build,
+    /// As root: a GPU node made of real parts on this machine (processes in pod cgroups,
+    /// CRI and pod-resources servers, the fake NVML library on eight GPUs, moving every few
+    /// seconds), and `gpu-agent top` on it; everything is removed on quitting.
+    Demo(demo::Args),
     /// build, then `target/release/gpu-agent run ARGS`: directly as root, else through sudo
     /// (keeping RUST_LOG, OTEL_*, FAKE_NVML_SCENARIO and NODE_NAME).
     Run {
@@ -119,6 +124,10 @@ fn main() -> Result<()> {
             ebpf::build()?;
             cargo(&["build", "--release", "-p", "agent"])
         }
+        Cmd::Demo(args) => {
+            let code = demo::run(args)?;
+            std::process::exit(code)
+        }
         Cmd::Run { args } => run_agent(&args),
         Cmd::Test { args } => test::run(&with_leading_double_dash(
             &std::env::args().collect::<Vec<_>>(),
@@ -180,6 +189,15 @@ const AGENT_ENV: &[&str] = &["RUST_LOG", "FAKE_NVML_SCENARIO", "NODE_NAME"];
 
 fn run_agent(args: &[String]) -> Result<()> {
     let bin = benchkit::host::release_agent()?;
+    let own_nvml = args.iter().any(|a| a.starts_with("--nvml-lib"))
+        || std::env::var_os("FAKE_NVML_SCENARIO").is_some();
+    if !own_nvml && !nvidia_driver_here() {
+        eprintln!(
+            "xtask: no NVIDIA driver here (no /dev/nvidiactl, no libnvidia-ml.so.1): the agent \
+             runs without GPU data; `cargo xtask demo` shows it on a GPU node with pods, on \
+             any machine"
+        );
+    }
     let mut cmd = if is_root() {
         Command::new(&bin)
     } else if let Some(sudo) = on_path("sudo") {
@@ -203,6 +221,22 @@ fn run_agent(args: &[String]) -> Result<()> {
     };
     cmd.arg("run").args(args);
     Err(cmd.exec()).with_context(|| format!("running {}", bin.display()))
+}
+
+/// The driver's device node, or its NVML library where the loader finds it.
+fn nvidia_driver_here() -> bool {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return true;
+    }
+    // SAFETY: dlopen with a constant name; the handle is closed at once.
+    unsafe {
+        let h = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_LAZY);
+        if h.is_null() {
+            return false;
+        }
+        libc::dlclose(h);
+    }
+    true
 }
 
 pub fn is_root() -> bool {

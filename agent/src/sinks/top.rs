@@ -30,7 +30,8 @@ use gpu_model::{Snapshot, SourceStatus};
 use crate::{pipeline::Published, stats::Stats};
 use view::{Action, App};
 
-/// How long `--once` waits for the first GPU sample (or NVML saying it is unavailable).
+/// How long `--once` waits for its frame: the first GPU sample (or NVML saying it is
+/// unavailable), and one joined with the first names and allocations.
 const FIRST_SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Width of the `--once` frame when stdout is not a terminal.
 const PLAIN_WIDTH: u16 = 120;
@@ -86,6 +87,8 @@ pub struct Feed {
     pub stats: Arc<Stats>,
     /// The node's name, for the title.
     pub host: String,
+    /// The metadata sources run (`metadata.enabled`): `--once` waits for their names.
+    pub metadata: bool,
 }
 
 /// Shows the sources (live, or one plain frame with `--once`) until the user quits or the
@@ -119,13 +122,11 @@ pub fn check_terminal(opts: &Options) -> Result<(), String> {
 }
 
 fn once(mut feed: Feed) -> ExitCode {
-    // The first GPU sample, or NVML saying it is off; the sources gone end the wait too.
-    let first = |s: &Arc<Snapshot>| s.taken_at_ms != 0 || s.nvml == SourceStatus::Disabled;
     if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
     {
-        let wait = feed.snapshot.wait_for(first);
+        let wait = first_named_sample(&mut feed);
         let _ = rt.block_on(async { tokio::time::timeout(FIRST_SAMPLE_TIMEOUT, wait).await });
     }
     let snap = feed.snapshot.borrow().clone();
@@ -141,6 +142,40 @@ fn once(mut feed: Feed) -> ExitCode {
         .lock()
         .write_all(ui::plain(&model, width).as_bytes());
     ExitCode::SUCCESS
+}
+
+/// Waits for the first GPU sample (or NVML saying it is off; the sources gone end the wait
+/// too), then, while NVML answers, for one taken after the runtime and the kubelet first
+/// answered: asked at start, they may answer after the first sample, whose rows would show
+/// pod UIDs and lack the allocated, idle GPUs.
+async fn first_named_sample(feed: &mut Feed) {
+    let first = |s: &Arc<Snapshot>| s.taken_at_ms != 0 || s.nvml == SourceStatus::Disabled;
+    if feed.snapshot.wait_for(first).await.is_err() {
+        return;
+    }
+    let nvml_ok = feed.snapshot.borrow().nvml.is_ok();
+    if !nvml_ok {
+        return;
+    }
+    while feed.metadata && !metadata_answered(&feed.stats) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answered_at = crate::pipeline::now_ms();
+    let _ = feed
+        .snapshot
+        .wait_for(|s| s.taken_at_ms > answered_at)
+        .await;
+}
+
+/// The CRI runtime and the kubelet's pod-resources have each answered (or been found
+/// missing) once. Docker is asked only about containers they do not name.
+fn metadata_answered(stats: &Stats) -> bool {
+    let sources = stats.metadata.read().unwrap();
+    ["cri", "pod_resources"].iter().all(|k| {
+        sources
+            .get(*k)
+            .is_some_and(|s| *s != SourceStatus::Starting)
+    })
 }
 
 /// What wakes the live view: it draws on each, and otherwise sleeps.
