@@ -158,16 +158,6 @@ pub fn scope(name: &str) -> Option<Scope> {
     }
 }
 
-/// The first statement of every exported function (a test checks that): counts the call,
-/// then enters `hang`, which blocks while the scenario hangs it.
-macro_rules! counted {
-    () => {{
-        fn f() {}
-        static COUNTER: $crate::calls::Counter = $crate::calls::Counter::new();
-        $crate::hang::enter(COUNTER.hit(|| std::any::type_name_of_val(&f)));
-    }};
-}
-
 fn target() -> Option<&'static PathBuf> {
     static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
     PATH.get_or_init(|| {

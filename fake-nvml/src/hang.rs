@@ -93,6 +93,17 @@ pub fn device(l: &Loaded, index: u32) -> Result<(), Ret> {
     }
 }
 
+/// The first statement of every exported function (a test checks that): counts the call,
+/// then enters `hang`, which blocks while the scenario hangs it. Here, beside `enter`, so
+/// that the call counts (calls.rs) know nothing of the hangs.
+macro_rules! counted {
+    () => {{
+        fn f() {}
+        static COUNTER: $crate::calls::Counter = $crate::calls::Counter::new();
+        $crate::hang::enter(COUNTER.hit(|| std::any::type_name_of_val(&f)));
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use crate::scenario::Scenario;

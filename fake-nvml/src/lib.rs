@@ -8,9 +8,9 @@
 
 // First: its `counted!` macro is used by every module below.
 #[macro_use]
+mod hang;
 mod calls;
 mod cost;
-mod hang;
 mod scenario;
 mod sharing;
 mod state;
