@@ -78,8 +78,8 @@ pub(crate) async fn unary(
         .uri(path)
         .header("content-type", "application/grpc")
         .header("te", "trailers")
-        .header("grpc-timeout", format!("{}m", settings.timeout.as_millis()))
-        .header("user-agent", crate::export::USER_AGENT_GRPC);
+        // The user-agent is the channel's (`USER_AGENT_GRPC`, then tonic's own).
+        .header("grpc-timeout", format!("{}m", settings.timeout.as_millis()));
     if settings.gzip {
         req = req.header("grpc-encoding", "gzip");
     }

@@ -86,6 +86,15 @@ pub(super) fn otlp() -> Vec<KeyDoc> {
         )
         .example(r#"{ "deployment.environment" = "prod" }"#)
         .env(&["OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"]),
+    ]
+    .into_iter()
+    .chain(otlp_transport())
+    .collect()
+}
+
+/// `[otlp]`'s transport keys: TLS, compression, the queue and request sizes.
+fn otlp_transport() -> Vec<KeyDoc> {
+    vec![
         key(
             "otlp.certificate",
             Type::Path,
