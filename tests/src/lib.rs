@@ -4,6 +4,7 @@ pub mod cgroups;
 pub mod dcgm_node;
 pub mod fake_node;
 pub mod http;
+pub mod manifests;
 pub mod nvml;
 pub mod otlp_receiver;
 pub mod prom;

