@@ -2,9 +2,10 @@
 //! of its own, and joined with the process state into a snapshot.
 //!
 //! The NVML side (nothing else sees NVML): nvml.rs (init, backoff, the cycle) reads each
-//! device (device.rs) and its processes (processes.rs) through reader.rs, each GPU on a
-//! reader thread with a deadline, retired when stuck in a call (readers.rs); fields.rs, gpm.rs and xid.rs add
-//! dcgm-exporter's fields; sampler.rs runs the cycle on its thread, watched for stalls.
+//! device (device.rs) and its processes (processes.rs) through reader.rs, on a reader
+//! thread the cycle waits for until its deadline and retires when it is stuck in a call
+//! (readers.rs); fields.rs, gpm.rs and xid.rs add dcgm-exporter's fields; sampler.rs runs
+//! the cycle on its thread, watched for stalls.
 //!
 //! The join side, lowest first: owner.rs (who a process is charged to, the sample's device
 //! names), ledger.rs (per owner and device, what carries across cycles), naming.rs,
