@@ -26,6 +26,33 @@ if problems:
 print(H.package(chart, destination=dest, version=version, app_version=version))
 "#;
 
+/// Renders the chart with its default values (release `gpu-agent` in namespace
+/// `gpu-agent`), every template's YAML one after another.
+const RENDER: &str = r#"
+import sys
+from helm_python import chart as H
+out = H.Chart.load(sys.argv[1]).render({}, name="gpu-agent", namespace="gpu-agent", is_install=True)
+print("\n---\n".join(y for p, y in sorted(out.items()) if p.endswith(".yaml")))
+"#;
+
+/// The chart's objects with its default values, as YAML.
+pub fn render_default() -> Result<String> {
+    let python = Tools::ensure().python();
+    let out = Command::new(&python)
+        .arg("-c")
+        .arg(RENDER)
+        .arg(workspace_root().join(CHART))
+        .output()
+        .with_context(|| format!("running {}", python.display()))?;
+    if !out.status.success() {
+        bail!(
+            "rendering {CHART}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 pub fn run() -> Result<()> {
     let tools = Tools::ensure();
     let out = package(&tools.python(), &workspace_root().join("target/helm"))?;

@@ -101,6 +101,10 @@ enum Cmd {
         /// the debug one `cargo xtask test` built: a release build of everything first.
         #[arg(long)]
         release: bool,
+        /// Take the agent's container from the Helm chart's default render
+        /// (deploy/helm/gpu-agent) instead of the kustomize base.
+        #[arg(long)]
+        from_helm: bool,
     },
     /// Regenerate the tables of docs/metrics.md from the metric catalogue
     /// (otel/src/catalogue.rs).
@@ -169,7 +173,7 @@ fn main() -> Result<()> {
             refresh_base,
             base,
         }),
-        Cmd::E2eContainer { release } => e2e::run(release),
+        Cmd::E2eContainer { release, from_helm } => e2e::run(release, from_helm),
         Cmd::MetricsDoc { check } => metrics_doc::run(check),
         Cmd::ConfigDoc { check } => config_doc::run(check),
         Cmd::HelmPackage => helm::run(),

@@ -86,10 +86,14 @@ pub fn render(dir: &Path) -> Result<Vec<Value>> {
         ),
     };
     let text = super::proc::output(cmd.arg(dir))?;
+    documents(&text).with_context(|| format!("parsing the rendering of {}", dir.display()))
+}
+
+/// Every object of a multi-document YAML text.
+pub fn documents(text: &str) -> Result<Vec<Value>> {
     let mut docs = vec![];
-    for d in serde_yaml::Deserializer::from_str(&text) {
-        let v = <Value as serde::Deserialize>::deserialize(d)
-            .with_context(|| format!("parsing the rendering of {}", dir.display()))?;
+    for d in serde_yaml::Deserializer::from_str(text) {
+        let v = <Value as serde::Deserialize>::deserialize(d)?;
         if !v.is_null() {
             docs.push(v);
         }
@@ -97,9 +101,13 @@ pub fn render(dir: &Path) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
-/// The agent container of deploy/kubernetes as rendered.
-pub fn agent_spec() -> Result<AgentSpec> {
-    let objs = render(&workspace_root().join("deploy/kubernetes"))?;
+/// The agent container of deploy/kubernetes as rendered, or (`from_helm`) of the Helm
+/// chart with its default values.
+pub fn agent_spec(from_helm: bool) -> Result<AgentSpec> {
+    let objs = match from_helm {
+        true => documents(&crate::helm::render_default()?).context("parsing the chart's render")?,
+        false => render(&workspace_root().join("deploy/kubernetes"))?,
+    };
     AgentSpec::from_objects(&objs)
 }
 
@@ -599,6 +607,52 @@ spec:
             .unwrap_err()
             .to_string();
         assert!(e.contains("no DaemonSet gpu-agent"), "{e}");
+    }
+
+    /// `cargo xtask e2e-container --from-helm` runs the chart's container: the same one as
+    /// the kustomize base's, the image's name aside (a placeholder in both).
+    #[test]
+    fn the_helm_charts_container_is_the_kustomize_bases() {
+        let (Ok(helm), Ok(kustomize)) = (agent_spec(true), agent_spec(false)) else {
+            panic!(
+                "render both: {:?} / {:?} (run through `cargo xtask test`, which brings \
+                 kubectl and helm-python-sdk)",
+                agent_spec(true).err(),
+                agent_spec(false).err()
+            );
+        };
+        // The config files as TOML: the chart writes its `config` value, the base keeps its
+        // comments.
+        let parsed = |spec: &AgentSpec| -> Vec<_> {
+            let toml = |f: &BTreeMap<String, String>| -> BTreeMap<String, toml::Value> {
+                f.iter()
+                    .map(|(k, v)| (k.clone(), toml::from_str(v).unwrap()))
+                    .collect()
+            };
+            (spec.mounts.iter())
+                .map(|m| match &m.source {
+                    MountSource::ConfigMap { files } => Some(toml(files)),
+                    MountSource::HostPath { .. } => None,
+                })
+                .collect()
+        };
+        assert_eq!(parsed(&helm), parsed(&kustomize));
+        let blank = |spec: &AgentSpec| AgentSpec {
+            image: String::new(),
+            mounts: (spec.mounts.iter().cloned())
+                .map(|m| match m.source {
+                    MountSource::ConfigMap { .. } => AgentMount {
+                        source: MountSource::ConfigMap {
+                            files: BTreeMap::new(),
+                        },
+                        ..m
+                    },
+                    MountSource::HostPath { .. } => m,
+                })
+                .collect(),
+            ..spec.clone()
+        };
+        assert_eq!(blank(&helm), blank(&kustomize));
     }
 
     #[test]

@@ -128,8 +128,10 @@ type Cgroups = Vec<PathBuf>;
 /// `release`: the image gets the release agent (what `cargo xtask image` ships), which on
 /// a fresh CI target costs a release build of every dependency (6-10 minutes on 2 cores);
 /// otherwise the debug agent that `cargo xtask test` has just built and tested, in the same
-/// Dockerfile stage. The eBPF object is the same release object in both.
-pub fn run(release: bool) -> Result<()> {
+/// Dockerfile stage. The eBPF object is the same release object in both. `from_helm`: the
+/// container (securityContext, mounts, probes, ...) is the Helm chart's default render
+/// rather than the kustomize base's.
+pub fn run(release: bool, from_helm: bool) -> Result<()> {
     if !is_root() {
         bail!(
             "cargo xtask e2e-container starts dockerd, containerd and podman and loads eBPF \
@@ -162,7 +164,7 @@ pub fn run(release: bool) -> Result<()> {
     };
     eprintln!("e2e: the image's agent: {}", agent.display());
     let nvml = workspace_root().join("target/debug/libnvidia_ml.so");
-    let spec = manifest::agent_spec()?;
+    let spec = manifest::agent_spec(from_helm)?;
     proc::check_interrupt()?;
 
     let mut tally = Tally::default();

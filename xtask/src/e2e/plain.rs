@@ -94,7 +94,7 @@ mod t {
     /// Needs kubectl (or kustomize) on PATH, as the deploy checks do.
     #[test]
     fn the_docs_docker_run_block_is_the_daemonsets_container() {
-        let spec = manifest::agent_spec().expect("rendering deploy/kubernetes");
+        let spec = manifest::agent_spec(false).expect("rendering deploy/kubernetes");
         let want = plain_docker_command(&spec).unwrap();
         let doc = std::fs::read_to_string(workspace_root().join("docs/deploy.md")).unwrap();
         assert!(
@@ -108,7 +108,7 @@ mod t {
     /// period and memory limit.
     #[test]
     fn the_systemd_unit_matches_the_daemonset() {
-        let spec = manifest::agent_spec().expect("rendering deploy/kubernetes");
+        let spec = manifest::agent_spec(false).expect("rendering deploy/kubernetes");
         let unit =
             std::fs::read_to_string(workspace_root().join("deploy/systemd/gpu-agent.service"))
                 .unwrap();
