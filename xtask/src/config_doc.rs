@@ -151,26 +151,6 @@ fn key_schema(k: &KeyDoc) -> Value {
     Value::Object(s)
 }
 
-#[cfg(test)]
-fn check(text: &str, blocks: &[(&'static str, String)]) -> Result<()> {
-    GEN.check(text, blocks)
-}
-
-#[cfg(test)]
-fn splice(text: &str, blocks: &[(&'static str, String)]) -> Result<(String, Vec<&'static str>)> {
-    GEN.splice(text, blocks)
-}
-
-#[cfg(test)]
-fn begin(name: &str) -> String {
-    GEN.begin(name)
-}
-
-#[cfg(test)]
-fn end(name: &str) -> String {
-    GEN.end(name)
-}
-
 /// Every generated block, by marker name: the default file (`gpu-agent check-config
 /// --print-default`), the keys table by table, and the environment variables.
 pub fn blocks(keys: &[KeyDoc], default_toml: &str) -> Vec<(&'static str, String)> {
@@ -300,7 +280,7 @@ mod tests {
     /// tests (config::reference) hold the reference to the config types.
     #[test]
     fn docs_configuration_md_matches_the_code() {
-        if let Err(e) = check(&repository_doc(), &current()) {
+        if let Err(e) = GEN.check(&repository_doc(), &current()) {
             panic!("{e:#}");
         }
     }
@@ -313,13 +293,17 @@ mod tests {
             .find(|k| k.key == "nvml.interval_ms")
             .unwrap();
         k.default = Some("2000".into());
-        let err = check(&repository_doc(), &blocks(&keys, &Config::default_toml())).unwrap_err();
+        let err = GEN
+            .check(&repository_doc(), &blocks(&keys, &Config::default_toml()))
+            .unwrap_err();
         let msg = format!("{err:#}");
         assert!(
             msg.contains("block(s) keys differ") && msg.contains("run `cargo xtask config-doc`"),
             "{msg}"
         );
-        let err = check(&repository_doc(), &blocks(&reference(), "x = 1\n")).unwrap_err();
+        let err = GEN
+            .check(&repository_doc(), &blocks(&reference(), "x = 1\n"))
+            .unwrap_err();
         assert!(
             format!("{err}").contains("block(s) default differ"),
             "{err}"
@@ -332,12 +316,12 @@ mod tests {
         keys.retain(|k| k.key != "otlp.compression");
         let t = blocks(&keys, &Config::default_toml());
         let doc = repository_doc();
-        let (new, stale) = splice(&doc, &t).unwrap();
+        let (new, stale) = GEN.splice(&doc, &t).unwrap();
         assert_eq!(stale, ["keys", "env"]);
         assert!(!new.contains("`otlp.compression`"));
-        check(&new, &t).unwrap();
+        GEN.check(&new, &t).unwrap();
         let outside = |s: &str| {
-            let (b, e) = (begin("keys"), end("env"));
+            let (b, e) = (GEN.begin("keys"), GEN.end("env"));
             let (i, j) = (s.find(&b).unwrap(), s.find(&e).unwrap());
             format!("{}{}", &s[..i], &s[j..])
         };
@@ -347,17 +331,17 @@ mod tests {
     #[test]
     fn markers_are_checked() {
         let t = current();
-        let err = splice("# Configuration\n", &t).unwrap_err();
+        let err = GEN.splice("# Configuration\n", &t).unwrap_err();
         assert!(
             format!("{err}").contains("no marker for block `default`"),
             "{err}"
         );
         let doc = repository_doc();
         let unknown = format!("{doc}\n<!-- BEGIN GENERATED nonsense: x -->\n");
-        let err = splice(&unknown, &t).unwrap_err();
+        let err = GEN.splice(&unknown, &t).unwrap_err();
         assert!(format!("{err}").contains("names no block"), "{err}");
-        let twice = format!("{doc}\n{}\n", end("env"));
-        let err = splice(&twice, &t).unwrap_err();
+        let twice = format!("{doc}\n{}\n", GEN.end("env"));
+        let err = GEN.splice(&twice, &t).unwrap_err();
         assert!(format!("{err}").contains("twice"), "{err}");
     }
 

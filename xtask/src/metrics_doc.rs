@@ -30,26 +30,6 @@ pub fn run(check: bool) -> Result<()> {
     GEN.run(check, &tables(&CATALOGUE, &ATTRIBUTES))
 }
 
-#[cfg(test)]
-fn check(text: &str, tables: &[(&'static str, String)]) -> Result<()> {
-    GEN.check(text, tables)
-}
-
-#[cfg(test)]
-fn splice(text: &str, tables: &[(&'static str, String)]) -> Result<(String, Vec<&'static str>)> {
-    GEN.splice(text, tables)
-}
-
-#[cfg(test)]
-fn begin(name: &str) -> String {
-    GEN.begin(name)
-}
-
-#[cfg(test)]
-fn end(name: &str) -> String {
-    GEN.end(name)
-}
-
 /// Every generated table, by marker name, rendered from `metrics` and `attributes` (the
 /// catalogue, or a modified copy of it in tests).
 pub fn tables(metrics: &[Metric], attributes: &[Attribute]) -> Vec<(&'static str, String)> {
@@ -293,7 +273,7 @@ mod tests {
     #[test]
     fn docs_metrics_md_matches_the_catalogue() {
         let tables = tables(&CATALOGUE, &ATTRIBUTES);
-        if let Err(e) = check(&repository_doc(), &tables) {
+        if let Err(e) = GEN.check(&repository_doc(), &tables) {
             panic!("{e:#}");
         }
     }
@@ -302,13 +282,17 @@ mod tests {
     fn a_changed_entry_makes_its_table_stale() {
         let mut metrics = CATALOGUE.to_vec();
         metrics[MetricId::HwPower as usize].help = "Something else.";
-        let err = check(&repository_doc(), &tables(&metrics, &ATTRIBUTES)).unwrap_err();
+        let err = GEN
+            .check(&repository_doc(), &tables(&metrics, &ATTRIBUTES))
+            .unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.contains("block(s) device differ"), "{msg}");
 
         let mut attributes = ATTRIBUTES.to_vec();
         attributes[Attr::Node as usize].prometheus = Some("node_name");
-        let err = check(&repository_doc(), &tables(&CATALOGUE, &attributes)).unwrap_err();
+        let err = GEN
+            .check(&repository_doc(), &tables(&CATALOGUE, &attributes))
+            .unwrap_err();
         let msg = format!("{err:#}");
         // The label is listed in the attribute table and in every set that has it.
         for t in ["attributes", "device", "container", "process"] {
@@ -323,16 +307,16 @@ mod tests {
         metrics[MetricId::DcgmGpuTemp as usize].unit = "F";
         let t = tables(&metrics, &ATTRIBUTES);
         let doc = repository_doc();
-        let (new, stale) = splice(&doc, &t).unwrap();
+        let (new, stale) = GEN.splice(&doc, &t).unwrap();
         assert_eq!(stale, ["dcgm"]);
         assert!(
             new.contains("| gauge | F | yes |") && new.contains("`DCGM_FI_DEV_GPU_TEMP`"),
             "{new}"
         );
-        check(&new, &t).unwrap();
+        GEN.check(&new, &t).unwrap();
         // Outside the dcgm table, line for line the same.
         let outside = |s: &str| {
-            let (b, e) = (begin("dcgm"), end("dcgm"));
+            let (b, e) = (GEN.begin("dcgm"), GEN.end("dcgm"));
             let (i, j) = (s.find(&b).unwrap(), s.find(&e).unwrap());
             format!("{}{}", &s[..i], &s[j..])
         };
@@ -342,17 +326,17 @@ mod tests {
     #[test]
     fn markers_are_checked() {
         let t = tables(&CATALOGUE, &ATTRIBUTES);
-        let err = splice("# Metrics\n", &t).unwrap_err();
+        let err = GEN.splice("# Metrics\n", &t).unwrap_err();
         assert!(
             format!("{err}").contains("no marker for block `attributes`"),
             "{err}"
         );
         let doc = repository_doc();
         let unknown = format!("{doc}\n<!-- BEGIN GENERATED nonsense: x -->\n");
-        let err = splice(&unknown, &t).unwrap_err();
+        let err = GEN.splice(&unknown, &t).unwrap_err();
         assert!(format!("{err}").contains("names no block"), "{err}");
-        let twice = format!("{doc}\n{}\n", end("self"));
-        let err = splice(&twice, &t).unwrap_err();
+        let twice = format!("{doc}\n{}\n", GEN.end("self"));
+        let err = GEN.splice(&twice, &t).unwrap_err();
         assert!(format!("{err}").contains("twice"), "{err}");
     }
 }
