@@ -249,21 +249,7 @@ impl NvmlSampler {
         let (xids, settings) = (&self.xids, &self.settings);
         let readers = (self.readers)
             .get_or_insert_with(|| Readers::new(nvml.clone(), xids.clone(), settings.clone()));
-        // Each exit's accounting request goes to its GPU's read, by the uuid last seen there.
-        let mut accounting: HashMap<u32, Vec<(String, u32)>> = HashMap::new();
-        let by_uuid: HashMap<&str, u32> = self
-            .known
-            .iter()
-            .map(|(i, (u, _))| (u.as_str(), *i))
-            .collect();
-        self.accounting
-            .retain(|(uuid, pid)| match by_uuid.get(uuid.as_str()) {
-                Some(i) => {
-                    accounting.entry(*i).or_default().push((uuid.clone(), *pid));
-                    false
-                }
-                None => true,
-            });
+        let accounting = route(&mut self.accounting, &self.known);
         let cycle = readers.read(self.cycle, count, due, accounting, self.wait);
         let mut out = Vec::with_capacity(count as usize);
         self.reader_cpu_ns += readers.take_cpu_ns();
@@ -333,6 +319,27 @@ impl NvmlSampler {
             xid_note(xid)
         ))
     }
+}
+
+/// Each exit's accounting request, by the GPU index its uuid was last seen at; the others
+/// wait for their GPU. Nothing is built on the cycles with none waiting (most).
+fn route(
+    pending: &mut Vec<(String, u32)>,
+    known: &HashMap<u32, (String, String)>,
+) -> HashMap<u32, Vec<(String, u32)>> {
+    let mut out: HashMap<u32, Vec<(String, u32)>> = HashMap::new();
+    if pending.is_empty() {
+        return out;
+    }
+    let by_uuid: HashMap<&str, u32> = known.iter().map(|(i, (u, _))| (u.as_str(), *i)).collect();
+    pending.retain(|(uuid, pid)| match by_uuid.get(uuid.as_str()) {
+        Some(i) => {
+            out.entry(*i).or_default().push((uuid.clone(), *pid));
+            false
+        }
+        None => true,
+    });
+    out
 }
 
 /// What an XID the device reported says about a stall: Xid 79 is a GPU fallen off the bus.
