@@ -512,19 +512,22 @@ fn cache_matches_proc_for_every_process() {
     let _ps: Vec<Proc> = (0..5).map(|_| Proc(cg.spawn(&mut sleeper()))).collect();
     std::thread::sleep(Duration::from_millis(500));
     // Every process alive both well before the query (past the consumer's poll interval:
-    // notifications are batched) and after it must be in the cache, in its cgroup.
-    let before: BTreeSet<u32> = procs_now();
+    // notifications are batched) and after it, in the same cgroup both times, must be in the
+    // cache, in that cgroup. Other tests run beside this one and move processes between pod
+    // cgroups: one moved around the query has no single truth to compare.
+    let before = cgroups_now();
     std::thread::sleep(Duration::from_millis(1000));
     let rows = agent.processes();
-    let after: BTreeSet<u32> = procs_now();
-    let stable: BTreeSet<u32> = before.intersection(&after).copied().collect();
+    let after = cgroups_now();
     let mut mismatches = vec![];
-    for pid in &stable {
+    for (pid, (start, truth)) in &before {
+        if after.get(pid) != Some(&(*start, truth.clone())) {
+            continue;
+        }
         let Some(row) = rows.iter().find(|r| r["pid"] == json!(pid)) else {
             mismatches.push(format!("{pid}: missing"));
             continue;
         };
-        let truth = proc_cgroup(*pid, "0");
         if row["cgroup_version"] == 2 && truth.is_some() && row["cgroup_path"] != json!(truth) {
             mismatches.push(format!("{pid}: {} vs {truth:?}", row["cgroup_path"]));
         }
@@ -639,6 +642,14 @@ fn proc_stat(pid: u32) -> Option<Stat> {
 
 /// Live processes: zombies are left out, since they have exited (the agent keeps a tombstone)
 /// and their cgroup may already be removed ("... (deleted)" in /proc/PID/cgroup).
+/// Each live process's start time and cgroup v2 path.
+fn cgroups_now() -> std::collections::BTreeMap<u32, (u64, Option<String>)> {
+    procs_now()
+        .into_iter()
+        .filter_map(|pid| Some((pid, (proc_stat(pid)?.start_ns, proc_cgroup(pid, "0")))))
+        .collect()
+}
+
 fn procs_now() -> BTreeSet<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
