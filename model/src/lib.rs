@@ -224,6 +224,62 @@ pub struct ContainerUsage {
     pub allocated_device_ids: Arc<[Name]>,
     /// Energy, peak memory, limits and accounting per device it used or was allocated.
     pub accounts: Vec<GpuAccount>,
+    /// The pod's top-level owner, inferred from its labels and name; None outside
+    /// Kubernetes and where the runtime gave no labels.
+    pub workload: Option<Arc<Workload>>,
+}
+
+/// The kind of a pod's top-level owner: a Kubernetes kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum WorkloadKind {
+    Deployment,
+    /// A ReplicaSet with no Deployment to climb to.
+    ReplicaSet,
+    StatefulSet,
+    DaemonSet,
+    Job,
+    CronJob,
+    /// A pod no controller owns (or none the node can tell).
+    Pod,
+}
+
+impl WorkloadKind {
+    pub const ALL: [WorkloadKind; 7] = [
+        WorkloadKind::Deployment,
+        WorkloadKind::ReplicaSet,
+        WorkloadKind::StatefulSet,
+        WorkloadKind::DaemonSet,
+        WorkloadKind::Job,
+        WorkloadKind::CronJob,
+        WorkloadKind::Pod,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadKind::Deployment => "Deployment",
+            WorkloadKind::ReplicaSet => "ReplicaSet",
+            WorkloadKind::StatefulSet => "StatefulSet",
+            WorkloadKind::DaemonSet => "DaemonSet",
+            WorkloadKind::Job => "Job",
+            WorkloadKind::CronJob => "CronJob",
+            WorkloadKind::Pod => "Pod",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<WorkloadKind> {
+        WorkloadKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// A pod's top-level owner and the controller between, as the node can infer them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Workload {
+    pub kind: WorkloadKind,
+    pub name: Name,
+    /// A Deployment's ReplicaSet.
+    pub replicaset: Option<Name>,
+    /// A CronJob's Job.
+    pub job: Option<Name>,
 }
 
 /// Where a container's GPU memory limit comes from.
@@ -305,10 +361,52 @@ pub struct UsageRecord {
     pub accounted_processes: u64,
     #[serde(default)]
     pub accounted_gpu_seconds: f64,
-    /// Why it ended: `exited` (its last process on the device ended), `accounting` (a job
-    /// seen only through NVML accounting), `agent_stopped` (still running when the agent
-    /// stopped; the rest comes in a later record).
+    /// Why it ended: `exited` (its last process on the device ended, or its allocation of
+    /// an unused device ended), `checkpoint` (cut at `usage.max_record_secs`; the next
+    /// record starts where this one ends), `accounting` (a job seen only through NVML
+    /// accounting), `agent_stopped` (still running when the agent stopped; the rest comes
+    /// in a later record).
     pub reason: String,
+    /// The pod's top-level owner (`WorkloadKind`'s names) and its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// A Deployment's ReplicaSet; a CronJob's Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicaset: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// SM utilization over the stretch's samples, percent of the device charged: median,
+    /// 95th percentile and largest. None where the device never said (a MIG device
+    /// without GPM).
+    #[serde(default)]
+    pub sm_p50: Option<u32>,
+    #[serde(default)]
+    pub sm_p95: Option<u32>,
+    #[serde(default)]
+    pub sm_max: Option<u32>,
+    /// Where the SM figures come from: `process_utilization` (NVML's per-process
+    /// utilization), `gpm` (GPM's SM activity of a device the container had to itself) or
+    /// `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_source: Option<String>,
+    /// The 95th percentile of the memory held over the stretch's samples.
+    #[serde(default)]
+    pub memory_p95_bytes: u64,
+    /// The device charged: its model name and its memory (a MIG device's own).
+    #[serde(default)]
+    pub device_model: Option<String>,
+    #[serde(default)]
+    pub device_memory_bytes: Option<u64>,
+    /// The part of a GPU the kubelet (or DRA) gave the container on this device: 1 for a
+    /// whole GPU, 1/N for one of N time-slicing replicas, a MIG profile's compute slices
+    /// over the GPU's; None where no allocation is known.
+    #[serde(default)]
+    pub gpus_allocated: Option<f64>,
+    /// The MIG device's profile (`1g.10gb`), under MIG.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
 }
 
 impl DeviceSample {

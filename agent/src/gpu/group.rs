@@ -100,6 +100,7 @@ pub(super) fn fill_entry(
         allocated_gpus: _,
         allocated_device_ids: _,
         accounts,
+        workload: _,
     } = c;
     let r = meta.map(|m| m.container);
     set_name(container_id, r.and_then(|r| r.container_id.as_ref()));

@@ -3,7 +3,7 @@
 //! owner in `Ledgers`, and the pending energy shares per GPU (`EnergyShares`).
 use std::collections::VecDeque;
 
-use gpu_model::{ContainerUsage, Name, UsageRecord};
+use gpu_model::{ContainerUsage, Name, UsageRecord, Workload};
 
 use super::owner::{same, KeyRef, Owner};
 
@@ -51,6 +51,7 @@ pub struct RecordNames {
     pub pod_name: Option<Name>,
     pub namespace: Option<Name>,
     pub container_name: Option<Name>,
+    pub workload: Option<std::sync::Arc<Workload>>,
 }
 
 impl RecordNames {
@@ -68,17 +69,26 @@ impl RecordNames {
             && eq(&self.container_name, &c.container_name)
             && eq(&self.pod_uid, &c.pod_uid)
             && eq(&self.container_id, &c.container_id)
+            && match (&self.workload, &c.workload) {
+                (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            }
     }
 
     /// A record that names them, and nothing else yet.
     pub(super) fn record(&self) -> UsageRecord {
         let text = |n: &Option<Name>| n.as_deref().map(str::to_string);
+        let w = self.workload.as_deref();
         UsageRecord {
             container_id: text(&self.container_id),
             pod_uid: text(&self.pod_uid),
             pod_name: text(&self.pod_name),
             namespace: text(&self.namespace),
             container_name: text(&self.container_name),
+            workload_kind: w.map(|w| w.kind.as_str().to_string()),
+            workload: w.map(|w| w.name.to_string()),
+            replicaset: w.and_then(|w| text(&w.replicaset)),
+            job: w.and_then(|w| text(&w.job)),
             ..Default::default()
         }
     }
@@ -90,6 +100,7 @@ impl RecordNames {
             pod_name: c.pod_name.clone(),
             namespace: c.namespace.clone(),
             container_name: c.container_name.clone(),
+            workload: c.workload.clone(),
         }
     }
 }
