@@ -544,6 +544,9 @@ pub struct UsageConfig {
     pub hami_limits: bool,
     /// The window of `container.gpu.memory.peak`; match it to the export interval.
     pub peak_window_secs: u64,
+    /// A stretch of use longer than this is cut into records (`checkpoint`), each starting
+    /// where the last ended: at most this much is lost to a crash.
+    pub max_record_secs: u64,
 }
 
 impl Default for UsageConfig {
@@ -557,6 +560,7 @@ impl Default for UsageConfig {
             accounting: true,
             hami_limits: true,
             peak_window_secs: 60,
+            max_record_secs: 3600,
         }
     }
 }
@@ -670,12 +674,14 @@ impl UsageConfig {
     const FILE_KEEP: Bounds = Bounds::new(1, 1000, "");
     const QUEUE_RECORDS: Bounds = Bounds::new(1, 1_000_000, "");
     const PEAK_WINDOW_SECS: Bounds = Bounds::new(1, 86_400, "s");
+    const MAX_RECORD_SECS: Bounds = Bounds::new(1, 7 * 86_400, "s");
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         Self::FILE_MAX_BYTES.check("usage.file_max_bytes", self.file_max_bytes)?;
         Self::FILE_KEEP.check("usage.file_keep", self.file_keep.into())?;
         Self::QUEUE_RECORDS.check("usage.queue_records", self.queue_records as u64)?;
         Self::PEAK_WINDOW_SECS.check("usage.peak_window_secs", self.peak_window_secs)?;
+        Self::MAX_RECORD_SECS.check("usage.max_record_secs", self.max_record_secs)?;
         if self
             .file
             .as_ref()

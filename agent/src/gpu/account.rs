@@ -5,16 +5,18 @@
 use std::collections::{HashMap, HashSet};
 
 use gpu_model::{
-    AccountingSample, ContainerUsage, DeviceSample, GpuAccount, GpuSample, LimitSource, Name,
-    UsageRecord,
+    AccountingSample, ContainerGpu, ContainerUsage, DeviceSample, GpuAccount, GpuSample,
+    LimitSource, Name, UsageRecord,
 };
 
 use super::{
     counters::Counters,
-    ledger::{device, position, Ledger, Ledgers, RecordNames, Session, Slot},
+    ledger::{device, position, Ledger, Ledgers, RecordNames, Slot},
     naming,
     owner::{same, DeviceNames, Owner},
+    profile::SmSource,
     spare::Spare,
+    stretch::{self, Cycle},
 };
 use crate::metadata::{hami::HamiLimits, Metadata};
 
@@ -36,6 +38,8 @@ pub struct Inputs<'a> {
     pub accounted: &'a [Accounted],
     /// The window of `memory_peak_bytes` (the export interval).
     pub peak_window_ms: u64,
+    /// A stretch of use longer than this is cut into records (`usage.max_record_secs`).
+    pub max_record_ms: u64,
 }
 
 impl Default for Inputs<'_> {
@@ -45,6 +49,7 @@ impl Default for Inputs<'_> {
             hami: NONE.get_or_init(HashMap::new),
             accounted: &[],
             peak_window_ms: 60_000,
+            max_record_ms: 3_600_000,
         }
     }
 }
@@ -108,16 +113,27 @@ pub fn account(
     // held energy reads.
     charges.sort_by_key(|c| c.0);
     let mut rest = &charges[..];
+    let cycle = Cycle {
+        sample: pass.sample,
+        names: pass.names,
+        metadata: pass.metadata,
+        now,
+    };
     for (i, (c, slot)) in containers.iter().zip(&slots).enumerate() {
         let n = rest.iter().take_while(|c| c.0 == i).count();
         let (mine, later) = rest.split_at(n);
         rest = later;
         if let Some(slot) = slot {
-            advance(c, *slot, mine, counters, pass.inputs.peak_window_ms, now);
+            let window_ms = pass.inputs.peak_window_ms;
+            advance(c, (*slot, mine), counters, (&users, &cycle), window_ms);
         }
     }
     let mut records = charge_accounting(containers, &owners, counters, pass, now);
-    records.extend(close_ended(counters, now));
+    records.extend(stretch::close_ended(
+        counters,
+        now,
+        pass.inputs.max_record_ms,
+    ));
     let mut spare = counters.spare.take_accounts();
     let accounted = accounted_devices(counters);
     let added = accounted_owners(&owners, &accounted, pass.metadata);
@@ -414,86 +430,88 @@ fn charge_accounting(
     records
 }
 
-/// One container's devices this cycle, with one lookup of its owner: a session opens at
-/// the first cycle with a process (from the totals before it, so that it includes this
-/// cycle's credit), energy is charged, the peak and the open session advance.
+/// One container's devices this cycle, with one lookup of its owner: its stretch on each
+/// device it used or holds advances (`stretch::advance`), energy is charged, the peak
+/// advances.
 fn advance(
     c: &ContainerUsage,
-    slot: Slot,
-    charges: &[Charge],
+    (slot, charges): (Slot, &[Charge]),
     counters: &mut Counters,
+    (users, cy): (&DeviceUsers, &Cycle),
     window_ms: u64,
-    now: u64,
 ) {
+    let now = cy.now;
     let devices = counters.ledgers.at(slot);
     for g in &c.gpus {
         let l = device(devices, &g.uuid);
-        if l.session.is_none() {
-            let before = l.acc.as_ref().map(|a| a.before).unwrap_or_default();
-            l.session = Some(Session {
-                gpu_uuid: g.gpu_uuid.clone(),
-                start_ms: now,
-                end_ms: now,
-                gpu_seconds: before.0,
-                byte_seconds: before.1,
-                energy_j: l.energy_j,
-                accounted_processes: l.accounted_processes,
-                accounted_gpu_seconds: l.accounted_gpu_seconds,
-                peak: 0,
-                names: RecordNames::of(c),
-            });
-        }
+        let u = stretch::Use {
+            sm: sm_sample(g, users, cy),
+            memory_bytes: g.memory_used_bytes,
+            used: true,
+        };
+        stretch::advance(l, c, (&g.uuid, &g.gpu_uuid), u, cy);
         l.peak.push(now, g.memory_used_bytes, window_ms);
-        if let Some(s) = &mut l.session {
-            s.end_ms = now;
-            s.peak = s.peak.max(g.memory_used_bytes);
-            // Names arrive after the first sample, and come anew with each metadata refresh.
-            if !s.names.shares(c) {
-                s.names = RecordNames::of(c);
-            }
+    }
+    // Devices it holds and ran nothing on: a stretch of the allocation.
+    for a in c.allocated_gpus.iter() {
+        if c.gpus.iter().any(|g| *g.uuid == **a || *g.gpu_uuid == **a) {
+            continue;
         }
+        // A device the sample does not have (gone) has no stretch.
+        let Some((i, uuid)) = cy.names.lookup(a) else {
+            continue;
+        };
+        let (uuid, gpu_uuid) = (uuid.clone(), cy.names.gpu(i).clone());
+        let l = device(devices, &uuid);
+        l.last_allocated_ms = now;
+        let u = stretch::Use {
+            sm: idle_sm(&uuid, &gpu_uuid, cy),
+            memory_bytes: 0,
+            used: false,
+        };
+        stretch::advance(l, c, (&uuid, &gpu_uuid), u, cy);
     }
     for (_, uuid, j) in charges {
         charge_energy(device(devices, uuid), *j, now);
     }
 }
 
-/// Sessions whose container had no process on the device this cycle: one record each.
-fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
-    let ended: Vec<(Owner, Name)> = counters
-        .ledgers
-        .iter()
-        .filter(|(_, _, l)| l.session.is_some() && l.last_used_ms != now)
-        .map(|(o, u, _)| (o.clone(), u.clone()))
-        .collect();
-    let mut records = vec![];
-    for key in ended {
-        if let Some(r) = close(counters, &key, "exited") {
-            records.push(r);
+/// A container's SM utilization on a device this cycle: GPM's SM activity of the device
+/// (GPU or MIG instance) where GPM gives it and the container is the device's only user,
+/// else its processes' utilization.
+fn sm_sample(g: &ContainerGpu, users: &DeviceUsers, cy: &Cycle) -> Option<(u32, SmSource)> {
+    let process = g.sm_util.map(|s| (s, SmSource::Process));
+    let Some(j) = cy.names.gpu_index(&g.gpu_uuid) else {
+        return process;
+    };
+    let d = &cy.sample.devices[j];
+    let on = &users.users[j];
+    let gpm = match same(&g.uuid, &g.gpu_uuid) {
+        true if on.len() == 1 => d.fields.gpm.as_ref(),
+        true => None,
+        false if on.iter().filter(|u| same(u.1, &g.uuid)).count() == 1 => {
+            let m = d.mig_devices.get(cy.names.mig_index(j, &g.uuid)?)?;
+            m.gpm.as_ref()
         }
+        false => None,
+    };
+    match gpm.and_then(|m| m.sm_active) {
+        Some(a) => Some(((a * 100.0).round().clamp(0.0, 100.0) as u32, SmSource::Gpm)),
+        None => process,
     }
-    records
 }
 
-/// Ends the session of `key` and returns its record.
-pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Option<UsageRecord> {
-    let l = counters.ledgers.get_mut(&key.0, &key.1)?;
-    let acc = l.acc.clone().unwrap_or_default();
-    let s = l.session.take()?;
-    Some(UsageRecord {
-        uuid: key.1.to_string(),
-        gpu_uuid: s.gpu_uuid.to_string(),
-        start_ms: s.start_ms,
-        end_ms: s.end_ms,
-        gpu_seconds: acc.gpu_seconds.map(|g| (g - s.gpu_seconds).max(0.0)),
-        memory_byte_seconds: (acc.byte_seconds - s.byte_seconds).max(0.0),
-        memory_peak_bytes: s.peak,
-        energy_joules: (l.energy_j - s.energy_j).max(0.0),
-        accounted_processes: l.accounted_processes - s.accounted_processes,
-        accounted_gpu_seconds: (l.accounted_gpu_seconds - s.accounted_gpu_seconds).max(0.0),
-        reason: reason.into(),
-        ..s.names.record()
-    })
+/// The SM utilization of a device that runs none of the container's processes: 0, where
+/// the device says SM figures at all (a whole GPU; a MIG device with GPM).
+fn idle_sm(uuid: &Name, gpu_uuid: &Name, cy: &Cycle) -> Option<(u32, SmSource)> {
+    if same(uuid, gpu_uuid) {
+        return Some((0, SmSource::Process));
+    }
+    let j = cy.names.gpu_index(gpu_uuid)?;
+    let m = cy.sample.devices[j]
+        .mig_devices
+        .get(cy.names.mig_index(j, uuid)?)?;
+    m.gpm.as_ref()?.sm_active.map(|_| (0, SmSource::Gpm))
 }
 
 /// Each device the container used or was allocated: its ledger and its limits.

@@ -20,7 +20,7 @@ use super::{
     naming,
     owner::{DeviceNames, Owner},
     sharing::Sharing,
-    GpuSample,
+    stretch, GpuSample,
 };
 use crate::{
     metadata::Metadata,
@@ -328,11 +328,13 @@ impl Joiner {
         process_detail: bool,
     ) -> Snapshot {
         let peak_window_ms = self.sharing.peak_window_ms;
+        let max_record_ms = self.sharing.max_record_ms;
         let (hami, accounted) = self.sharing.before(sample);
         let inputs = Inputs {
             hami,
             accounted: &accounted,
             peak_window_ms,
+            max_record_ms,
         };
         let opts = JoinOptions {
             max_gap,
@@ -373,7 +375,7 @@ impl Drop for Joiner {
             .collect();
         let records = open
             .iter()
-            .filter_map(|k| account::close(&mut self.counters, k, "agent_stopped"))
+            .filter_map(|k| stretch::close(&mut self.counters, k, "agent_stopped"))
             .collect();
         self.sharing.emit(records);
     }
@@ -1158,11 +1160,11 @@ mod sharing_tests {
         md
     }
 
-    /// Ten minutes without a process on the GPU: A's counters are forgotten and start again
-    /// when it comes back, but its ledger stays, charged the allocated, idle GPU's energy
-    /// all along; B, charged nothing since, loses its ledger too.
+    /// Ten minutes without a process on the GPU: B, charged nothing since, loses its
+    /// counters and its ledger; A, which holds the GPU's allocation all along, keeps them
+    /// (its stretch of the allocation is open) and is charged the idle GPU's energy.
     #[test]
-    fn unused_counters_are_forgotten_and_a_charged_ledger_stays() {
+    fn unused_counters_are_forgotten_and_an_allocated_owners_stay() {
         let md = allocated_to_a("nvidia.com/gpu", "GPU-1", None);
         let both = || vec![p(100, 10, Some(50)), p(200, 10, Some(50))];
         let gone = 2000 + FORGET_AFTER_MS;
@@ -1180,8 +1182,8 @@ mod sharing_tests {
         assert!(c.ledgers.get(&a, &gpu).unwrap().acc.is_some());
         assert!(c.ledgers.get(&b, &gpu).unwrap().acc.is_some());
         let (_, c, _) = run(&md, &samples[..4], &Inputs::default());
-        let la = c.ledgers.get(&a, &gpu).expect("charged: kept");
-        assert_eq!(la.acc, None, "unused for ten minutes: forgotten");
+        let la = c.ledgers.get(&a, &gpu).expect("allocated: kept");
+        assert!(la.acc.is_some() && la.session.is_some());
         assert_eq!(c.ledgers.get(&b, &gpu), None);
         let (snap, _, _) = run(&md, &samples, &Inputs::default());
         let g = &snap
@@ -1189,9 +1191,9 @@ mod sharing_tests {
             .iter()
             .find(|c| c.container_id.as_deref() == Some(A));
         let g = &g.unwrap().gpus[0];
-        assert_eq!(g.counters_since_ms, gone + 1000, "started again");
+        assert_eq!(g.counters_since_ms, 1000, "carried on");
         assert!(
-            (g.gpu_time_seconds.unwrap() - 0.5).abs() < 1e-9,
+            (g.gpu_time_seconds.unwrap() - 1.0).abs() < 1e-9,
             "{:?}",
             g.gpu_time_seconds
         );
@@ -1240,7 +1242,7 @@ mod sharing_tests {
         assert_eq!(snap.containers.len(), 1);
         // B is still running: its record comes when it stops (or the agent does).
         let key = (Owner::Container(B.into()), "GPU-1".into());
-        let open = account::close(&mut counters, &key, "agent_stopped").unwrap();
+        let open = stretch::close(&mut counters, &key, "agent_stopped").unwrap();
         assert_eq!((open.start_ms, open.end_ms), (1000, 4000));
     }
 
@@ -1365,5 +1367,212 @@ mod sharing_tests {
         // A whole GPU, neither time-sliced nor under HAMi: no limit is known.
         let b = account(B);
         assert_eq!((b.memory_limit_bytes, b.memory_limit_source), (None, None));
+    }
+
+    /// Joins `samples`, each with its own metadata, and returns every record.
+    fn run_with(steps: &[(&Metadata, GpuSample)], inputs: &Inputs) -> Vec<UsageRecord> {
+        let mut c = Counters::default();
+        let mut all = vec![];
+        for (md, s) in steps {
+            let (_, next, records) = join_with(&Procs, md, s, &SourceStatus::Ok, c, OPTS, inputs);
+            c = next;
+            all.extend(records);
+        }
+        all
+    }
+
+    fn h100(t: u64, procs: Vec<ProcessSample>) -> GpuSample {
+        let mut s = sample(t, 0, procs);
+        s.devices[0].name = "NVIDIA H100 80GB HBM3".into();
+        s.devices[0].memory_total_bytes = Some(80 << 30);
+        s
+    }
+
+    /// A's stretch keeps the distribution of its SM utilization and memory, and the facts
+    /// of its device and allocation; 20 samples: 18 at 10 % and 1 GiB, two at 60 % and
+    /// 3 GiB.
+    #[test]
+    fn a_stretch_records_its_percentiles_device_and_allocation() {
+        let md = allocated_to_a("nvidia.com/gpu", "GPU-1", None);
+        let mut steps: Vec<(&Metadata, GpuSample)> = (0..20u64)
+            .map(|i| {
+                let (sm, mem) = if i % 10 == 9 {
+                    (60, 3 << 30)
+                } else {
+                    (10, 1 << 30)
+                };
+                (&md, h100(1000 * (i + 1), vec![p(100, mem, Some(sm))]))
+            })
+            .collect();
+        let none = Metadata::default();
+        steps.push((&none, h100(21_000, vec![])));
+        let records = run_with(&steps, &Inputs::default());
+        assert_eq!(records.len(), 1, "{records:?}");
+        let r = &records[0];
+        assert_eq!(
+            (r.start_ms, r.end_ms, r.reason.as_str()),
+            (1000, 20_000, "exited")
+        );
+        assert_eq!(
+            (r.sm_p50, r.sm_p95, r.sm_max),
+            (Some(10), Some(60), Some(60))
+        );
+        assert_eq!(r.sm_source.as_deref(), Some("process_utilization"));
+        assert_eq!(
+            (r.memory_peak_bytes, r.memory_p95_bytes),
+            (3 << 30, 3 << 30)
+        );
+        assert_eq!(r.device_model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(r.device_memory_bytes, Some(80 << 30));
+        assert_eq!(
+            (r.gpus_allocated, r.mig_profile.as_deref()),
+            (Some(1.0), None)
+        );
+        assert_eq!(r.namespace.as_deref(), Some("ns"));
+    }
+
+    /// Allocated a GPU, running nothing on it: a stretch of the allocation, with no GPU
+    /// time, no memory and 0 % SM; it ends when the allocation does.
+    #[test]
+    fn an_allocated_device_nobody_uses_gets_a_record_of_its_allocation() {
+        let md = allocated_to_a("nvidia.com/gpu", "GPU-1", None);
+        let none = Metadata::default();
+        let steps = [
+            (&md, h100(1000, vec![])),
+            (&md, h100(2000, vec![])),
+            (&md, h100(3000, vec![])),
+            (&none, h100(4000, vec![])),
+        ];
+        let records = run_with(&steps, &Inputs::default());
+        assert_eq!(records.len(), 1, "{records:?}");
+        let r = &records[0];
+        assert_eq!(r.container_id.as_deref(), Some(A));
+        assert_eq!(
+            (r.start_ms, r.end_ms, r.reason.as_str()),
+            (1000, 3000, "exited")
+        );
+        assert_eq!((r.gpu_seconds, r.memory_peak_bytes), (Some(0.0), 0));
+        assert_eq!((r.sm_p95, r.sm_max), (Some(0), Some(0)));
+        assert_eq!(r.gpus_allocated, Some(1.0));
+    }
+
+    /// A stretch longer than `max_record_ms` is cut into records that follow on each
+    /// other and add up to what one record would say.
+    #[test]
+    fn a_long_stretch_is_cut_into_checkpoints_that_add_up() {
+        let md = Metadata::default();
+        let steps: Vec<(&Metadata, GpuSample)> = (1..=7u64)
+            .map(|i| {
+                let procs = if i < 7 {
+                    vec![p(100, 10, Some(50))]
+                } else {
+                    vec![]
+                };
+                (&md, sample(1000 * i, 100_000 * i, procs))
+            })
+            .collect();
+        let inputs = Inputs {
+            max_record_ms: 2000,
+            ..Inputs::default()
+        };
+        let records = run_with(&steps, &inputs);
+        let spans: Vec<(u64, u64, &str)> = records
+            .iter()
+            .map(|r| (r.start_ms, r.end_ms, r.reason.as_str()))
+            .collect();
+        let want = [
+            (1000, 3000, "checkpoint"),
+            (3000, 5000, "checkpoint"),
+            (5000, 6000, "exited"),
+        ];
+        assert_eq!(spans, want);
+        let sum = |f: fn(&UsageRecord) -> f64| records.iter().map(f).sum::<f64>();
+        let (gpu_s, byte_s) = (
+            sum(|r| r.gpu_seconds.unwrap()),
+            sum(|r| r.memory_byte_seconds),
+        );
+        assert!((gpu_s - 2.5).abs() < 1e-9, "{gpu_s}");
+        assert!((byte_s - 50.0).abs() < 1e-9, "{byte_s}");
+        // 100 J a cycle from the second to the sixth, A's share half (its 50 % SM).
+        let energy = sum(|r| r.energy_joules);
+        assert!((energy - 250.0).abs() < 1e-9, "{energy}");
+    }
+
+    /// GPM's SM activity stands for the container's SM utilization where it has the
+    /// device to itself; beside another, its processes' utilization does.
+    #[test]
+    fn gpm_sm_activity_is_used_where_the_container_has_the_device_alone() {
+        let gpm = |t: u64, procs: Vec<ProcessSample>| {
+            let mut s = h100(t, procs);
+            s.devices[0].fields.gpm = Some(gpu_model::GpmMetrics {
+                sm_active: Some(0.3),
+                ..Default::default()
+            });
+            s
+        };
+        let md = Metadata::default();
+        let alone = [
+            (&md, gpm(1000, vec![p(100, 10, Some(90))])),
+            (&md, gpm(2000, vec![])),
+        ];
+        let r = &run_with(&alone, &Inputs::default())[0];
+        assert_eq!((r.sm_max, r.sm_source.as_deref()), (Some(30), Some("gpm")));
+        let shared = [
+            (
+                &md,
+                gpm(1000, vec![p(100, 10, Some(90)), p(200, 10, Some(5))]),
+            ),
+            (&md, gpm(2000, vec![])),
+        ];
+        let records = run_with(&shared, &Inputs::default());
+        let a = records
+            .iter()
+            .find(|r| r.container_id.as_deref() == Some(A));
+        let a = a.unwrap();
+        assert_eq!(
+            (a.sm_max, a.sm_source.as_deref()),
+            (Some(90), Some("process_utilization"))
+        );
+    }
+
+    /// One of four time-slicing replicas of the GPU: a quarter; a MIG device: its profile's
+    /// compute slices over the GPU's seven.
+    #[test]
+    fn the_allocated_share_is_the_replicas_held_or_the_mig_profiles_slices() {
+        let mut md = allocated_to_a("nvidia.com/gpu", "GPU-1::1", None);
+        md.set_replicas(HashMap::from([("GPU-1".to_string(), 4)]));
+        let none = Metadata::default();
+        let steps = [
+            (&md, h100(1000, vec![p(100, 10, Some(20))])),
+            (&none, h100(2000, vec![])),
+        ];
+        let r = &run_with(&steps, &Inputs::default())[0];
+        assert_eq!(r.gpus_allocated, Some(0.25), "{r:?}");
+        let md = allocated_to_a("nvidia.com/mig-3g.40gb", "MIG-1", None);
+        let mig = |t: u64, procs: Vec<ProcessSample>| {
+            let mut s = h100(t, procs);
+            s.devices[0].mig_devices = vec![gpu_model::MigSample {
+                uuid: "MIG-1".into(),
+                memory_total_bytes: Some(40 << 30),
+                profile: Some("3g.40gb".into()),
+                ..Default::default()
+            }];
+            s
+        };
+        let mut on_mig = p(100, 10, None);
+        on_mig.mig = Some(0);
+        let steps = [(&md, mig(1000, vec![on_mig])), (&none, mig(2000, vec![]))];
+        let r = &run_with(&steps, &Inputs::default())[0];
+        assert_eq!(
+            (r.uuid.as_str(), r.mig_profile.as_deref()),
+            ("MIG-1", Some("3g.40gb"))
+        );
+        assert_eq!(r.gpus_allocated, Some(3.0 / 7.0));
+        assert_eq!(r.device_memory_bytes, Some(80 << 30), "the GPU's");
+        assert_eq!(
+            (r.sm_p95, r.sm_source.as_deref()),
+            (None, None),
+            "MIG without GPM"
+        );
     }
 }

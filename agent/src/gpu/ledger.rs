@@ -5,7 +5,10 @@ use std::collections::VecDeque;
 
 use gpu_model::{ContainerUsage, Name, UsageRecord, Workload};
 
-use super::owner::{same, KeyRef, Owner};
+use super::{
+    owner::{same, KeyRef, Owner},
+    profile::Profile,
+};
 
 /// The cumulative counters of one (owner, device), in its ledger; forgotten (and started
 /// again) when the owner has not used the device for `FORGET_AFTER_MS`.
@@ -105,8 +108,20 @@ impl RecordNames {
     }
 }
 
-/// One stretch of use of a device by a container: from its first process there to its
-/// last. The totals at its start, to subtract at its end.
+/// The device a stretch is on, and what the container was given of it: the usage record's
+/// `device_model`, `device_memory_bytes`, `mig_profile` and `gpus_allocated`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceFacts {
+    /// The GPU's model and memory (a MIG device's parent's).
+    pub model: Option<String>,
+    pub memory_bytes: Option<u64>,
+    pub mig_profile: Option<String>,
+    pub gpus_allocated: Option<f64>,
+}
+
+/// One stretch of use of a device by a container: from its first process there, or the
+/// first cycle the device was allocated to it, to the last of either. The totals at its
+/// start, to subtract at its end.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Session {
     /// The physical GPU of the device.
@@ -120,6 +135,13 @@ pub struct Session {
     pub accounted_gpu_seconds: f64,
     pub peak: u64,
     pub names: RecordNames,
+    /// Whether any of its cycles had a process of the container on the device.
+    pub used: bool,
+    pub device: DeviceFacts,
+    /// The container's allocation `device` was read with: read again when it changes.
+    pub allocated: std::sync::Arc<[Name]>,
+    /// Boxed: 0.5 KB that only an open stretch needs.
+    pub profile: Box<Profile>,
 }
 
 /// Per (owner, device): what this module carries across cycles, and the join's
@@ -134,6 +156,8 @@ pub struct Ledger {
     pub last_charged_ms: u64,
     /// Last cycle the owner had a process on the device, ms.
     pub last_used_ms: u64,
+    /// Last cycle the device was allocated to the owner, ms.
+    pub last_allocated_ms: u64,
     pub accounted_processes: u64,
     pub accounted_gpu_seconds: f64,
     pub peak: PeakWindow,
@@ -263,6 +287,13 @@ impl Ledgers {
             .iter()
             .filter_map(|(o, v)| Some((o.as_ref()?, v)))
             .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u, l)))
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&Owner, &Name, &mut Ledger)> {
+        self.slots
+            .iter_mut()
+            .filter_map(|(o, v)| Some((o.as_ref()?, v)))
+            .flat_map(|(o, v)| v.iter_mut().map(move |(u, l)| (o, &*u, l)))
     }
 
     pub fn len(&self) -> usize {

@@ -8,9 +8,10 @@
 //! the cycle on its thread, watched for stalls.
 //!
 //! The join side, lowest first: owner.rs (who a process is charged to, the sample's device
-//! names), ledger.rs (per owner and device, what carries across cycles), naming.rs,
-//! spare.rs, counters.rs (all the join carries), account.rs (energy, GPU time, usage
-//! records), group.rs (processes grouped by owner), sharing.rs and xid_charge.rs (the join
+//! names), profile.rs (a stretch's SM and memory histograms), ledger.rs (per owner and
+//! device, what carries across cycles), naming.rs, spare.rs, counters.rs (all the join
+//! carries), stretch.rs (stretches of use and their usage records), account.rs (energy,
+//! GPU time, peaks, limits), group.rs (processes grouped by owner), sharing.rs and xid_charge.rs (the join
 //! owner's side across cycles), join.rs (the join and its owner, `Joiner`). A file uses
 //! only those below it: join calls account, naming and sharing; none of them calls back
 //! (agent/tests/layers.rs checks it).
@@ -27,11 +28,13 @@ pub mod naming;
 pub mod nvml;
 pub mod owner;
 pub mod processes;
+pub mod profile;
 pub mod reader;
 pub mod readers;
 pub mod sampler;
 pub mod sharing;
 pub mod spare;
+pub mod stretch;
 pub mod xid;
 pub mod xid_charge;
 

@@ -45,6 +45,8 @@ pub struct Sharing {
     pub proc_root: PathBuf,
     /// The window of the peak-memory gauge.
     pub peak_window_ms: u64,
+    /// `usage.max_record_secs`, ms.
+    pub max_record_ms: u64,
     limits: rustc_hash::FxHashMap<u32, Option<HamiLimits>>,
     /// The sample's PIDs at the last `before`, in its order, and the limits of those that
     /// have one: the same PIDs next cycle (the usual case) need no lookup at all.
@@ -66,6 +68,7 @@ impl Default for Sharing {
             hami: true,
             proc_root: PathBuf::from("/proc"),
             peak_window_ms: 60_000,
+            max_record_ms: 3_600_000,
             limits: Default::default(),
             last_pids: vec![],
             sample_limits: HashMap::new(),
@@ -90,6 +93,7 @@ impl Sharing {
         self.hami = usage.hami_limits;
         self.proc_root = proc_root.to_path_buf();
         self.peak_window_ms = usage.peak_window_secs * 1000;
+        self.max_record_ms = usage.max_record_secs * 1000;
         self.accounting = usage.accounting.then(AccountingRequests::default);
         self.accounting.clone()
     }

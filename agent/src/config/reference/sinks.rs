@@ -186,5 +186,12 @@ pub(super) fn usage() -> Vec<KeyDoc> {
             "The window of `container.gpu.memory.peak`; match it to the export interval.",
         )
         .range(UsageConfig::PEAK_WINDOW_SECS),
+        key(
+            "usage.max_record_secs",
+            Type::Secs,
+            "A stretch of use longer than this is cut into records (reason `checkpoint`), \
+             each starting where the last ended: a crash loses at most this much.",
+        )
+        .range(UsageConfig::MAX_RECORD_SECS),
     ]
 }

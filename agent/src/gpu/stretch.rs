@@ -1,0 +1,246 @@
+//! Stretches of use and their usage records. A container's stretch on a device runs while
+//! it has a process there or holds the device's allocation, and ends in one record; one
+//! longer than `usage.max_record_secs` is cut into records (`checkpoint`), each starting
+//! where the last ended. A stretch keeps its profile (SM and memory histograms) and the
+//! facts of its device.
+use std::sync::Arc;
+
+use gpu_model::{ContainerUsage, DeviceSample, GpuSample, MigSample, Name, UsageRecord};
+
+use super::{
+    counters::Counters,
+    ledger::{DeviceFacts, Ledger, RecordNames, Session},
+    owner::{same, DeviceNames, Owner},
+    profile::{Profile, SmSource},
+};
+use crate::metadata::Metadata;
+
+/// What a cycle's stretches read of it.
+#[derive(Clone, Copy)]
+pub struct Cycle<'a> {
+    pub sample: &'a GpuSample,
+    pub names: &'a DeviceNames,
+    pub metadata: &'a Metadata,
+    pub now: u64,
+}
+
+/// One cycle of a container on a device: its SM utilization (where known, and whence),
+/// the memory it held, and whether it had a process there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Use {
+    pub sm: Option<(u32, SmSource)>,
+    pub memory_bytes: u64,
+    pub used: bool,
+}
+
+/// Advances the container's stretch on device `uuid` (of GPU `gpu_uuid`) by this cycle's
+/// use, opening it at the first: from the totals before this cycle's credit where the
+/// device was used this cycle (the accumulation ran), else from the totals now.
+pub fn advance(
+    l: &mut Ledger,
+    c: &ContainerUsage,
+    (uuid, gpu_uuid): (&Name, &Name),
+    u: Use,
+    cy: &Cycle,
+) {
+    if l.session.is_none() {
+        let acc = l.acc.clone().unwrap_or_default();
+        let totals = match l.last_used_ms == cy.now {
+            true => acc.before,
+            false => (acc.gpu_seconds.unwrap_or(0.0), acc.byte_seconds),
+        };
+        l.session = Some(Session {
+            gpu_uuid: gpu_uuid.clone(),
+            start_ms: cy.now,
+            end_ms: cy.now,
+            gpu_seconds: totals.0,
+            byte_seconds: totals.1,
+            energy_j: l.energy_j,
+            accounted_processes: l.accounted_processes,
+            accounted_gpu_seconds: l.accounted_gpu_seconds,
+            names: RecordNames::of(c),
+            device: facts(c, (uuid, gpu_uuid), cy),
+            allocated: c.allocated_gpus.clone(),
+            ..Default::default()
+        });
+    }
+    let Some(s) = &mut l.session else { return };
+    s.end_ms = cy.now;
+    s.peak = s.peak.max(u.memory_bytes);
+    s.used |= u.used;
+    s.profile.add(u.sm, u.memory_bytes);
+    // Names arrive after the first sample, and come anew with each metadata refresh; the
+    // allocation with them. An empty allocation may be a new empty list each cycle.
+    let same_allocation = Arc::ptr_eq(&s.allocated, &c.allocated_gpus)
+        || (s.allocated.is_empty() && c.allocated_gpus.is_empty());
+    if !s.names.shares(c) || !same_allocation {
+        s.names = RecordNames::of(c);
+        s.allocated = c.allocated_gpus.clone();
+        s.device = facts(c, (uuid, gpu_uuid), cy);
+    }
+}
+
+/// The device's model and memory (the GPU's), its MIG profile, and the part of a GPU the
+/// container was allocated on it.
+fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> DeviceFacts {
+    let gpu = cy.names.gpu_index(gpu_uuid);
+    let device = gpu.map(|i| &cy.sample.devices[i]);
+    let mig = match same(uuid, gpu_uuid) {
+        true => None,
+        false => gpu.and_then(|i| {
+            let d = &cy.sample.devices[i];
+            d.mig_devices.get(cy.names.mig_index(i, uuid)?)
+        }),
+    };
+    DeviceFacts {
+        model: device.map(|d| d.name.clone()),
+        memory_bytes: device.and_then(|d| d.memory_total_bytes),
+        mig_profile: mig.and_then(|m| m.profile.clone()),
+        gpus_allocated: allocated_share(c, (uuid, gpu_uuid), device, mig, cy.metadata),
+    }
+}
+
+/// 1 for a whole GPU, the replicas held over the GPU's for a time-sliced one, the MIG
+/// profile's compute slices over the GPU's; None where the device is not allocated to the
+/// container.
+fn allocated_share(
+    c: &ContainerUsage,
+    (uuid, gpu_uuid): (&Name, &Name),
+    device: Option<&DeviceSample>,
+    mig: Option<&MigSample>,
+    metadata: &Metadata,
+) -> Option<f64> {
+    if !c.allocated_gpus.iter().any(|a| **a == **uuid) {
+        return None;
+    }
+    if !same(uuid, gpu_uuid) {
+        let slices = mig_slices(mig?.profile.as_deref()?)?;
+        return Some(slices as f64 / gpu_slices(device.map_or("", |d| &d.name)) as f64);
+    }
+    let replicas = metadata.replicas_of(gpu_uuid);
+    if replicas < 2 {
+        return Some(1.0);
+    }
+    let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
+        return Some(1.0 / replicas as f64);
+    };
+    let held: u32 = metadata
+        .allocations_of(ns, pod, name)
+        .map(|(al, _)| al.replicas_of(gpu_uuid))
+        .sum();
+    Some(held.clamp(1, replicas) as f64 / replicas as f64)
+}
+
+/// The compute slices of a MIG profile: the 3 of `3g.40gb`.
+pub fn mig_slices(profile: &str) -> Option<u32> {
+    profile.split_once('g')?.0.parse().ok()
+}
+
+/// A GPU's compute slices under MIG: 4 on the A30, 7 on every other MIG-capable GPU
+/// (NVIDIA's MIG user guide, "Supported GPUs").
+pub fn gpu_slices(model: &str) -> u32 {
+    match model.contains("A30") {
+        true => 4,
+        false => 7,
+    }
+}
+
+/// Ends the stretch in `l` (on device `uuid`) and returns its record.
+pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
+    let acc = l.acc.clone().unwrap_or_default();
+    let s = l.session.take()?;
+    // A stretch that never had a process ran nothing: no GPU time, known to be none.
+    let gpu_seconds = match s.used {
+        true => acc.gpu_seconds.map(|g| (g - s.gpu_seconds).max(0.0)),
+        false => Some(0.0),
+    };
+    let p = &s.profile;
+    Some(UsageRecord {
+        uuid: uuid.to_string(),
+        gpu_uuid: s.gpu_uuid.to_string(),
+        start_ms: s.start_ms,
+        end_ms: s.end_ms,
+        gpu_seconds,
+        memory_byte_seconds: (acc.byte_seconds - s.byte_seconds).max(0.0),
+        memory_peak_bytes: s.peak,
+        energy_joules: (l.energy_j - s.energy_j).max(0.0),
+        accounted_processes: l.accounted_processes - s.accounted_processes,
+        accounted_gpu_seconds: (l.accounted_gpu_seconds - s.accounted_gpu_seconds).max(0.0),
+        reason: reason.into(),
+        sm_p50: p.sm(0.5),
+        sm_p95: p.sm(0.95),
+        sm_max: p.sm(1.0),
+        sm_source: p.sm_source().map(str::to_string),
+        memory_p95_bytes: p.memory(0.95, s.peak),
+        device_model: s.device.model,
+        device_memory_bytes: s.device.memory_bytes,
+        gpus_allocated: s.device.gpus_allocated,
+        mig_profile: s.device.mig_profile,
+        ..s.names.record()
+    })
+}
+
+/// Ends the stretch in `l` at its last cycle into a `checkpoint` record, and opens the
+/// next where it ended, from the totals now: nothing is counted twice.
+fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
+    let s = l.session.as_ref()?;
+    let acc = l.acc.clone().unwrap_or_default();
+    let next = Session {
+        gpu_uuid: s.gpu_uuid.clone(),
+        start_ms: s.end_ms,
+        end_ms: s.end_ms,
+        gpu_seconds: acc.gpu_seconds.unwrap_or(0.0),
+        byte_seconds: acc.byte_seconds,
+        energy_j: l.energy_j,
+        accounted_processes: l.accounted_processes,
+        accounted_gpu_seconds: l.accounted_gpu_seconds,
+        peak: 0,
+        names: s.names.clone(),
+        used: false,
+        device: s.device.clone(),
+        allocated: s.allocated.clone(),
+        profile: Box::<Profile>::default(),
+    };
+    let record = end(l, uuid, "checkpoint");
+    l.session = Some(next);
+    record
+}
+
+/// Stretches whose container neither used nor held the device this cycle end (`exited`);
+/// those open for `max_record_ms` or more are cut (`checkpoint`).
+pub fn close_ended(counters: &mut Counters, now: u64, max_record_ms: u64) -> Vec<UsageRecord> {
+    let mut records = vec![];
+    for (_, uuid, l) in counters.ledgers.iter_mut() {
+        let Some(s) = &l.session else { continue };
+        let live = l.last_used_ms == now || l.last_allocated_ms == now;
+        let record = match (live, now.saturating_sub(s.start_ms) >= max_record_ms) {
+            (false, _) => end(l, uuid, "exited"),
+            (true, true) => checkpoint(l, uuid),
+            (true, false) => None,
+        };
+        records.extend(record);
+    }
+    records
+}
+
+/// Ends the stretch of `key` and returns its record.
+pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Option<UsageRecord> {
+    let l = counters.ledgers.get_mut(&key.0, &key.1)?;
+    end(l, &key.1, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_profiles_and_gpus_give_their_compute_slices() {
+        assert_eq!(mig_slices("1g.10gb"), Some(1));
+        assert_eq!(mig_slices("3g.40gb"), Some(3));
+        assert_eq!(mig_slices("1g.10gb+me"), Some(1));
+        assert_eq!(mig_slices("7g.141gb"), Some(7));
+        assert_eq!(mig_slices("bad"), None);
+        assert_eq!(gpu_slices("NVIDIA A30"), 4);
+        assert_eq!(gpu_slices("NVIDIA H100 80GB HBM3"), 7);
+    }
+}
