@@ -71,6 +71,22 @@ pub const RECORD_ATTRIBUTES: [&str; 10] = [
     "gpu_agent.usage.reason",
 ];
 
+/// The profile's attributes: its SM percentiles and the device's model and memory, the part
+/// of a GPU allocated, the MIG profile and the workload, each where the record knows it;
+/// the memory's p95 always.
+pub const PROFILE_ATTRIBUTES: [&str; 10] = [
+    "gpu_agent.usage.sm_p50",
+    "gpu_agent.usage.sm_p95",
+    "gpu_agent.usage.sm_max",
+    "gpu_agent.usage.memory_p95_bytes",
+    "hw.model",
+    "gpu_agent.usage.device_memory_bytes",
+    "gpu_agent.usage.gpus_allocated",
+    "gpu_agent.usage.mig_profile",
+    "gpu_agent.usage.workload_kind",
+    "gpu_agent.usage.workload",
+];
+
 /// The `event.name`-like body prefix, so that a log query can pick the records out.
 pub const EVENT_NAME: &str = "gpu_agent.usage_record";
 
@@ -133,6 +149,7 @@ pub fn log_record(r: &UsageRecord, observed_ms: u64) -> LogRecord {
     if r.gpu_uuid != r.uuid {
         attributes.push(kv("hw.parent", r.gpu_uuid.clone()));
     }
+    profile_attributes(r, &mut attributes);
     LogRecord {
         time_unix_nano: r.end_ms * 1_000_000,
         observed_time_unix_nano: observed_ms * 1_000_000,
@@ -145,6 +162,25 @@ pub fn log_record(r: &UsageRecord, observed_ms: u64) -> LogRecord {
         }),
         attributes,
         ..Default::default()
+    }
+}
+
+/// `PROFILE_ATTRIBUTES`, each where the record knows it.
+fn profile_attributes(r: &UsageRecord, out: &mut Vec<KeyValue>) {
+    let [p50, p95, max, mem_p95, model, dev_mem, alloc, mig, kind, workload] = PROFILE_ATTRIBUTES;
+    for (key, v) in [(p50, r.sm_p50), (p95, r.sm_p95), (max, r.sm_max)] {
+        out.extend(v.map(|v| int(key, v as i64)));
+    }
+    out.push(int(mem_p95, r.memory_p95_bytes as i64));
+    out.extend(r.device_memory_bytes.map(|v| int(dev_mem, v as i64)));
+    out.extend(r.gpus_allocated.map(|v| double(alloc, v)));
+    for (key, v) in [
+        (model, &r.device_model),
+        (mig, &r.mig_profile),
+        (kind, &r.workload_kind),
+        (workload, &r.workload),
+    ] {
+        out.extend(v.as_ref().map(|v| kv(key, v.clone())));
     }
 }
 
@@ -415,6 +451,28 @@ mod tests {
         let a = &logs[0].attributes;
         assert!(a.iter().any(|k| k.key == "hw.parent"));
         for key in RECORD_ATTRIBUTES {
+            assert!(a.iter().any(|k| k.key == key), "{key}");
+        }
+        // The record has no profile: none of what it does not know is sent as 0 or empty.
+        for key in PROFILE_ATTRIBUTES {
+            let sent = a.iter().any(|k| k.key == key);
+            assert_eq!(sent, key == "gpu_agent.usage.memory_p95_bytes", "{key}");
+        }
+        let profiled = UsageRecord {
+            sm_p50: Some(10),
+            sm_p95: Some(35),
+            sm_max: Some(60),
+            memory_p95_bytes: 1 << 29,
+            device_model: Some("NVIDIA H100 80GB HBM3".into()),
+            device_memory_bytes: Some(80 << 30),
+            gpus_allocated: Some(0.25),
+            mig_profile: Some("1g.10gb".into()),
+            workload_kind: Some("Deployment".into()),
+            workload: Some("chat".into()),
+            ..record("exited")
+        };
+        let a = log_record(&profiled, 99_000).attributes;
+        for key in PROFILE_ATTRIBUTES {
             assert!(a.iter().any(|k| k.key == key), "{key}");
         }
         // A MIG device cannot say its processes' SM utilization: no GPU seconds, not 0.
