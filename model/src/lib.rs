@@ -394,7 +394,8 @@ pub struct UsageRecord {
     /// The 95th percentile of the memory held over the stretch's samples.
     #[serde(default)]
     pub memory_p95_bytes: u64,
-    /// The device charged: its model name and its memory (a MIG device's own).
+    /// The GPU of the device charged: its model name and its memory (under MIG, the parent
+    /// GPU's; the MIG device's own follows from `mig_profile`).
     #[serde(default)]
     pub device_model: Option<String>,
     #[serde(default)]
