@@ -485,19 +485,27 @@ fn sm_sample(g: &ContainerGpu, users: &DeviceUsers, cy: &Cycle) -> Option<(u32, 
         return process;
     };
     let d = &cy.sample.devices[j];
-    let on = &users.users[j];
-    let gpm = match same(&g.uuid, &g.gpu_uuid) {
-        true if on.len() == 1 => d.fields.gpm.as_ref(),
-        true => None,
-        false if on.iter().filter(|u| same(u.1, &g.uuid)).count() == 1 => {
-            let m = d.mig_devices.get(cy.names.mig_index(j, &g.uuid)?)?;
-            m.gpm.as_ref()
-        }
-        false => None,
+    let whole = same(&g.uuid, &g.gpu_uuid);
+    let gpm = match whole {
+        true => d.fields.gpm.as_ref(),
+        false => cy
+            .names
+            .mig_index(j, &g.uuid)
+            .and_then(|i| d.mig_devices.get(i)?.gpm.as_ref()),
     };
-    match gpm.and_then(|m| m.sm_active) {
-        Some(a) => Some(((a * 100.0).round().clamp(0.0, 100.0) as u32, SmSource::Gpm)),
-        None => process,
+    // Looked for first: the users of a GPU are counted only where GPM has a figure (a
+    // large node's MIG GPUs have hundreds of users each).
+    let Some(active) = gpm.and_then(|m| m.sm_active) else {
+        return process;
+    };
+    let on = &users.users[j];
+    let alone = match whole {
+        true => on.len() == 1,
+        false => on.iter().filter(|u| same(u.1, &g.uuid)).count() == 1,
+    };
+    match alone {
+        true => Some(((active * 100.0).round().clamp(0.0, 100.0) as u32, SmSource::Gpm)),
+        false => process,
     }
 }
 
