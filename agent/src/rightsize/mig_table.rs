@@ -4,24 +4,20 @@
 //! and the GPU Operator's mig-parted configuration for GH200 144GB. Only the plain profiles:
 //! a `+me` variant has the same slices and memory as its plain profile.
 //!
-//! Memory, MiB: where the driver's figure is published, that figure (NVML's
-//! `memorySizeMB`, `nvidia-smi mig -lgip`): A30, A100 (NVIDIA's go-nvml mocks,
-//! pkg/nvml/mock/shared/gpus, and `-lgip` output) and H100 80GB (`-lgip` output). Elsewhere
-//! 7/8 of the size in the profile's name: the name rounds up, and the driver's figure of
-//! every profile known is above 7/8 of it (the lowest, H200 1g.18gb, is 16 GiB of 18). A
-//! workload the table fits in a profile fits; it may fit a smaller one than the table says.
+//! Memory, MiB: the driver's figure (NVML's `memorySizeMB`, as `nvidia-smi mig -lgip`
+//! shows it) where it is known: A30 and A100 (NVIDIA's go-nvml mocks,
+//! pkg/nvml/mock/shared/gpus, which match published `-lgip` output), H100 80GB (published
+//! `-lgip` output) and H200 (`-lgip` on an H200, driver 580.159.04). Elsewhere 7/8 of the
+//! size in the profile's name: the name rounds up, and every driver figure known is above
+//! 7/8 of it (the lowest, H200 1g.18gb, is 16 GiB of 18). A workload the table fits in a
+//! profile fits; it may fit a smaller one than the table says.
 
 /// One GPU model's profiles: (name, compute slices, memory MiB).
 pub struct TableModel {
     pub name: &'static str,
     pub total_slices: u32,
-    /// Where the memory figures come from.
-    pub memory: &'static str,
     pub profiles: &'static [(&'static str, u32, u64)],
 }
-
-const DRIVER: &str = "the driver's";
-const NAME: &str = "7/8 of the name's";
 
 /// 7/8 of `gib` GiB, in MiB.
 const fn est(gib: u64) -> u64 {
@@ -32,7 +28,6 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "A30 24GB",
         total_slices: 4,
-        memory: DRIVER,
         profiles: &[
             ("1g.6gb", 1, 5836),
             ("2g.12gb", 2, 11672),
@@ -42,7 +37,6 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "A100 40GB",
         total_slices: 7,
-        memory: DRIVER,
         profiles: &[
             ("1g.5gb", 1, 4864),
             ("1g.10gb", 1, 9856),
@@ -55,7 +49,6 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "A100 80GB",
         total_slices: 7,
-        memory: DRIVER,
         profiles: &[
             ("1g.10gb", 1, 9856),
             ("1g.20gb", 1, 19968),
@@ -68,7 +61,6 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "H100 80GB",
         total_slices: 7,
-        memory: DRIVER,
         profiles: &[
             ("1g.10gb", 1, 9984),
             ("1g.20gb", 1, 20096),
@@ -81,7 +73,6 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "H100 94GB",
         total_slices: 7,
-        memory: NAME,
         profiles: &[
             ("1g.12gb", 1, est(12)),
             ("1g.24gb", 1, est(24)),
@@ -94,20 +85,18 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "H200 141GB",
         total_slices: 7,
-        memory: NAME,
         profiles: &[
-            ("1g.18gb", 1, est(18)),
-            ("1g.35gb", 1, est(35)),
-            ("2g.35gb", 2, est(35)),
-            ("3g.71gb", 3, est(71)),
-            ("4g.71gb", 4, est(71)),
-            ("7g.141gb", 7, est(141)),
+            ("1g.18gb", 1, 16384),
+            ("1g.35gb", 1, 33280),
+            ("2g.35gb", 2, 33280),
+            ("3g.71gb", 3, 71424),
+            ("4g.71gb", 4, 71424),
+            ("7g.141gb", 7, 143360),
         ],
     },
     TableModel {
         name: "GH200 96GB",
         total_slices: 7,
-        memory: NAME,
         profiles: &[
             ("1g.12gb", 1, est(12)),
             ("1g.24gb", 1, est(24)),
@@ -120,7 +109,6 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "GH200 144GB",
         total_slices: 7,
-        memory: NAME,
         profiles: &[
             ("1g.18gb", 1, est(18)),
             ("1g.36gb", 1, est(36)),
@@ -133,7 +121,6 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "B200 180GB",
         total_slices: 7,
-        memory: NAME,
         profiles: &[
             ("1g.23gb", 1, est(23)),
             ("1g.45gb", 1, est(45)),

@@ -74,8 +74,9 @@ fn read_now(lib_path: Option<PathBuf>) -> Result<Vec<NvmlModel>, String> {
 }
 
 /// The profiles the driver lists for `dev`: an index it answers NOT_SUPPORTED or
-/// INVALID_ARGUMENT for is one this GPU does not have (all of them on a GPU without MIG,
-/// and on one whose driver lists none while MIG mode is off).
+/// INVALID_ARGUMENT for is one this GPU does not have (all of them on a GPU without MIG).
+/// The driver lists them whatever the MIG mode (`nvidia-smi mig -lgip` does on an H200
+/// with MIG off).
 fn profiles(nvml: &Nvml, dev: &Device) -> Result<Vec<MigProfile>, NvmlError> {
     let Ok(f) = nvml.lib().nvmlDeviceGetGpuInstanceProfileInfoV.as_ref() else {
         // A driver older than the versioned call lists nothing here; the table serves.
