@@ -338,15 +338,16 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
         return fail(&"--since: give a window longer than 0, e.g. 7d", 2);
     }
     let nvml_lib = (args.nvml_lib.clone()).or_else(|| config.as_ref()?.nvml.lib_path.clone());
+    let file = (args.file.clone()).or_else(|| config?.usage.file);
+    if file.is_none() && !args.profiles {
+        return fail(&"give --file, or --config with usage.file set", 2);
+    }
     // NVML could hang on a wedged driver: the profiles are read with a deadline.
     let read = rightsize::nvml::read(nvml_lib, Duration::from_secs(5));
     let profiles = rightsize::Profiles::with_nvml(read);
-    if args.profiles {
+    let Some(file) = file.filter(|_| !args.profiles) else {
         print!("{}", rightsize::list_profiles(&profiles));
         return ExitCode::SUCCESS;
-    }
-    let Some(file) = args.file.or_else(|| config?.usage.file) else {
-        return fail(&"give --file, or --config with usage.file set", 2);
     };
     let opts = rightsize::Options {
         file,
@@ -473,6 +474,36 @@ mod tests {
         }
         for bad in [&[][..], &["f.toml", "--print-default"]] {
             assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rightsize_defaults_to_a_week_a_fifth_of_headroom_and_a_day_of_coverage() {
+        let parse =
+            |args: &[&str]| Cli::try_parse_from([&["gpu-agent", "rightsize"], args].concat());
+        let Ok(Cli {
+            cmd: Cmd::Rightsize(a),
+        }) = parse(&["--file", "u.jsonl"])
+        else {
+            panic!("rightsize --file parses");
+        };
+        assert_eq!(a.since, Duration::from_secs(7 * 86_400));
+        assert_eq!(
+            (a.headroom, a.min_coverage),
+            (0.2, Duration::from_secs(86_400))
+        );
+        assert_eq!(
+            (a.by, a.format),
+            (rightsize::By::Workload, report::Format::Table)
+        );
+        assert!(!a.no_mig && !a.mps && !a.profiles);
+        for bad in [
+            &["--headroom", "11"][..],
+            &["--format", "yaml"],
+            &["--min-coverage", "1"],
+        ] {
+            let e = parse(bad).err().unwrap().to_string();
+            assert!(e.contains(bad[0]), "{bad:?}: {e}");
         }
     }
 
