@@ -7,8 +7,9 @@
 //!    allocations from the node's sockets;
 //! 3. `gpu`: NVML samples and the join;
 //! 4. `pipeline`: owns the state and the join, publishes each snapshot;
-//! 5. `sinks`: the HTTP endpoints, the OTLP push, `gpu-agent top`;
-//! 6. `run`: the wiring.
+//! 5. `sinks`: the HTTP endpoints, the OTLP push, `gpu-agent top`, usage records;
+//! 6. `rightsize`: `gpu-agent rightsize`, over the usage records (and NVML's MIG profiles);
+//! 7. `run`: the wiring.
 //!
 //! `config` and `stats` sit under all of them.
 pub mod config;
@@ -24,5 +25,7 @@ pub mod gpu;
 pub mod pipeline;
 
 pub mod sinks;
+
+pub mod rightsize;
 
 pub mod run;

@@ -7,6 +7,7 @@ use std::{
 use clap::{Parser, Subcommand};
 use gpu_agent::{
     config::{Config, ConfigError, Loaded},
+    rightsize,
     sinks::{top, usage::report},
 };
 
@@ -39,6 +40,9 @@ enum Cmd {
     },
     /// GPU usage per namespace (pod, container, node, GPU) from the usage-record file.
     Report(ReportArgs),
+    /// Which workloads fit a smaller share of a GPU (a MIG profile, time-slicing, MPS), and
+    /// how many GPUs that gives back, from the usage-record file (docs/rightsizing.md).
+    Rightsize(RightsizeArgs),
 }
 
 #[derive(clap::Args)]
@@ -58,6 +62,45 @@ struct ReportArgs {
     by: Vec<report::By>,
     #[arg(long, value_enum, default_value = "table")]
     format: report::Format,
+}
+
+#[derive(clap::Args)]
+struct RightsizeArgs {
+    /// The usage-record file (rotated files beside it are read too)
+    /// [default: usage.file of --config]
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
+    /// Config file whose usage.file (and nvml.lib_path) to use.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// How far back: 24h, 7d, 4w.
+    #[arg(long, default_value = "7d", value_parser = report::parse_duration)]
+    since: Duration,
+    /// Added to the peak memory and the p95 SM use before fitting: 0.2 is 20 %.
+    #[arg(long, default_value = "0.2", value_parser = rightsize::parse_headroom, allow_negative_numbers = true)]
+    headroom: f64,
+    /// Less coverage than this (records' time, all containers together): insufficient data.
+    #[arg(long, default_value = "24h", value_parser = report::parse_duration)]
+    min_coverage: Duration,
+    /// One row per workload and GPU model, or per namespace.
+    #[arg(long, value_enum, default_value = "workload")]
+    by: rightsize::By,
+    #[arg(long, value_enum, default_value = "table")]
+    format: report::Format,
+    /// Never recommend MIG: time-slicing on every GPU.
+    #[arg(long)]
+    no_mig: bool,
+    /// Recommend MPS limits instead of MIG or time-slicing.
+    #[arg(long)]
+    mps: bool,
+    /// Load NVML from this path instead of the system's libnvidia-ml.so.1 (to read the MIG
+    /// profiles of this node's GPUs) [default: nvml.lib_path of --config].
+    #[arg(long, value_name = "PATH")]
+    nvml_lib: Option<PathBuf>,
+    /// Print the MIG profiles this node's NVML lists beside the built-in table's, one per
+    /// line, and exit.
+    #[arg(long)]
+    profiles: bool,
 }
 
 /// The flags that choose and configure the sources: shared by `run` and `top`.
@@ -213,6 +256,7 @@ fn main() -> ExitCode {
         Cmd::Run(args) => run(args),
         Cmd::Top(args) => top(args),
         Cmd::Report(args) => report(args),
+        Cmd::Rightsize(args) => rightsize(args),
     }
 }
 
@@ -277,6 +321,57 @@ fn report(args: ReportArgs) -> ExitCode {
         report::render(&report::summarize(&records, &opts), &opts)
     );
     ExitCode::SUCCESS
+}
+
+/// `gpu-agent rightsize`: the usage-record file and this node's MIG profiles in, the
+/// recommendations out (or, with `--profiles`, the profiles alone).
+fn rightsize(args: RightsizeArgs) -> ExitCode {
+    let fail = |e: &dyn std::fmt::Display, code: u8| {
+        eprintln!("gpu-agent rightsize: {e}");
+        ExitCode::from(code)
+    };
+    let config = match args.config.as_deref().map(Config::from_file).transpose() {
+        Ok(c) => c,
+        Err(e) => return fail(&e, 2),
+    };
+    if args.since.is_zero() {
+        return fail(&"--since: give a window longer than 0, e.g. 7d", 2);
+    }
+    let nvml_lib = (args.nvml_lib.clone()).or_else(|| config.as_ref()?.nvml.lib_path.clone());
+    let file = (args.file.clone()).or_else(|| config?.usage.file);
+    if file.is_none() && !args.profiles {
+        return fail(&"give --file, or --config with usage.file set", 2);
+    }
+    // NVML could hang on a wedged driver: the profiles are read with a deadline.
+    let read = rightsize::nvml::read(nvml_lib, Duration::from_secs(5));
+    let profiles = rightsize::Profiles::with_nvml(read);
+    let Some(file) = file.filter(|_| !args.profiles) else {
+        print!("{}", rightsize::list_profiles(&profiles));
+        return ExitCode::SUCCESS;
+    };
+    let opts = rightsize::Options {
+        file,
+        since: args.since,
+        now_ms: gpu_agent::pipeline::now_ms(),
+        settings: rightsize::Settings {
+            headroom: args.headroom,
+            min_coverage_s: args.min_coverage.as_secs_f64(),
+            mig: !args.no_mig,
+            mps: args.mps,
+        },
+        by: args.by,
+        format: args.format,
+    };
+    match rightsize::run(&opts, &profiles) {
+        Ok((out, bad)) => {
+            if bad > 0 {
+                eprintln!("gpu-agent rightsize: {bad} unreadable lines skipped");
+            }
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e, 1),
+    }
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -379,6 +474,36 @@ mod tests {
         }
         for bad in [&[][..], &["f.toml", "--print-default"]] {
             assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rightsize_defaults_to_a_week_a_fifth_of_headroom_and_a_day_of_coverage() {
+        let parse =
+            |args: &[&str]| Cli::try_parse_from([&["gpu-agent", "rightsize"], args].concat());
+        let Ok(Cli {
+            cmd: Cmd::Rightsize(a),
+        }) = parse(&["--file", "u.jsonl"])
+        else {
+            panic!("rightsize --file parses");
+        };
+        assert_eq!(a.since, Duration::from_secs(7 * 86_400));
+        assert_eq!(
+            (a.headroom, a.min_coverage),
+            (0.2, Duration::from_secs(86_400))
+        );
+        assert_eq!(
+            (a.by, a.format),
+            (rightsize::By::Workload, report::Format::Table)
+        );
+        assert!(!a.no_mig && !a.mps && !a.profiles);
+        for bad in [
+            &["--headroom", "11"][..],
+            &["--format", "yaml"],
+            &["--min-coverage", "1"],
+        ] {
+            let e = parse(bad).err().unwrap().to_string();
+            assert!(e.contains(bad[0]), "{bad:?}: {e}");
         }
     }
 

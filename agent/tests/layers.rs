@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["gpu"],
     &["pipeline"],
     &["sinks"],
+    &["rightsize"],
     &["run"],
 ];
 

@@ -18,6 +18,8 @@ mod state;
 mod events;
 mod fields;
 mod gpm;
+// MIG profiles a GPU can be partitioned into.
+mod mig_profiles;
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -1049,6 +1051,13 @@ mod tests {
             r#"{"devices":[{"uuid":"GPU-a","typo":1}]}"#,
             r#"{"devices":[{"uuid":"GPU-a","mig_mode":false,
                 "mig_devices":[{"uuid":"MIG-a","gpu_instance_id":1,"memory_total":1}]}]}"#,
+            r#"{"devices":[{"uuid":"GPU-a","mig_profiles":[
+                {"profile":17,"id":0,"name":"MIG 7g.80gb","slices":7,"memory_mib":1}]}]}"#,
+            r#"{"devices":[{"uuid":"GPU-a","mig_profiles":[
+                {"profile":0,"id":19,"name":"MIG 1g.10gb","slices":1,"memory_mib":1},
+                {"profile":0,"id":20,"name":"MIG 1g.10gb+me","slices":1,"memory_mib":1}]}]}"#,
+            r#"{"devices":[{"uuid":"GPU-a","mig_profiles":[
+                {"profile":0,"id":19,"name":"MIG 1g.10gb","memory_mib":1}]}]}"#,
         ];
         for text in bad {
             assert!(scenario::Scenario::parse(text).is_err(), "{text}");

@@ -56,6 +56,9 @@ fn default_pci_subsystem_id() -> u32 {
     0x16C1_10DE
 }
 
+/// NVML_GPU_INSTANCE_PROFILE_COUNT: profile indexes run 0..17 (1_SLICE .. 2_SLICE_ALL_ME).
+pub const PROFILE_COUNT: u32 = 17;
+
 /// `gpuInstanceId`/`computeInstanceId` value meaning "not a MIG process".
 pub const NO_INSTANCE: u32 = 0xFFFF_FFFF;
 
@@ -158,6 +161,9 @@ pub struct DeviceSpec {
     pub max_mig_devices: Option<u32>,
     #[serde(default)]
     pub mig_devices: Vec<MigSpec>,
+    /// The GPU instance profiles it can be partitioned into (`nvmlDeviceGetGpuInstanceProfileInfo[V]`).
+    #[serde(default)]
+    pub mig_profiles: Vec<MigProfileSpec>,
     // Health, profiling and XIDs (dcgm-exporter's fields): fields.rs, gpm.rs, events.rs.
     #[serde(default)]
     pub memory_temperature_c: Option<u32>,
@@ -386,6 +392,40 @@ pub struct MigSpec {
     pub gpm: Option<GpmSpec>,
 }
 
+/// One `nvmlGpuInstanceProfileInfo_v2_t`, answered for its profile index.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigProfileSpec {
+    /// The NVML_GPU_INSTANCE_PROFILE_* index asked for (0..=16).
+    pub profile: u32,
+    /// The profile id the driver reports (`nvidia-smi mig -lgip`'s ID column).
+    pub id: u32,
+    /// e.g. "MIG 1g.10gb".
+    pub name: String,
+    pub slices: u32,
+    #[serde(default = "one")]
+    pub instances: u32,
+    #[serde(default)]
+    pub multiprocessors: u32,
+    #[serde(default)]
+    pub copy_engines: u32,
+    #[serde(default)]
+    pub decoders: u32,
+    #[serde(default)]
+    pub encoders: u32,
+    #[serde(default)]
+    pub jpegs: u32,
+    #[serde(default)]
+    pub ofas: u32,
+    pub memory_mib: u64,
+    #[serde(default)]
+    pub p2p: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
 fn process_memory(procs: &[ProcessSpec]) -> u64 {
     procs
         .iter()
@@ -498,6 +538,15 @@ impl Scenario {
                     "device {}: more mig_devices than max_mig_devices",
                     d.uuid
                 ));
+            }
+            let mut profiles = HashSet::new();
+            for p in &d.mig_profiles {
+                if p.profile >= PROFILE_COUNT || !profiles.insert(p.profile) {
+                    return Err(format!(
+                        "device {}: mig_profiles: profile {} must be below {} and given once",
+                        d.uuid, p.profile, PROFILE_COUNT
+                    ));
+                }
             }
             let mut ids = HashSet::new();
             for m in &d.mig_devices {

@@ -765,3 +765,90 @@ fn a_hung_init_returns_once_the_entry_goes() {
     let answer = init.recv_timeout(Duration::from_secs(2));
     assert_eq!(answer.expect("init unblocked").unwrap(), 1);
 }
+
+/// `nvmlDeviceGetGpuInstanceProfileInfoV` with the version nvml.h's
+/// `nvmlGpuInstanceProfileInfo_v2` macro gives, or `version`.
+fn profile_info_v(
+    nvml: &Nvml,
+    dev: &Device,
+    profile: u32,
+    version: Option<u32>,
+) -> Result<nvml_wrapper_sys::bindings::nvmlGpuInstanceProfileInfo_v2_t, u32> {
+    use nvml_wrapper_sys::bindings::nvmlGpuInstanceProfileInfo_v2_t as Info;
+    // SAFETY: a plain C struct; all-zero is valid.
+    let mut info: Info = unsafe { std::mem::zeroed() };
+    info.version = version.unwrap_or(std::mem::size_of::<Info>() as u32 | (2 << 24));
+    // SAFETY: a live handle from this Nvml; a valid out-pointer.
+    let ret = unsafe {
+        nvml.lib()
+            .nvmlDeviceGetGpuInstanceProfileInfoV(dev.handle(), profile, &mut info)
+    };
+    if ret == 0 {
+        Ok(info)
+    } else {
+        Err(ret)
+    }
+}
+
+#[test]
+fn gpu_instance_profiles_follow_nvml_h() {
+    let _g = serial();
+    let profile = |profile: u32, id: u32, name: &str, slices: u32, memory_mib: u64| {
+        json!({"profile": profile, "id": id, "name": name, "slices": slices,
+               "instances": 7, "multiprocessors": 16 * slices, "memory_mib": memory_mib})
+    };
+    let sc = TempScenario::new(
+        "mig-profiles",
+        &json!({"devices": [
+            {"uuid": "GPU-h100", "mig_profiles": [
+                profile(0, 19, "MIG 1g.10gb", 1, 9984),
+                profile(7, 20, "MIG 1g.10gb+me", 1, 9984),
+                profile(4, 0, "MIG 7g.80gb", 7, 81152)]},
+            {"uuid": "GPU-l4", "name": "NVIDIA L4", "unsupported": ["mig"]},
+            {"uuid": "GPU-h100-bare"},
+            {"uuid": "GPU-h100-mig", "mig_devices": [
+                {"uuid": "MIG-a", "gpu_instance_id": 1, "memory_total": 1}],
+             "mig_profiles": [profile(0, 19, "MIG 1g.10gb", 1, 9984)]}
+        ]}),
+    );
+    let nvml = init(&sc.0);
+    let h100 = nvml.device_by_index(0).unwrap();
+    let info = profile_info_v(&nvml, &h100, 0, None).unwrap();
+    let name: Vec<u8> = info
+        .name
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    assert_eq!(String::from_utf8(name).unwrap(), "MIG 1g.10gb");
+    assert_eq!((info.id, info.sliceCount, info.instanceCount), (19, 1, 7));
+    assert_eq!((info.multiprocessorCount, info.memorySizeMB), (16, 9984));
+    let whole = profile_info_v(&nvml, &h100, 4, None).unwrap();
+    assert_eq!((whole.sliceCount, whole.memorySizeMB), (7, 81152));
+    // The v1 call answers the same profile, without a name.
+    let v1 = h100.profile_info(7).unwrap();
+    assert_eq!((v1.id, v1.slice_count, v1.memory_size_mb), (20, 1, 9984));
+    // A profile this GPU lacks: NOT_SUPPORTED (3); one nvml.h does not define (17 and on):
+    // INVALID_ARGUMENT (2); a version other than v2's: ARGUMENT_VERSION_MISMATCH (25).
+    assert_eq!(profile_info_v(&nvml, &h100, 1, None).err(), Some(3));
+    assert_eq!(profile_info_v(&nvml, &h100, 17, None).err(), Some(2));
+    assert_eq!(
+        profile_info_v(&nvml, &h100, 0, Some(152 | (3 << 24))).err(),
+        Some(25)
+    );
+    assert!(matches!(h100.profile_info(17), Err(NvmlError::InvalidArg)));
+    // A GPU without MIG, and one the scenario gives no profiles: NOT_SUPPORTED.
+    for i in [1, 2] {
+        let dev = nvml.device_by_index(i).unwrap();
+        assert_eq!(
+            profile_info_v(&nvml, &dev, 0, None).err(),
+            Some(3),
+            "device {i}"
+        );
+    }
+    // A MIG device has no GPU instance profiles of its own.
+    let parent = nvml.device_by_index(3).unwrap();
+    let mig = parent.mig_device_by_index(0).unwrap();
+    assert_eq!(profile_info_v(&nvml, &mig, 0, None).err(), Some(3));
+    assert!(profile_info_v(&nvml, &parent, 0, None).is_ok());
+}

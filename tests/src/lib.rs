@@ -8,6 +8,7 @@ pub mod manifests;
 pub mod nvml;
 pub mod otlp_receiver;
 pub mod prom;
+pub mod rightsize;
 
 use std::{
     io::{BufRead, BufReader},

@@ -4,7 +4,7 @@
 //! GPU whose calls do not return -> left out, then reported stalled (readers.rs).
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -172,11 +172,7 @@ impl NvmlSampler {
         if Instant::now() < self.next_init {
             return false;
         }
-        let mut builder = Nvml::builder();
-        if let Some(p) = &self.lib_path {
-            builder.lib_path(p.as_os_str());
-        }
-        match in_call(&"nvmlInit_v2", || builder.init()) {
+        match in_call(&"nvmlInit_v2", || open(self.lib_path.as_deref())) {
             Ok(nvml) => {
                 tracing::info!(lib = ?self.lib_path, "NVML initialised");
                 self.nvml = Some(Arc::new(nvml));
@@ -185,7 +181,7 @@ impl NvmlSampler {
                 true
             }
             Err(e) => {
-                let reason = describe_init_error(&e, self.lib_path.as_ref());
+                let reason = describe_init_error(&e, self.lib_path.as_deref());
                 if self.status.reason() != Some(reason.as_str()) {
                     tracing::warn!(%reason, retry_in = ?self.backoff, "NVML unavailable; GPU metrics paused");
                 }
@@ -357,7 +353,18 @@ impl Drop for NvmlSampler {
     }
 }
 
-fn describe_init_error(e: &NvmlError, path: Option<&PathBuf>) -> String {
+/// Loads and initialises NVML from `lib_path` (`nvml.lib_path`, `--nvml-lib`), else the
+/// system's libnvidia-ml.so.1: the one load path of the agent and its commands.
+pub fn open(lib_path: Option<&Path>) -> Result<Nvml, NvmlError> {
+    let mut builder = Nvml::builder();
+    if let Some(p) = lib_path {
+        builder.lib_path(p.as_os_str());
+    }
+    builder.init()
+}
+
+/// Why NVML could not be opened, in words (a missing library, no driver, no permission).
+pub fn describe_init_error(e: &NvmlError, path: Option<&Path>) -> String {
     match e {
         NvmlError::LibloadingError(le) => match path {
             Some(p) => format!("cannot load {}: {le}", p.display()),

@@ -1,0 +1,154 @@
+//! `gpu-agent rightsize`: which workloads fit a smaller share of a GPU (a MIG profile, a
+//! time-slicing replica, MPS limits), and how many GPUs that gives back, from the usage
+//! records (docs/rightsizing.md).
+//!
+//! The arithmetic is in three steps that another source of the same figures (Prometheus'
+//! recording rules) can share:
+//! 1. usage.rs: records -> one `Usage` per workload and GPU model (`aggregate`);
+//! 2. recommend.rs: `recommend(&Usage, &Settings, &Profiles) -> Recommendation`, pure;
+//! 3. render.rs: `Line::new(&Usage, Recommendation)`, then a table, CSV or JSON lines.
+//!
+//! The MIG profiles come from profiles.rs: this node's NVML (nvml.rs) where it has the
+//! model, else the built-in table (mig_table.rs).
+pub mod mig_table;
+pub mod nvml;
+pub mod profiles;
+pub mod recommend;
+pub mod render;
+pub mod usage;
+
+use std::{fmt::Write as _, path::PathBuf, time::Duration};
+
+pub use profiles::{MigProfile, ModelProfiles, NvmlModel, Profiles, Source};
+pub use recommend::{recommend, Kind, Recommendation, Settings};
+pub use render::Line;
+pub use usage::{aggregate, Usage, Window, WorkloadKey};
+
+use crate::sinks::usage::report::{self, Format};
+
+/// What to sum the recommendations by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum By {
+    Workload,
+    Namespace,
+}
+
+pub struct Options {
+    /// The usage-record file (its rotated files are read too).
+    pub file: PathBuf,
+    pub since: Duration,
+    /// The window's end, unix ms (now).
+    pub now_ms: u64,
+    pub settings: Settings,
+    pub by: By,
+    pub format: Format,
+}
+
+/// `--headroom`: a number from 0 to 10 (0.2 is 20 %).
+pub fn parse_headroom(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(h) if h.is_finite() && (0.0..=10.0).contains(&h) => Ok(h),
+        _ => Err(format!(
+            "{s:?}: give a number from 0 to 10, e.g. 0.2 for 20 %"
+        )),
+    }
+}
+
+/// The recommendations, rendered, and how many lines of the files could not be read.
+pub fn run(o: &Options, profiles: &Profiles) -> Result<(String, usize), String> {
+    let (records, bad) = report::read_records(&o.file)?;
+    let window = Window {
+        from_ms: o.now_ms.saturating_sub(o.since.as_millis() as u64),
+        to_ms: o.now_ms,
+    };
+    let usages = aggregate(&records, window, profiles);
+    let mut lines: Vec<Line> = (usages.iter())
+        .map(|u| Line::new(u, recommend(u, &o.settings, profiles)))
+        .collect();
+    render::sort(&mut lines);
+    let footer = footer(o, &usages, profiles);
+    let out = match o.by {
+        By::Workload => render::workloads(&lines, o.format, &footer),
+        By::Namespace => render::namespaces(&lines, o.format, &footer),
+    };
+    Ok((out, bad))
+}
+
+/// The settings, and where each GPU model's MIG profiles came from.
+fn footer(o: &Options, usages: &[Usage], profiles: &Profiles) -> render::Footer {
+    let s = &o.settings;
+    let mode = match (s.mps, s.mig) {
+        (true, _) => "MPS",
+        (false, true) => "MIG where the GPU has it, else time-slicing",
+        (false, false) => "time-slicing (--no-mig)",
+    };
+    let settings = format!(
+        "window {}, headroom {}%, min coverage {}, {mode}",
+        render::human_secs(o.since.as_secs_f64()),
+        (s.headroom * 100.0).round(),
+        render::human_secs(s.min_coverage_s),
+    );
+    let mut notes = vec![];
+    let mut seen: Vec<&str> = vec![];
+    for u in usages {
+        let model = u.key.device_model.as_str();
+        if seen.contains(&model) {
+            continue;
+        }
+        seen.push(model);
+        let from = match profiles.for_model(model, u.device_memory_bytes) {
+            Some(m) if m.source == Source::Nvml => "this node's NVML".to_string(),
+            Some(m) => format!("the built-in table ({})", m.model),
+            None => "none (no MIG: time-slicing)".to_string(),
+        };
+        notes.push(format!("MIG profiles of {model}: {from}"));
+    }
+    if let Some(e) = &profiles.nvml_error {
+        notes.push(format!("NVML: {e}"));
+    }
+    render::Footer { settings, notes }
+}
+
+/// `--profiles`: one line per profile, tab-separated (model, profile, slices, total slices,
+/// memory MiB, source): each GPU model on this node as its NVML lists it and as the table
+/// has it, then the rest of the table. `#` lines say what NVML said.
+pub fn list_profiles(p: &Profiles) -> String {
+    let mut s = String::from("# model\tprofile\tslices\ttotal_slices\tmemory_mib\tsource\n");
+    let line = |s: &mut String, model: &str, m: &ModelProfiles, source: &str| {
+        for x in &m.profiles {
+            let (n, sl, t, mib) = (&x.name, x.slices, m.total_slices, x.memory_mib);
+            let _ = writeln!(s, "{model}\t{n}\t{sl}\t{t}\t{mib}\t{source}");
+        }
+    };
+    if let Some(e) = &p.nvml_error {
+        let _ = writeln!(s, "# NVML: {e}");
+    }
+    let mut shown: Vec<&str> = vec![];
+    for n in &p.node_models {
+        let mem = Some(n.memory_bytes);
+        match (&n.error, n.profiles.is_empty()) {
+            (Some(e), _) => {
+                let _ = writeln!(s, "# {}: NVML: {e}", n.name);
+            }
+            (None, true) => {
+                let _ = writeln!(s, "# {}: NVML lists no MIG profiles", n.name);
+            }
+            (None, false) => {}
+        }
+        if let Some(m) = p.nvml.iter().find(|m| m.model == n.name) {
+            line(&mut s, &n.name, m, "nvml");
+        }
+        if let Some(t) = p.table_entry(&n.name, mem) {
+            line(&mut s, &n.name, t, &format!("table:{}", t.model));
+            shown.push(&t.model);
+        }
+    }
+    for t in p
+        .table_models()
+        .iter()
+        .filter(|t| !shown.contains(&t.model.as_str()))
+    {
+        line(&mut s, &t.model, t, "table");
+    }
+    s
+}
