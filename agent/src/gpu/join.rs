@@ -575,6 +575,7 @@ mod tests {
                 container_name: Some("main".into()),
                 pod_uid: None,
                 runtime: None,
+                workload: None,
             },
         );
         md.set_allocations(vec![
@@ -603,6 +604,7 @@ mod tests {
                 container_name: Some("sleepy".into()),
                 pod_uid: Some("u-idle".into()),
                 runtime: None,
+                workload: None,
             },
         );
         let mut sample = sample(1000, vec![proc(100, 10, 5)]);
