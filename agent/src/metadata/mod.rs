@@ -515,8 +515,7 @@ impl MetadataSource {
                 Err(e) => tracing::debug!("CRI Version: {e}"),
             }
         }
-        // After the containers: the sandbox of each one listed exists by now.
-        self.list_sandboxes(&sock).await;
+        self.owners_for(&sock, &list).await;
         // Ids and names shared: a known id's own, and one copy of each name the listing
         // repeats (a pod's namespace, name and uid in each of its containers).
         let mut interned: rustc_hash::FxHashSet<Name> = Default::default();
@@ -551,6 +550,18 @@ impl MetadataSource {
             }
         }
         true
+    }
+
+    /// The owners of the pods of a listing's containers. A sandbox's labels never change
+    /// (CRI has no call to change them): `ListPodSandbox` is asked only when a container's
+    /// sandbox is new, after the containers, so that it exists by then; the sandboxes no
+    /// container is in any more are let go.
+    async fn owners_for(&mut self, sock: &Path, list: &[cri::Listed]) {
+        let sandboxes: HashSet<&str> = list.iter().map(|c| c.sandbox.as_str()).collect();
+        self.pods.retain(&sandboxes);
+        if sandboxes.iter().any(|s| !self.pods.knows(s)) {
+            self.list_sandboxes(sock).await;
+        }
     }
 
     /// The pods' owners from `ListPodSandbox`. A runtime without it leaves them unknown

@@ -15,7 +15,10 @@
 //!   where the Job's name ends in the CronJob controller's `-<scheduled minute>` suffix
 //!   (`cronjob_of`).
 //! - Anything else: the pod itself.
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use gpu_model::{Workload, WorkloadKind};
 
@@ -150,6 +153,16 @@ impl PodWorkloads {
             next.insert(s.id, (s.pod_uid, w));
         }
         self.by_sandbox = next;
+    }
+
+    /// Whether sandbox `id` was listed.
+    pub fn knows(&self, id: &str) -> bool {
+        self.by_sandbox.contains_key(id)
+    }
+
+    /// Forgets the sandboxes not in `ids`.
+    pub fn retain(&mut self, ids: &HashSet<&str>) {
+        self.by_sandbox.retain(|id, _| ids.contains(id.as_str()));
     }
 
     /// The owner of the pod of sandbox `id`.
@@ -374,6 +387,15 @@ mod tests {
         pods.update(vec![sandbox("s1", "u1", "web-h1-aaaaa", &hash)]);
         assert!(Arc::ptr_eq(&first, &pods.of_sandbox("s1").unwrap()));
         assert!(pods.of_sandbox("s2").is_none(), "no longer listed");
+        assert!(pods.knows("s1") && !pods.knows("s2"));
+        // Only the sandboxes of the containers listed are kept.
+        pods.retain(&HashSet::from(["s3"]));
+        assert!(!pods.knows("s1"));
+        pods.update(vec![sandbox("s1", "u1", "web-h1-aaaaa", &hash)]);
+        assert!(
+            !Arc::ptr_eq(&first, &pods.of_sandbox("s1").unwrap()),
+            "found anew"
+        );
         // Another owner (a new sandbox with other labels): another Arc.
         pods.update(vec![sandbox(
             "s1",
