@@ -113,6 +113,7 @@ fn named(containers: u32) -> Metadata {
             container_name: Some(name.into()),
             pod_uid: None,
             runtime: Some("containerd"),
+            workload: None,
         };
         md.learn(id.into(), names);
     }

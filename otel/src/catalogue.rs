@@ -126,6 +126,16 @@ pub const OWNERS: [&str; 3] = ["container", "pod", "host"];
 pub const OWNER_IDLE: &str = "idle";
 /// Every value of `owner`.
 pub const OWNER_VALUES: [&str; 4] = ["container", "pod", "host", OWNER_IDLE];
+/// Values of `workload_kind` (gpu_model::WorkloadKind).
+pub const WORKLOAD_KINDS: [&str; 7] = [
+    "Deployment",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+    "Job",
+    "CronJob",
+    "Pod",
+];
 /// Values of `limit.source` (gpu_model::LimitSource).
 pub const LIMIT_SOURCES: [&str; 3] = ["hami", "mig", "timeslice"];
 /// The value of `hw.type`.
@@ -197,6 +207,49 @@ table! {
             values: &["containerd", "cri-o", "docker", "podman"],
             doc: "the runtime, when the cgroup path says",
             ..RESOURCE
+        },
+        // The pod's owner, inferred on the node (docs/metrics.md, "Workloads"): the
+        // attributes of its kind, none for a pod no controller owns.
+        DeploymentName => Attribute {
+            otlp: Some("k8s.deployment.name"),
+            doc: "the pod's Deployment, where its labels and name say (see [Workloads](#workloads))",
+            ..RESOURCE
+        },
+        ReplicaSetName => Attribute {
+            otlp: Some("k8s.replicaset.name"),
+            doc: "the pod's ReplicaSet: the Deployment's, or one no Deployment owns",
+            ..RESOURCE
+        },
+        StatefulSetName => Attribute {
+            otlp: Some("k8s.statefulset.name"),
+            doc: "the pod's StatefulSet",
+            ..RESOURCE
+        },
+        DaemonSetName => Attribute {
+            otlp: Some("k8s.daemonset.name"),
+            doc: "the pod's DaemonSet",
+            ..RESOURCE
+        },
+        JobName => Attribute {
+            otlp: Some("k8s.job.name"),
+            doc: "the pod's Job, a CronJob's too",
+            ..RESOURCE
+        },
+        CronJobName => Attribute {
+            otlp: Some("k8s.cronjob.name"),
+            doc: "the CronJob of the pod's Job",
+            ..RESOURCE
+        },
+        WorkloadKind => Attribute {
+            prometheus: Some("workload_kind"),
+            values: &WORKLOAD_KINDS,
+            doc: "the kind of the pod's top-level owner, where the runtime lists pod sandboxes (see [Workloads](#workloads)); `Pod` for a pod no controller owns",
+            ..LABEL
+        },
+        Workload => Attribute {
+            prometheus: Some("workload"),
+            doc: "the name of the pod's top-level owner, with `workload_kind`",
+            ..LABEL
         },
         // Data-point attributes.
         HwId => Attribute {
@@ -515,15 +568,26 @@ pub struct AttrSet {
     pub prometheus: &'static [Attr],
 }
 
-/// The identity of a container resource (OTLP).
-const CONTAINER_RESOURCE: [Attr; 6] = [
-    Attr::ContainerId,
-    Attr::PodUid,
-    Attr::PodName,
-    Attr::Namespace,
-    Attr::ContainerName,
-    Attr::Runtime,
-];
+/// The identity of a container resource (OTLP), then `$more`.
+macro_rules! container_resource {
+    ($($more:expr),*) => {
+        &[
+            Attr::ContainerId,
+            Attr::PodUid,
+            Attr::PodName,
+            Attr::Namespace,
+            Attr::ContainerName,
+            Attr::Runtime,
+            Attr::DeploymentName,
+            Attr::ReplicaSetName,
+            Attr::StatefulSetName,
+            Attr::DaemonSetName,
+            Attr::JobName,
+            Attr::CronJobName,
+            $($more),*
+        ]
+    };
+}
 
 /// GPUs and MIG devices: MIG devices have `hw.parent` (and, in OTLP, no index).
 pub const DEVICE: AttrSet = AttrSet {
@@ -549,16 +613,15 @@ pub const DEVICE: AttrSet = AttrSet {
 /// identity on its resource, Prometheus as labels.
 pub const CONTAINER: AttrSet = AttrSet {
     name: "container",
-    otlp: &{
-        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
-        [a, b, c, d, e, f, Attr::HwId, Attr::HwParent]
-    },
+    otlp: container_resource!(Attr::HwId, Attr::HwParent),
     prometheus: &[
         Attr::ContainerId,
         Attr::PodUid,
         Attr::Namespace,
         Attr::PodName,
         Attr::ContainerName,
+        Attr::WorkloadKind,
+        Attr::Workload,
         Attr::Qos,
         Attr::Runtime,
         Attr::HwId,
@@ -570,16 +633,15 @@ pub const CONTAINER: AttrSet = AttrSet {
 /// A device the kubelet allocated to a container.
 pub const ALLOCATION: AttrSet = AttrSet {
     name: "allocation",
-    otlp: &{
-        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
-        [a, b, c, d, e, f, Attr::HwId]
-    },
+    otlp: container_resource!(Attr::HwId),
     prometheus: &[
         Attr::ContainerId,
         Attr::PodUid,
         Attr::Namespace,
         Attr::PodName,
         Attr::ContainerName,
+        Attr::WorkloadKind,
+        Attr::Workload,
         Attr::HwId,
         Attr::Node,
     ],
@@ -587,10 +649,7 @@ pub const ALLOCATION: AttrSet = AttrSet {
 /// A process on a device.
 pub const PROCESS: AttrSet = AttrSet {
     name: "process",
-    otlp: &{
-        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
-        [a, b, c, d, e, f, Attr::ProcessPid, Attr::HwId]
-    },
+    otlp: container_resource!(Attr::ProcessPid, Attr::HwId),
     prometheus: &[
         Attr::ProcessPid,
         Attr::Comm,
@@ -609,10 +668,7 @@ pub const AGENT: AttrSet = AttrSet {
 /// XID errors charged to a container: its identity (OTLP: its resource) and the device.
 pub const XID_CHARGE: AttrSet = AttrSet {
     name: "xid charge",
-    otlp: &{
-        let [a, b, c, d, e, f] = CONTAINER_RESOURCE;
-        [a, b, c, d, e, f, Attr::HwId, Attr::HwParent]
-    },
+    otlp: container_resource!(Attr::HwId, Attr::HwParent),
     prometheus: &[
         Attr::ContainerId,
         Attr::PodUid,
@@ -1511,6 +1567,12 @@ mod tests {
         use gpu_model::TrackingMode;
         let modes = [TrackingMode::Ebpf, TrackingMode::Procfs].map(TrackingMode::as_str);
         assert_eq!(Attr::Mode.def().values, modes);
+    }
+
+    #[test]
+    fn workload_kinds_are_the_models() {
+        let kinds = gpu_model::WorkloadKind::ALL.map(gpu_model::WorkloadKind::as_str);
+        assert_eq!(Attr::WorkloadKind.def().values, kinds);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::{
 
 use gpu_model::{
     AgentStats, ContainerUsage, ContainerXid, DeviceSample, DeviceStatus, ProcessUsage, Snapshot,
+    Workload, WorkloadKind,
 };
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::ExportMetricsServiceRequest,
@@ -442,7 +443,33 @@ fn identity(c: &ContainerUsage) -> impl Iterator<Item = Attribute<'_>> {
         (Attr::Runtime, c.runtime),
     ]
     .into_iter()
+    .chain(workload_attributes(c.workload.as_deref()))
     .filter_map(|(a, v)| v.map(|v| s(a, v)))
+}
+
+/// The pod's owner in the semantic conventions' `k8s.*.name`: a Deployment's with its
+/// ReplicaSet, a CronJob's with its Job; nothing for a pod no controller owns.
+fn workload_attributes(w: Option<&Workload>) -> [(Attr, Option<&str>); 2] {
+    let none = (Attr::JobName, None);
+    let Some(w) = w else {
+        return [none, none];
+    };
+    let name = Some(&*w.name);
+    let attr = match w.kind {
+        WorkloadKind::Deployment => {
+            let rs = (Attr::ReplicaSetName, w.replicaset.as_deref());
+            return [(Attr::DeploymentName, name), rs];
+        }
+        WorkloadKind::CronJob => {
+            return [(Attr::CronJobName, name), (Attr::JobName, w.job.as_deref())];
+        }
+        WorkloadKind::ReplicaSet => Attr::ReplicaSetName,
+        WorkloadKind::StatefulSet => Attr::StatefulSetName,
+        WorkloadKind::DaemonSet => Attr::DaemonSetName,
+        WorkloadKind::Job => Attr::JobName,
+        WorkloadKind::Pod => return [none, none],
+    };
+    [(attr, name), none]
 }
 
 /// A container resource's encoded attributes: the node's, then its identity.
@@ -1760,6 +1787,71 @@ mod tests {
         ));
     }
 
+    fn deployment(name: &str, replicaset: &str) -> std::sync::Arc<Workload> {
+        std::sync::Arc::new(Workload {
+            kind: WorkloadKind::Deployment,
+            name: name.into(),
+            replicaset: Some(replicaset.into()),
+            job: None,
+        })
+    }
+
+    #[test]
+    fn a_containers_resource_names_its_pods_owner_in_the_semantic_conventions() {
+        let of = |kind, rs: Option<&str>, job: Option<&str>| {
+            let c = ContainerUsage {
+                container_id: Some("c".into()),
+                workload: Some(std::sync::Arc::new(Workload {
+                    kind,
+                    name: "w".into(),
+                    replicaset: rs.map(Into::into),
+                    job: job.map(Into::into),
+                })),
+                ..Default::default()
+            };
+            let attrs = container_attributes(&ctx(), &c);
+            let k8s = attrs
+                .iter()
+                .filter(|kv| kv.key.starts_with("k8s.") && kv.key != "k8s.node.name");
+            let text = |kv: &KeyValue| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(any_value::Value::StringValue(v)) => format!("{}={v}", kv.key),
+                v => panic!("{v:?}"),
+            };
+            k8s.map(text).collect::<Vec<_>>()
+        };
+        use WorkloadKind::*;
+        assert_eq!(
+            of(Deployment, Some("w-5d8f"), None),
+            ["k8s.deployment.name=w", "k8s.replicaset.name=w-5d8f"]
+        );
+        assert_eq!(of(ReplicaSet, None, None), ["k8s.replicaset.name=w"]);
+        assert_eq!(of(StatefulSet, None, None), ["k8s.statefulset.name=w"]);
+        assert_eq!(of(DaemonSet, None, None), ["k8s.daemonset.name=w"]);
+        assert_eq!(of(Job, None, None), ["k8s.job.name=w"]);
+        assert_eq!(
+            of(CronJob, None, Some("w-28948930")),
+            ["k8s.cronjob.name=w", "k8s.job.name=w-28948930"]
+        );
+        assert!(
+            of(Pod, None, None).is_empty(),
+            "a bare pod has no owner to name"
+        );
+        // An attribute dropped by the config goes from every resource.
+        let mut cx = ctx();
+        cx.groups.drop_attributes = vec!["k8s.replicaset.name".into()];
+        let c = ContainerUsage {
+            container_id: Some("c".into()),
+            workload: Some(deployment("w", "w-5d8f")),
+            ..Default::default()
+        };
+        let keys: Vec<String> = container_attributes(&cx, &c)
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        assert!(keys.contains(&"k8s.deployment.name".into()), "{keys:?}");
+        assert!(!keys.contains(&"k8s.replicaset.name".into()), "{keys:?}");
+    }
+
     /// A container of the kept-request test: `i` picks its devices and figures.
     fn kept_container(i: u32, names: &[gpu_model::Name]) -> ContainerUsage {
         use gpu_model::{GpuAccount, LimitSource};
@@ -1904,7 +1996,7 @@ mod tests {
         // Each change, and the request after it: the last one patched, in its buffer (past
         // more changes than are moved in place, the rest of it is encoded afresh).
         type Change = fn(&mut Snapshot);
-        let changes: [(&str, Change); 17] = [
+        let changes: [(&str, Change); 20] = [
             ("numbers", |s| {
                 s.taken_at_ms += 1_000;
                 for (k, c) in s.containers.iter_mut().enumerate() {
@@ -1942,6 +2034,15 @@ mod tests {
             ),
             ("a pod named", |s| {
                 s.containers[5].pod_name = Some("named".into())
+            }),
+            ("a pod's owner known", |s| {
+                s.containers[5].workload = Some(deployment("web", "web-5d8f"))
+            }),
+            ("the same owner, in another Arc", |s| {
+                s.containers[5].workload = Some(deployment("web", "web-5d8f"))
+            }),
+            ("another owner", |s| {
+                s.containers[5].workload = Some(deployment("web", "web-7c9d"))
             }),
             ("a limit from another source", |s| {
                 s.containers[2].accounts[0].memory_limit_bytes = Some(1);
@@ -2057,7 +2158,12 @@ mod tests {
                         // Its GPU time unknown, or known again.
                         g.gpu_time_seconds = g.gpu_time_seconds.xor(Some(1.0));
                     }
-                    4 => sn.containers[i].pod_name = Some(format!("p{round}").into()),
+                    4 => {
+                        let c = &mut sn.containers[i];
+                        c.pod_name = Some(format!("p{round}").into());
+                        let rs = format!("p-{}", round % 3);
+                        c.workload = (round % 2 == 1).then(|| deployment("p", &rs));
+                    }
                     5 => {
                         let a = &mut sn.containers[i].accounts[0];
                         a.sm_limit_percent = a.sm_limit_percent.xor(Some(50));

@@ -178,14 +178,39 @@ fn push_label(out: &mut String, first: &mut bool, k: Attr, v: &str) {
 
 /// A label block from pairs, leaving out the dropped ones.
 fn block(drop: Dropped, pairs: &[(Attr, &str)]) -> String {
-    let mut s = String::with_capacity(pairs.len() * 24);
+    block_of(drop, pairs.iter().copied())
+}
+
+fn block_of<'a>(drop: Dropped, pairs: impl IntoIterator<Item = (Attr, &'a str)>) -> String {
+    let pairs = pairs.into_iter();
+    let mut s = String::with_capacity(pairs.size_hint().0 * 24);
     let mut first = true;
-    for &(k, v) in pairs {
+    for (k, v) in pairs {
         if !drop.contains(k) {
             push_label(&mut s, &mut first, k, v);
         }
     }
     s
+}
+
+/// A container's names, then `workload_kind` and `workload` where its pod's owner is
+/// known.
+fn container_labels(c: &ContainerUsage) -> impl Iterator<Item = (Attr, &str)> {
+    let names = [
+        (Attr::ContainerId, s(&c.container_id)),
+        (Attr::PodUid, s(&c.pod_uid)),
+        (Attr::Namespace, s(&c.namespace)),
+        (Attr::PodName, s(&c.pod_name)),
+        (Attr::ContainerName, s(&c.container_name)),
+    ];
+    let w = c.workload.as_deref();
+    let owner = w.map(|w| {
+        [
+            (Attr::WorkloadKind, w.kind.as_str()),
+            (Attr::Workload, &*w.name),
+        ]
+    });
+    names.into_iter().chain(owner.into_iter().flatten())
 }
 
 fn escape_label_into(out: &mut String, v: &str) {
@@ -365,31 +390,17 @@ impl Blocks {
         let drop = self.drop;
         // A container's series on one device; `who` is its `owner`.
         let on_device = |c: &ContainerUsage, uuid: &str, gpu_uuid: &str, who: &str| {
-            block(
-                drop,
-                &[
-                    (Attr::ContainerId, s(&c.container_id)),
-                    (Attr::PodUid, s(&c.pod_uid)),
-                    (Attr::Namespace, s(&c.namespace)),
-                    (Attr::PodName, s(&c.pod_name)),
-                    (Attr::ContainerName, s(&c.container_name)),
-                    (Attr::Qos, c.qos.unwrap_or_default()),
-                    (Attr::Runtime, c.runtime.unwrap_or_default()),
-                    (Attr::HwId, uuid),
-                    (Attr::GpuUuid, gpu_uuid),
-                    (Attr::Node, node),
-                    (Attr::Owner, who),
-                ],
-            )
+            let rest = [
+                (Attr::Qos, c.qos.unwrap_or_default()),
+                (Attr::Runtime, c.runtime.unwrap_or_default()),
+                (Attr::HwId, uuid),
+                (Attr::GpuUuid, gpu_uuid),
+                (Attr::Node, node),
+                (Attr::Owner, who),
+            ];
+            block_of(drop, container_labels(c).chain(rest))
         };
         for c in &snap.containers {
-            let ids = [
-                (Attr::ContainerId, s(&c.container_id)),
-                (Attr::PodUid, s(&c.pod_uid)),
-                (Attr::Namespace, s(&c.namespace)),
-                (Attr::PodName, s(&c.pod_name)),
-                (Attr::ContainerName, s(&c.container_name)),
-            ];
             let per_gpu = c.gpus.iter();
             let per_gpu = per_gpu.map(|g| on_device(c, &g.uuid, &g.gpu_uuid, owner(c)));
             self.containers.push(per_gpu.collect());
@@ -397,9 +408,8 @@ impl Blocks {
             let accounts = accounts.map(|a| on_device(c, &a.uuid, &a.gpu_uuid, owner(c)));
             self.accounts.push(accounts.collect());
             let allocated = c.allocated_gpus.iter().map(|u| {
-                let mut p = ids.to_vec();
-                p.extend([(Attr::HwId, &**u), (Attr::Node, node)]);
-                block(self.drop, &p)
+                let device = [(Attr::HwId, &**u), (Attr::Node, node)];
+                block_of(drop, container_labels(c).chain(device))
             });
             self.allocations.push(allocated.collect());
         }
@@ -1422,7 +1432,54 @@ mod tests {
 
 #[cfg(test)]
 mod allocation_tests {
+    use super::tests::{lines_of, opts, snapshot, stats};
     use super::*;
+
+    #[test]
+    fn a_known_pod_owner_labels_its_containers_series_and_no_dcgm_series() {
+        use gpu_model::{Workload, WorkloadKind};
+        let mut snap = snapshot();
+        snap.containers[0].workload = Some(std::sync::Arc::new(Workload {
+            kind: WorkloadKind::Deployment,
+            name: "trainer-web".into(),
+            replicaset: Some("trainer-web-5d8f".into()),
+            job: None,
+        }));
+        let owner = r#"container="main",workload_kind="Deployment",workload="trainer-web",qos="#;
+        let t = render(&snap, &stats(), &opts());
+        for family in [
+            "container_gpu_memory_usage_bytes",
+            "container_gpu_energy_joules_total",
+            "container_gpu_allocated",
+        ] {
+            let lines = lines_of(&t, family);
+            let main = lines.iter().filter(|l| l.contains("pod=\"trainer\""));
+            let main: Vec<_> = main.collect();
+            assert!(!main.is_empty(), "{family}\n{t}");
+            for l in main {
+                let want = match family {
+                    "container_gpu_allocated" => r#"workload="trainer-web",hw_id="#,
+                    _ => owner,
+                };
+                assert!(l.contains(want), "{l}");
+            }
+            // The pod-level cgroup and the host entry: no owner known, no labels.
+            let others = lines.iter().filter(|l| !l.contains("pod=\"trainer\""));
+            assert!(
+                others.clone().all(|l| !l.contains("workload")),
+                "{family}\n{t}"
+            );
+        }
+        // dcgm-exporter's series keep dcgm-exporter's labels.
+        let opts = PromOptions {
+            dcgm: Some(super::dcgm_tests::every_dcgm_field(dcgm::Mode::Default)),
+            ..opts()
+        };
+        let t = render(&snap, &stats(), &opts);
+        assert!(t.contains("DCGM_FI_DEV_FB_USED{"), "{t}");
+        let dcgm = t.lines().filter(|l| l.starts_with("DCGM_"));
+        assert!(dcgm.clone().count() > 0 && dcgm.clone().all(|l| !l.contains("workload")));
+    }
 
     #[test]
     fn allocated_and_idle_series() {

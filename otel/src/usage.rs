@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpu_model::{ContainerUsage, SourceStatus, UsageRecord};
+use gpu_model::{ContainerUsage, SourceStatus, UsageRecord, Workload, WorkloadKind};
 use opentelemetry_proto::tonic::{
     collector::logs::v1::{logs_service_client::LogsServiceClient, ExportLogsServiceRequest},
     common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
@@ -118,8 +118,20 @@ fn owner_of(r: &UsageRecord) -> ContainerUsage {
         pod_name: r.pod_name.as_deref().map(Into::into),
         namespace: r.namespace.as_deref().map(Into::into),
         container_name: r.container_name.as_deref().map(Into::into),
+        workload: workload_of(r),
         ..Default::default()
     }
+}
+
+/// The record's pod owner, for its resource's `k8s.*.name` attributes.
+fn workload_of(r: &UsageRecord) -> Option<Arc<Workload>> {
+    let kind = r.workload_kind.as_deref().and_then(WorkloadKind::parse)?;
+    Some(Arc::new(Workload {
+        kind,
+        name: r.workload.as_deref()?.into(),
+        replicaset: r.replicaset.as_deref().map(Into::into),
+        job: r.job.as_deref().map(Into::into),
+    }))
 }
 
 /// One log record: the JSON line as its body, the values as attributes.
@@ -488,6 +500,24 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert!(body.contains("\"gpu_seconds\":null"), "{body}");
+        // The pod's owner on the resource, as on the metrics'.
+        let cron = UsageRecord {
+            workload_kind: Some("CronJob".into()),
+            workload: Some("nightly".into()),
+            job: Some("nightly-28948930".into()),
+            ..record("exited")
+        };
+        let req = build_logs_request(&[cron], &ctx, 99_000);
+        let attrs = &req.resource_logs[0].resource.as_ref().unwrap().attributes;
+        let text = |key: &str| {
+            let kv = attrs.iter().find(|kv| kv.key == key)?;
+            match kv.value.as_ref()?.value.as_ref()? {
+                any_value::Value::StringValue(s) => Some(s.clone()),
+                _ => None,
+            }
+        };
+        assert_eq!(text("k8s.cronjob.name").as_deref(), Some("nightly"));
+        assert_eq!(text("k8s.job.name").as_deref(), Some("nightly-28948930"));
     }
 
     #[test]

@@ -12,7 +12,8 @@ use node_api::{
     cri::{
         runtime_service_server::{RuntimeService, RuntimeServiceServer},
         Container, ContainerMetadata, ContainerStatusRequest, ContainerStatusResponse,
-        ListContainersRequest, ListContainersResponse, VersionRequest, VersionResponse,
+        ListContainersRequest, ListContainersResponse, ListPodSandboxRequest,
+        ListPodSandboxResponse, PodSandbox, PodSandboxMetadata, VersionRequest, VersionResponse,
     },
     podresources::{
         pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
@@ -46,6 +47,9 @@ pub struct FakeClaim {
     pub devices: Vec<(String, String, Vec<String>)>,
 }
 
+/// Labels as (key, value) pairs.
+pub type Labels = Vec<(String, String)>;
+
 #[derive(Clone, Default)]
 pub struct World {
     containers: Arc<Mutex<Vec<FakeContainer>>>,
@@ -55,6 +59,10 @@ pub struct World {
     /// CRI Version's runtime_name; "fake" when unset.
     runtime_name: Arc<Mutex<Option<String>>>,
     list_calls: Arc<std::sync::atomic::AtomicUsize>,
+    /// The pods' own labels, by (namespace, pod): what the kubelet gives the sandbox.
+    pod_labels: Arc<Mutex<HashMap<(String, String), Labels>>>,
+    /// ListPodSandbox answers UNIMPLEMENTED, as a runtime without it does.
+    no_sandboxes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl World {
@@ -77,6 +85,23 @@ impl World {
 
     pub fn set_runtime_name(&self, name: &str) {
         *self.runtime_name.lock().unwrap() = Some(name.to_string());
+    }
+
+    /// Pod `namespace/pod`'s own labels (its sandbox's, besides the kubelet's
+    /// `io.kubernetes.pod.*`).
+    pub fn set_pod_labels(&self, namespace: &str, pod: &str, labels: &[(&str, &str)]) {
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let key = (namespace.to_string(), pod.to_string());
+        self.pod_labels
+            .lock()
+            .unwrap()
+            .insert(key, labels.collect());
+    }
+
+    /// Whether ListPodSandbox is refused as unimplemented.
+    pub fn set_sandboxes_unimplemented(&self, no: bool) {
+        self.no_sandboxes
+            .store(no, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// How many ListContainers calls arrived (the agent must not poll blindly).
@@ -117,7 +142,7 @@ impl RuntimeService for Cri {
             .iter()
             .map(|c| Container {
                 id: c.id.clone(),
-                pod_sandbox_id: format!("sandbox-{}", c.pod),
+                pod_sandbox_id: sandbox_id(c),
                 metadata: Some(ContainerMetadata {
                     name: c.name.clone(),
                     attempt: 0,
@@ -135,6 +160,46 @@ impl RuntimeService for Cri {
         Ok(tonic::Response::new(ListContainersResponse { containers }))
     }
 
+    async fn list_pod_sandbox(
+        &self,
+        _: tonic::Request<ListPodSandboxRequest>,
+    ) -> Result<tonic::Response<ListPodSandboxResponse>, tonic::Status> {
+        if self
+            .0
+            .no_sandboxes
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(tonic::Status::unimplemented("ListPodSandbox"));
+        }
+        let labels = self.0.pod_labels.lock().unwrap().clone();
+        let mut items: Vec<PodSandbox> = vec![];
+        for c in self.0.containers.lock().unwrap().iter() {
+            let id = sandbox_id(c);
+            if items.iter().any(|s| s.id == id) {
+                continue;
+            }
+            let key = (c.namespace.clone(), c.pod.clone());
+            let mut all: HashMap<String, String> = HashMap::from([
+                ("io.kubernetes.pod.name".into(), c.pod.clone()),
+                ("io.kubernetes.pod.namespace".into(), c.namespace.clone()),
+                ("io.kubernetes.pod.uid".into(), c.pod_uid.clone()),
+            ]);
+            all.extend(labels.get(&key).into_iter().flatten().cloned());
+            items.push(PodSandbox {
+                id,
+                metadata: Some(PodSandboxMetadata {
+                    name: c.pod.clone(),
+                    uid: c.pod_uid.clone(),
+                    namespace: c.namespace.clone(),
+                    attempt: 0,
+                }),
+                labels: all,
+                ..Default::default()
+            });
+        }
+        Ok(tonic::Response::new(ListPodSandboxResponse { items }))
+    }
+
     async fn container_status(
         &self,
         r: tonic::Request<ContainerStatusRequest>,
@@ -144,6 +209,10 @@ impl RuntimeService for Cri {
             "container {id} not found"
         )))
     }
+}
+
+fn sandbox_id(c: &FakeContainer) -> String {
+    format!("sandbox-{}", c.pod_uid)
 }
 
 struct PodRes(World);

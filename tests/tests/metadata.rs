@@ -338,3 +338,194 @@ fn names_of_removed_containers_are_forgotten() {
         agent.stats()["metadata_names"].as_u64() == Some(0)
     });
 }
+
+type Labels = &'static [(&'static str, &'static str)];
+
+/// Pods of three workloads, each a container with one GPU process: (namespace, pod, its
+/// own labels). The pods' names are the controllers' (`<deployment>-<hash>-<suffix>`,
+/// `<statefulset>-<ordinal>`, `<cronjob>-<minute>-<suffix>`).
+const WORKLOAD_PODS: [(&str, &str, Labels); 3] = [
+    (
+        "inference",
+        "vllm-7f9c6d5b8-x2k8p",
+        &[("app", "vllm"), ("pod-template-hash", "7f9c6d5b8")],
+    ),
+    (
+        "speech",
+        "whisper-1",
+        &[
+            ("controller-revision-hash", "whisper-6c4f9d8b7"),
+            ("statefulset.kubernetes.io/pod-name", "whisper-1"),
+        ],
+    ),
+    (
+        "ml",
+        "nightly-eval-28948930-9cd7w",
+        &[
+            ("batch.kubernetes.io/job-name", "nightly-eval-28948930"),
+            ("controller-uid", "5a1b"),
+        ],
+    ),
+];
+
+/// The pods of `WORKLOAD_PODS` in `world`, their processes on G0: (id, cgroup, process)
+/// per pod.
+fn workload_pods(env: &Env, world: &World) -> Vec<(String, TestCgroup, Proc)> {
+    let mut pods = vec![];
+    let mut containers = vec![];
+    for (namespace, pod, labels) in WORKLOAD_PODS {
+        let (uid, id) = (random_uid(), random_hex(64));
+        let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+        let p = Proc(cg.spawn(&mut sleeper()));
+        containers.push(FakeContainer {
+            id: id.clone(),
+            pod_uid: uid,
+            namespace: namespace.into(),
+            pod: pod.into(),
+            name: "main".into(),
+            gpus: vec![],
+        });
+        world.set_pod_labels(namespace, pod, labels);
+        pods.push((id, cg, p));
+    }
+    world.set(containers);
+    let pids: Vec<u32> = pods.iter().map(|(_, _, p)| p.pid()).collect();
+    scenario(&env.scenario, &pids);
+    pods
+}
+
+/// The `k8s.*.name` attributes of a pod's owner on container `id`'s resource, as
+/// `key=value`.
+fn owner_attributes(
+    req: &opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest,
+    id: &str,
+) -> Vec<String> {
+    use tests::otlp_receiver::{attr_str, container_resource};
+    let Some(rm) = container_resource(req, id) else {
+        return vec![];
+    };
+    let a = &rm.resource.as_ref().unwrap().attributes;
+    let keys = [
+        "k8s.deployment.name",
+        "k8s.replicaset.name",
+        "k8s.statefulset.name",
+        "k8s.daemonset.name",
+        "k8s.job.name",
+        "k8s.cronjob.name",
+    ];
+    let found = keys
+        .into_iter()
+        .filter_map(|k| Some(format!("{k}={}", attr_str(a, k)?)));
+    found.collect()
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn workloads_from_the_pods_labels_in_the_snapshot_metrics_and_otlp() {
+    use tests::otlp_receiver::{Kind, Receiver};
+    let env = Env::new();
+    let world = World::default();
+    let pods = workload_pods(&env, &world);
+    let node = FakeNode::start(&env.dir, world.clone());
+    let rx = Receiver::start(Kind::Http, 0);
+    let url = rx.url();
+    let cfg = format!(
+        "[nvml]\ninterval_ms = 200\n{}",
+        tests::fake_node::metadata_config(&env.dir, Some(&node))
+    );
+    let lib = fake_nvml_lib();
+    let agent = Agent::start_env(
+        &cfg,
+        &["--nvml-lib", lib.to_str().unwrap(), "--prometheus"],
+        &[
+            ("FAKE_NVML_SCENARIO", env.scenario.to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ],
+    );
+    let ids: Vec<&str> = pods.iter().map(|(id, _, _)| id.as_str()).collect();
+    let snap = wait(&agent, "every pod's workload", |s| {
+        ids.iter()
+            .all(|id| container(s, id).is_some_and(|c| !c["workload"].is_null()))
+    });
+    let workload = |id: &str| container(&snap, id).unwrap()["workload"].clone();
+    assert_eq!(
+        workload(ids[0]),
+        json!({"kind": "Deployment", "name": "vllm", "replicaset": "vllm-7f9c6d5b8", "job": null})
+    );
+    assert_eq!(
+        workload(ids[1]),
+        json!({"kind": "StatefulSet", "name": "whisper", "replicaset": null, "job": null})
+    );
+    assert_eq!(
+        workload(ids[2]),
+        json!({"kind": "CronJob", "name": "nightly-eval", "replicaset": null, "job": "nightly-eval-28948930"})
+    );
+    // Prometheus: one pair of labels after the container's names.
+    let (_, text) = tests::http::get(&agent.addr, "/metrics").unwrap();
+    for (id, kind, name) in [
+        (ids[0], "Deployment", "vllm"),
+        (ids[1], "StatefulSet", "whisper"),
+        (ids[2], "CronJob", "nightly-eval"),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("container_gpu_memory_usage_bytes{")
+                    && l.contains(&format!("container_id=\"{id}\""))
+            })
+            .unwrap_or_else(|| panic!("no series of {id}:\n{text}"));
+        let labels = format!("container=\"main\",workload_kind=\"{kind}\",workload=\"{name}\",");
+        assert!(line.contains(&labels), "{line}");
+    }
+    // OTLP: the semantic conventions' names on each container's resource.
+    let req = rx
+        .received
+        .wait_for(Duration::from_secs(20), |r| {
+            ids.iter().all(|id| !owner_attributes(r, id).is_empty())
+        })
+        .unwrap_or_else(|| panic!("no export naming the workloads\n{}", agent.log()));
+    let attrs = |id: &str| owner_attributes(&req, id);
+    assert_eq!(
+        attrs(ids[0]),
+        [
+            "k8s.deployment.name=vllm",
+            "k8s.replicaset.name=vllm-7f9c6d5b8"
+        ]
+    );
+    assert_eq!(attrs(ids[1]), ["k8s.statefulset.name=whisper"]);
+    assert_eq!(
+        attrs(ids[2]),
+        [
+            "k8s.job.name=nightly-eval-28948930",
+            "k8s.cronjob.name=nightly-eval"
+        ]
+    );
+    drop(node);
+}
+
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_runtime_without_list_pod_sandbox_names_containers_without_workloads() {
+    let env = Env::new();
+    let world = World::default();
+    world.set_sandboxes_unimplemented(true);
+    let pods = workload_pods(&env, &world);
+    let node = FakeNode::start(&env.dir, world.clone());
+    let agent = env.agent(&node);
+    let id = pods[0].0.as_str();
+    let snap = wait(&agent, "the name", |s| {
+        container(s, id).is_some_and(|c| c["pod_name"] == "vllm-7f9c6d5b8-x2k8p")
+    });
+    assert_eq!(container(&snap, id).unwrap()["workload"], Value::Null);
+    let (_, text) = tests::http::get(&agent.addr, "/metrics").unwrap();
+    assert!(text.contains("pod=\"vllm-7f9c6d5b8-x2k8p\""), "{text}");
+    assert!(!text.contains("workload"), "{text}");
+    let said = agent
+        .log()
+        .matches("does not implement ListPodSandbox")
+        .count();
+    assert_eq!(said, 1, "said once:\n{}", agent.log());
+    assert_eq!(agent.stats()["metadata"]["cri"], "ok");
+}

@@ -577,6 +577,7 @@ mod tests {
                 container_name: Some("main".into()),
                 pod_uid: None,
                 runtime: None,
+                workload: None,
             },
         );
         md.set_allocations(vec![
@@ -605,6 +606,7 @@ mod tests {
                 container_name: Some("sleepy".into()),
                 pod_uid: Some("u-idle".into()),
                 runtime: None,
+                workload: None,
             },
         );
         let mut sample = sample(1000, vec![proc(100, 10, 5)]);
@@ -924,6 +926,104 @@ mod tests {
             // Joins alternate between two snapshots' entries, as the pipeline's do.
             if let Some(old) = before_last.replace(got) {
                 recycled = Some(old.containers.as_ptr());
+                refilled.recycle(old);
+            }
+        }
+    }
+
+    #[test]
+    fn a_pods_owner_follows_its_names_is_shared_and_never_outlives_them() {
+        use gpu_model::{Workload, WorkloadKind};
+        use std::sync::Arc;
+        let st = state();
+        let owner = |kind, name: &str| {
+            Some(Arc::new(Workload {
+                kind,
+                name: name.into(),
+                replicaset: None,
+                job: None,
+            }))
+        };
+        let idle_id: Name = "c".repeat(64).into();
+        // A named with its pod's owner, and an allocated, idle container with another.
+        let named = |w: &Option<Arc<Workload>>| {
+            let mut md = super::sharing_tests::allocated_to_a("nvidia.com/gpu", "GPU-1", None);
+            let mut a = md.names_of(A).unwrap().clone();
+            a.workload = w.clone();
+            md.learn(A.into(), a);
+            let mut allocs = md.allocations().to_vec();
+            allocs.push(Allocation {
+                namespace: "ns".into(),
+                pod_name: "db-0".into(),
+                container_name: "db".into(),
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec!["GPU-9".into()],
+                claim: None,
+            });
+            md.set_allocations(allocs);
+            let idle = ContainerNames {
+                pod_name: Some("db-0".into()),
+                namespace: Some("ns".into()),
+                container_name: Some("db".into()),
+                workload: owner(WorkloadKind::StatefulSet, "db"),
+                ..Default::default()
+            };
+            md.learn(idle_id.clone(), idle);
+            md
+        };
+        let web = owner(WorkloadKind::Deployment, "web");
+        let batch = owner(WorkloadKind::Job, "batch");
+        let (md_web, md_batch, md_none) = (named(&web), named(&batch), named(&None));
+        let unnamed = Metadata::default();
+        let cycles = [
+            (&md_web, "web"),
+            (&md_web, "web"),
+            (&md_batch, "batch"),
+            (&md_none, ""),
+            (&unnamed, ""),
+            (&md_web, "web"),
+        ];
+        let (mut fresh, mut refilled) = (Joiner::default(), Joiner::default());
+        let (ok, gap) = (SourceStatus::Ok, Duration::from_secs(3));
+        let mut before_last: Option<Snapshot> = None;
+        for (k, (md, want_a)) in cycles.into_iter().enumerate() {
+            // A on GPU-1 every cycle, B (unnamed) only every other one: entries move.
+            let mut procs = vec![proc(100, 1, 1)];
+            if k % 2 == 0 {
+                procs.insert(0, proc(200, 2, 2));
+            }
+            let s = sample(1000 * (k as u64 + 1), procs);
+            let want = fresh.join(&st, md, &s, &ok, gap, false);
+            let got = refilled.join(&st, md, &s, &ok, gap, false);
+            let json = |s: &Snapshot| serde_json::to_value(s).unwrap();
+            assert_eq!(json(&got), json(&want), "cycle {k}");
+            let a = find(&got, Some(A));
+            let a_owner = a.workload.as_ref().map(|w| w.name.to_string());
+            assert_eq!(a_owner.unwrap_or_default(), want_a, "cycle {k}");
+            // The metadata's own Arc: a pointer cloned, no names copied.
+            if let Some(w) = md.names_of(A).and_then(|n| n.workload.as_ref()) {
+                assert!(Arc::ptr_eq(w, a.workload.as_ref().unwrap()), "cycle {k}");
+            }
+            let b = got
+                .containers
+                .iter()
+                .find(|c| c.container_id.as_deref() == Some(B));
+            assert!(b.is_none_or(|b| b.workload.is_none()), "cycle {k}");
+            let idle = got
+                .containers
+                .iter()
+                .find(|c| c.pod_name.as_deref() == Some("db-0"));
+            match md.names_len() {
+                0 => assert!(idle.is_none_or(|c| c.workload.is_none()), "cycle {k}"),
+                _ => {
+                    let w = idle
+                        .and_then(|c| c.workload.as_ref())
+                        .expect("the idle entry's owner");
+                    assert_eq!((w.kind, &*w.name), (WorkloadKind::StatefulSet, "db"));
+                }
+            }
+            // Joins alternate between two snapshots' entries, as the pipeline's do.
+            if let Some(old) = before_last.replace(got) {
                 refilled.recycle(old);
             }
         }

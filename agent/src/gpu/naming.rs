@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use gpu_model::{ContainerUsage, Name};
+use gpu_model::{ContainerUsage, Name, Workload};
 
 use super::{
     ledger::Slot,
@@ -50,6 +50,7 @@ struct Named {
     runtime: Option<&'static str>,
     allocated_gpus: Arc<[Name]>,
     allocated_device_ids: Arc<[Name]>,
+    workload: Option<Arc<Workload>>,
     seen_ms: u64,
 }
 
@@ -65,6 +66,7 @@ impl Named {
             runtime: c.runtime,
             allocated_gpus: c.allocated_gpus.clone(),
             allocated_device_ids: c.allocated_device_ids.clone(),
+            workload: c.workload.clone(),
             seen_ms: now,
         }
     }
@@ -84,6 +86,16 @@ impl Named {
         c.runtime = self.runtime;
         set_list(&mut c.allocated_gpus, &self.allocated_gpus);
         set_list(&mut c.allocated_device_ids, &self.allocated_device_ids);
+        set_workload(&mut c.workload, self.workload.as_ref());
+    }
+}
+
+/// `set_name` for the pod's owner: one `Arc` per pod, the same cycle after cycle.
+fn set_workload(slot: &mut Option<Arc<Workload>>, w: Option<&Arc<Workload>>) {
+    match (slot.as_ref(), w) {
+        (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {}
+        (None, None) => {}
+        _ => *slot = w.cloned(),
     }
 }
 
@@ -101,6 +113,7 @@ fn unnamed(c: &mut ContainerUsage) {
     for n in [&mut c.pod_name, &mut c.namespace, &mut c.container_name] {
         set_name(n, None);
     }
+    set_workload(&mut c.workload, None);
     for a in [&mut c.allocated_gpus, &mut c.allocated_device_ids] {
         if !a.is_empty() {
             *a = Arc::default();
@@ -227,6 +240,9 @@ pub(super) fn name(c: &mut ContainerUsage, metadata: &Metadata) {
         c.pod_uid = c.pod_uid.take().or_else(|| n.pod_uid.clone());
         // The cgroupfs driver's paths do not name the runtime: the one that named it does.
         c.runtime = c.runtime.or(n.runtime);
+        if c.workload.is_none() {
+            c.workload = n.workload.clone();
+        }
     }
 }
 

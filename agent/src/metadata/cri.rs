@@ -1,12 +1,13 @@
-//! CRI runtime v1 (containerd, CRI-O): container id -> the `io.kubernetes.*` labels.
+//! CRI runtime v1 (containerd, CRI-O): container id -> the `io.kubernetes.*` labels, and
+//! each pod sandbox's labels (the pod's own, which name its owner: `workload.rs`).
 use std::{collections::HashMap, path::Path};
 
 use node_api::cri::{
     runtime_service_client::RuntimeServiceClient, ContainerStatusRequest, ListContainersRequest,
-    VersionRequest,
+    ListPodSandboxRequest, VersionRequest,
 };
 
-use super::ContainerNames;
+use super::{workload::Sandbox, ContainerNames};
 
 fn names_from_labels(labels: &HashMap<String, String>) -> ContainerNames {
     let get = |k: &str| {
@@ -21,6 +22,7 @@ fn names_from_labels(labels: &HashMap<String, String>) -> ContainerNames {
         container_name: get("io.kubernetes.container.name"),
         pod_uid: get("io.kubernetes.pod.uid"),
         runtime: None,
+        workload: None,
     }
 }
 
@@ -65,8 +67,15 @@ fn intern_runtime(name: &str) -> &'static str {
     }
 }
 
+/// One container of a listing: its id, its pod sandbox's and its names.
+pub struct Listed {
+    pub id: String,
+    pub sandbox: String,
+    pub names: ContainerNames,
+}
+
 /// Every container the runtime knows, with its names.
-pub async fn list(socket: &Path) -> Result<Vec<(String, ContainerNames)>, String> {
+pub async fn list(socket: &Path) -> Result<Vec<Listed>, String> {
     let channel = node_api::unix_channel(socket).map_err(|e| e.to_string())?;
     let mut client = RuntimeServiceClient::new(channel);
     let resp = client
@@ -86,9 +95,38 @@ pub async fn list(socket: &Path) -> Result<Vec<(String, ContainerNames)>, String
                     .filter(|s| !s.is_empty())
                     .map(Into::into);
             }
-            (c.id, n)
+            Listed {
+                id: c.id,
+                sandbox: c.pod_sandbox_id,
+                names: n,
+            }
         })
         .collect())
+}
+
+/// Every pod sandbox the runtime knows, with its labels; None from a runtime that does
+/// not implement `ListPodSandbox`.
+pub async fn sandboxes(socket: &Path) -> Result<Option<Vec<Sandbox>>, String> {
+    let channel = node_api::unix_channel(socket).map_err(|e| e.to_string())?;
+    let mut client = RuntimeServiceClient::new(channel);
+    let resp = match client
+        .list_pod_sandbox(ListPodSandboxRequest { filter: None })
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == node_api::tonic::Code::Unimplemented => return Ok(None),
+        Err(s) => return Err(format!("ListPodSandbox: {}", s.message())),
+    };
+    let all = resp.items.into_iter().map(|s| {
+        let m = s.metadata.unwrap_or_default();
+        Sandbox {
+            id: s.id,
+            pod_uid: m.uid,
+            pod_name: m.name,
+            labels: s.labels,
+        }
+    });
+    Ok(Some(all.collect()))
 }
 
 /// One container's names through ContainerStatus; None when the runtime does not know it.

@@ -57,6 +57,7 @@ pub async fn inspect(socket: &Path, id: &str) -> Result<Option<ContainerNames>, 
             .or_else(|| v["Name"].as_str().map(|n| n.trim_start_matches('/').into())),
         pod_uid: label("io.kubernetes.pod.uid"),
         runtime: Some("docker"),
+        workload: None,
     }))
 }
 

@@ -17,7 +17,7 @@
 //! builds (the tests) encode every patched resource afresh too and compare the bytes.
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use gpu_model::{same, same_opt, ContainerUsage, GpuAccount, Name};
+use gpu_model::{same, same_opt, ContainerUsage, GpuAccount, Name, Workload};
 
 use crate::catalogue::Dropped;
 
@@ -165,6 +165,8 @@ impl Entry {
 pub(super) struct Shape {
     names: [Option<Name>; 5],
     runtime: Option<&'static str>,
+    /// The pod's owner: one `Arc` per pod from the metadata, the same cycle after cycle.
+    workload: Option<Arc<Workload>>,
     allocated: Arc<[Name]>,
     /// Per device used, its UUID, its GPU's and which utilizations are known; then per
     /// account, its device, its GPU's and which figures it has.
@@ -206,6 +208,14 @@ fn account_bits(a: &GpuAccount) -> u8 {
         | source << 4
 }
 
+/// The same pod owner: the very same, mostly.
+fn same_workload(a: &Option<Arc<Workload>>, b: &Option<Arc<Workload>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        (a, b) => a.is_none() && b.is_none(),
+    }
+}
+
 /// A runtime's name is one of a few constants: the same pointer, mostly.
 fn same_runtime(a: Option<&str>, b: Option<&str>) -> bool {
     match (a, b) {
@@ -219,6 +229,7 @@ impl Shape {
         Shape {
             names: identity(c).map(Clone::clone),
             runtime: c.runtime,
+            workload: c.workload.clone(),
             allocated: c.allocated_gpus.clone(),
             devices: (c.gpus.iter())
                 .map(|g| (g.uuid.clone(), g.gpu_uuid.clone(), util_bits(g)))
@@ -240,6 +251,7 @@ impl Shape {
             .all(|(a, b)| same_opt(a, b));
         names
             && same_runtime(self.runtime, c.runtime)
+            && same_workload(&self.workload, &c.workload)
             && self.used == c.gpus.len()
             && self.devices.len() == c.gpus.len() + c.accounts.len()
             && (self.devices.iter().zip(&c.gpus)).all(|((u, p, b), g)| {

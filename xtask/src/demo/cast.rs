@@ -104,6 +104,35 @@ pub struct Workload {
     /// The device plugin's ids the kubelet allocated (time-slicing and MPS: `<uuid>::n`).
     pub devices: Vec<String>,
     pub processes: Vec<Process>,
+    /// The pod's labels as its controller sets them: what names its workload.
+    pub labels: Vec<(&'static str, String)>,
+}
+
+impl Workload {
+    fn labelled(self, labels: Vec<(&'static str, String)>) -> Workload {
+        Workload { labels, ..self }
+    }
+}
+
+/// A Deployment's pod (`<deployment>-<hash>-<suffix>`).
+fn deployment(hash: &str) -> Vec<(&'static str, String)> {
+    vec![("pod-template-hash", hash.into())]
+}
+
+/// A StatefulSet's pod (`<statefulset>-<ordinal>`).
+fn statefulset(pod: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("controller-revision-hash", "7d4b9c6f58".into()),
+        ("statefulset.kubernetes.io/pod-name", pod.into()),
+    ]
+}
+
+/// A Job's pod.
+fn job(name: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("batch.kubernetes.io/job-name", name.into()),
+        ("job-name", name.into()),
+    ]
 }
 
 fn pod(
@@ -121,6 +150,7 @@ fn pod(
         home,
         devices,
         processes,
+        labels: vec![],
     }
 }
 
@@ -158,7 +188,8 @@ fn training() -> Vec<Workload> {
                 on("python3", Slot::Gpu(0), trainer),
                 on("python3", Slot::Gpu(1), trainer),
             ],
-        ),
+        )
+        .labelled(statefulset("llama3-finetune-0")),
         pod(
             "research",
             "jupyter-alice",
@@ -179,7 +210,8 @@ fn training() -> Vec<Workload> {
                 slot: None,
                 load: steady(0.0, None),
             }],
-        ),
+        )
+        .labelled(job("hparam-sweep")),
     ]
 }
 
@@ -202,6 +234,7 @@ fn inference() -> Vec<Workload> {
             vec![replica(HOT_GPU, n)],
             vec![on("vllm-engine", Slot::Gpu(HOT_GPU), kv_cache)],
         )
+        .labelled(deployment("6f7d9c5b4"))
     };
     let mps = |namespace, name: &str, container, devices, process| {
         pod(
@@ -227,14 +260,19 @@ fn inference() -> Vec<Workload> {
                 Slot::MpsServer(MPS_GPU),
                 steady(0.3, None),
             ),
-        ),
+        )
+        .labelled(vec![
+            ("controller-revision-hash", "5b8c7d9f4".into()),
+            ("pod-template-generation", "1".into()),
+        ]),
         mps(
             "inference",
             "text-embedder-5c8d7f-7xq2v",
             "embedder",
             vec![replica(MPS_GPU, 0)],
             on("python3", Slot::MpsClient(MPS_GPU), steady(6.0, Some(22))),
-        ),
+        )
+        .labelled(deployment("5c8d7f")),
         mps(
             "inference",
             "reranker-b9f4c2-lp6sd",
@@ -245,7 +283,8 @@ fn inference() -> Vec<Workload> {
                 Slot::MpsClient(MPS_GPU),
                 steady(10.0, Some(31)),
             ),
-        ),
+        )
+        .labelled(deployment("b9f4c2")),
     ]
 }
 
@@ -262,6 +301,7 @@ fn elsewhere() -> Vec<Workload> {
             vec![MIG[n].0.to_string()],
             vec![on("python3", Slot::Mig(MIG_GPU, MIG[n].1), load)],
         )
+        .labelled(statefulset(&format!("whisper-large-v3-{n}")))
     };
     vec![
         whisper(0),
@@ -273,6 +313,7 @@ fn elsewhere() -> Vec<Workload> {
             home: Home::Service("ollama.service"),
             devices: vec![],
             processes: vec![on("ollama", Slot::Gpu(JOB_GPU), steady(9.5, Some(7)))],
+            labels: vec![],
         },
     ]
 }
@@ -293,6 +334,7 @@ pub fn eval_job(n: u32) -> Workload {
         vec![gpu(JOB_GPU)],
         vec![on("python3", Slot::Gpu(JOB_GPU), load)],
     )
+    .labelled(job(&format!("llama3-eval-{n}")))
 }
 
 /// Every device id the kubelet can allocate (the device plugin's advertisement).
@@ -332,6 +374,38 @@ mod t {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_pods_labels_name_their_workloads() {
+        use gpu_agent::metadata::workload::infer;
+        let owners: Vec<String> = resident()
+            .into_iter()
+            .chain([eval_job(3)])
+            .filter(|w| matches!(w.home, Home::Pod(..)))
+            .map(|w| {
+                let labels = w.labels.iter().map(|(k, v)| (k.to_string(), v.clone()));
+                let o = infer(&labels.collect(), &w.pod);
+                format!("{} {}: {:?} {}", w.namespace, w.pod, o.kind, o.name)
+            })
+            .collect();
+        assert_eq!(
+            owners,
+            [
+                "ml-training llama3-finetune-0: StatefulSet llama3-finetune",
+                "research jupyter-alice: Pod jupyter-alice",
+                "ml-training hparam-sweep-7: Job hparam-sweep",
+                "inference vllm-llama3-8b-6f7d9c5b4-x2k8p: Deployment vllm-llama3-8b",
+                "inference vllm-llama3-8b-6f7d9c5b4-q7wzn: Deployment vllm-llama3-8b",
+                "inference vllm-llama3-8b-6f7d9c5b4-m4hbt: Deployment vllm-llama3-8b",
+                "gpu-operator mps-control-daemon-8mnpz: DaemonSet mps-control-daemon",
+                "inference text-embedder-5c8d7f-7xq2v: Deployment text-embedder",
+                "inference reranker-b9f4c2-lp6sd: Deployment reranker",
+                "speech whisper-large-v3-0: StatefulSet whisper-large-v3",
+                "speech whisper-large-v3-1: StatefulSet whisper-large-v3",
+                "ml-training llama3-eval-3: Job llama3-eval-3",
+            ]
+        );
     }
 
     #[test]

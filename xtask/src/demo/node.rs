@@ -121,6 +121,9 @@ impl Node {
         };
         let cgroup = TestCgroup::v2(&path);
         self.ledger.record(&cgroup)?;
+        // What the kubelet gives the pod's sandbox: its workload's labels.
+        let labels: Vec<(&str, &str)> = w.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.fake.world.set_pod_labels(w.namespace, &w.pod, &labels);
         self.lives.push(Live {
             w,
             uid,
