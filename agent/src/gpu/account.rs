@@ -504,7 +504,10 @@ fn sm_sample(g: &ContainerGpu, users: &DeviceUsers, cy: &Cycle) -> Option<(u32, 
         false => on.iter().filter(|u| same(u.1, &g.uuid)).count() == 1,
     };
     match alone {
-        true => Some(((active * 100.0).round().clamp(0.0, 100.0) as u32, SmSource::Gpm)),
+        true => Some((
+            (active * 100.0).round().clamp(0.0, 100.0) as u32,
+            SmSource::Gpm,
+        )),
         false => process,
     }
 }

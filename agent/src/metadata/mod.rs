@@ -1,17 +1,18 @@
 //! Names and GPU allocations from the node's own sockets: the container runtime (CRI) for
 //! container id -> pod/namespace/container names, the kubelet's pod-resources service for
 //! which container is *allocated* which GPU, and the Docker API on plain Docker hosts.
-//! The runtime's pod sandboxes name each pod's owner (`workload.rs`). Nothing needs
+//! The runtime's pod sandboxes name each pod's owner (`owners.rs`, `workload.rs`). Nothing needs
 //! cluster-wide RBAC, and unknown names never block export.
 pub mod cri;
 pub mod docker;
 pub mod hami;
+pub mod owners;
 pub mod podresources;
 pub mod workload;
 
 use std::{
     collections::{HashMap, HashSet},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{
         atomic::Ordering::{self, Relaxed},
         Arc, RwLock,
@@ -385,18 +386,7 @@ pub struct MetadataSource {
     /// Containers Docker named: asked again on the timer, forgotten once Docker says gone.
     from_docker: HashSet<String>,
     /// Each pod sandbox's owner, from the last `ListPodSandbox`.
-    pods: workload::PodWorkloads,
-    sandboxes: Sandboxes,
-}
-
-/// How the last `ListPodSandbox` went, logged on change.
-#[derive(Debug, Default, PartialEq)]
-enum Sandboxes {
-    #[default]
-    NotAsked,
-    Listed,
-    Unimplemented,
-    Failing(String),
+    owners: owners::PodOwners,
 }
 
 impl MetadataSource {
@@ -413,8 +403,7 @@ impl MetadataSource {
             stats,
             from_cri: HashSet::new(),
             from_docker: HashSet::new(),
-            pods: Default::default(),
-            sandboxes: Sandboxes::NotAsked,
+            owners: Default::default(),
         }
     }
 
@@ -515,7 +504,7 @@ impl MetadataSource {
                 Err(e) => tracing::debug!("CRI Version: {e}"),
             }
         }
-        self.owners_for(&sock, &list).await;
+        self.owners.refresh(&sock, &list).await;
         // Ids and names shared: a known id's own, and one copy of each name the listing
         // repeats (a pod's namespace, name and uid in each of its containers).
         let mut interned: rustc_hash::FxHashSet<Name> = Default::default();
@@ -528,7 +517,7 @@ impl MetadataSource {
                     .get_key_value(id.as_str())
                     .map_or_else(|| Name::from(id), |(k, _)| k.clone());
                 names.runtime = self.cri_runtime;
-                names.workload = self.pods.of_sandbox(&c.sandbox);
+                names.workload = self.owners.of_sandbox(&c.sandbox);
                 share_names(&mut names, &mut interned);
                 md.learn(id.clone(), names);
                 id
@@ -544,56 +533,12 @@ impl MetadataSource {
         for id in still_unknown.clone() {
             if let Ok(Some(mut names)) = cri::status(&sock, &id).await {
                 names.runtime = self.cri_runtime;
-                names.workload = names.pod_uid.as_deref().and_then(|u| self.pods.of_pod(u));
+                names.workload = names.pod_uid.as_deref().and_then(|u| self.owners.of_pod(u));
                 md.learn(id.as_str().into(), names);
                 still_unknown.retain(|u| u != &id);
             }
         }
         true
-    }
-
-    /// The owners of the pods of a listing's containers. A sandbox's labels never change
-    /// (CRI has no call to change them): `ListPodSandbox` is asked only when a container's
-    /// sandbox is new, after the containers, so that it exists by then; the sandboxes no
-    /// container is in any more are let go.
-    async fn owners_for(&mut self, sock: &Path, list: &[cri::Listed]) {
-        let sandboxes: HashSet<&str> = list.iter().map(|c| c.sandbox.as_str()).collect();
-        self.pods.retain(&sandboxes);
-        if sandboxes.iter().any(|s| !self.pods.knows(s)) {
-            self.list_sandboxes(sock).await;
-        }
-    }
-
-    /// The pods' owners from `ListPodSandbox`. A runtime without it leaves them unknown
-    /// (said once); a failed listing keeps those of the last one.
-    async fn list_sandboxes(&mut self, sock: &Path) {
-        let now = match cri::sandboxes(sock).await {
-            Ok(Some(all)) => {
-                self.pods.update(all);
-                Sandboxes::Listed
-            }
-            Ok(None) => {
-                self.pods = Default::default();
-                Sandboxes::Unimplemented
-            }
-            Err(e) => Sandboxes::Failing(e),
-        };
-        if now == self.sandboxes {
-            return;
-        }
-        match &now {
-            Sandboxes::Unimplemented => tracing::info!(
-                "CRI: the runtime does not implement ListPodSandbox; pods' workloads unknown"
-            ),
-            Sandboxes::Failing(e) => {
-                tracing::warn!("CRI {e}; pods' workloads as last listed, retrying")
-            }
-            Sandboxes::Listed if matches!(self.sandboxes, Sandboxes::Failing(_)) => {
-                tracing::info!("CRI: ListPodSandbox answers again")
-            }
-            _ => {}
-        }
-        self.sandboxes = now;
     }
 
     /// The Docker API for ids the runtime did not name; a ping when there is nothing to
