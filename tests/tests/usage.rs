@@ -421,9 +421,11 @@ fn a_container_that_stops_yields_one_record_over_otlp_and_in_the_file_and_report
             c["pod_name"] == "train-0" && c["gpus"][0]["gpu_time_seconds"].as_f64() > Some(1.0)
         })
     });
-    // The container stops: its process exits and NVML no longer lists it.
+    // The container stops: its process exits, NVML no longer lists it, and neither the
+    // runtime nor the kubelet does (its allocation ends with it).
     drop(w);
     sc.write(&json!({"devices": [gpu(0, G0, 300_000, vec![])]}));
+    node.world.set(vec![]);
     agent.wait_until("the record in the file", Duration::from_secs(10), || {
         !read_lines(&file).is_empty()
     });
