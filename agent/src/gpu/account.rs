@@ -118,22 +118,21 @@ pub fn account(
         names: pass.names,
         metadata: pass.metadata,
         now,
+        max_record_ms: pass.inputs.max_record_ms,
     };
+    let mut records = vec![];
     for (i, (c, slot)) in containers.iter().zip(&slots).enumerate() {
         let n = rest.iter().take_while(|c| c.0 == i).count();
         let (mine, later) = rest.split_at(n);
         rest = later;
         if let Some(slot) = slot {
             let window_ms = pass.inputs.peak_window_ms;
-            advance(c, (*slot, mine), counters, (&users, &cycle), window_ms);
+            let cy = (&users, &cycle);
+            advance(c, (*slot, mine), counters, cy, (window_ms, &mut records));
         }
     }
-    let mut records = charge_accounting(containers, &owners, counters, pass, now);
-    records.extend(stretch::close_ended(
-        counters,
-        now,
-        pass.inputs.max_record_ms,
-    ));
+    records.extend(charge_accounting(containers, &owners, counters, pass, now));
+    records.extend(stretch::close_ended(counters, now));
     let mut spare = counters.spare.take_accounts();
     let accounted = accounted_devices(counters);
     let added = accounted_owners(&owners, &accounted, pass.metadata);
@@ -432,13 +431,13 @@ fn charge_accounting(
 
 /// One container's devices this cycle, with one lookup of its owner: its stretch on each
 /// device it used or holds advances (`stretch::advance`), energy is charged, the peak
-/// advances.
+/// advances, and a stretch due is cut into a record.
 fn advance(
     c: &ContainerUsage,
     (slot, charges): (Slot, &[Charge]),
     counters: &mut Counters,
     (users, cy): (&DeviceUsers, &Cycle),
-    window_ms: u64,
+    (window_ms, records): (u64, &mut Vec<UsageRecord>),
 ) {
     let now = cy.now;
     let devices = counters.ledgers.at(slot);
@@ -474,6 +473,7 @@ fn advance(
     for (_, uuid, j) in charges {
         charge_energy(device(devices, uuid), *j, now);
     }
+    stretch::cut_due(devices, cy, records);
 }
 
 /// A container's SM utilization on a device this cycle: GPM's SM activity of the device

@@ -22,6 +22,8 @@ pub struct Cycle<'a> {
     pub names: &'a DeviceNames,
     pub metadata: &'a Metadata,
     pub now: u64,
+    /// A stretch open this long is cut (`usage.max_record_secs`).
+    pub max_record_ms: u64,
 }
 
 /// One cycle of a container on a device: its SM utilization (where known, and whence),
@@ -206,19 +208,27 @@ fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
     record
 }
 
-/// Stretches whose container neither used nor held the device this cycle end (`exited`);
-/// those open for `max_record_ms` or more are cut (`checkpoint`).
-pub fn close_ended(counters: &mut Counters, now: u64, max_record_ms: u64) -> Vec<UsageRecord> {
+/// The stretches of the owner's devices open for `max_record_ms` or more are cut
+/// (`checkpoint`): after the cycle was credited and charged, while they are at hand.
+pub fn cut_due(devices: &mut [(Name, Ledger)], cy: &Cycle, records: &mut Vec<UsageRecord>) {
+    for (uuid, l) in devices {
+        let due = l.session.as_ref().is_some_and(|s| {
+            s.end_ms == cy.now && cy.now.saturating_sub(s.start_ms) >= cy.max_record_ms
+        });
+        if due {
+            records.extend(checkpoint(l, uuid));
+        }
+    }
+}
+
+/// Stretches whose container neither used nor held the device this cycle end (`exited`).
+pub fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
     let mut records = vec![];
     for (_, uuid, l) in counters.ledgers.iter_mut() {
-        let Some(s) = &l.session else { continue };
-        let live = l.last_used_ms == now || l.last_allocated_ms == now;
-        let record = match (live, now.saturating_sub(s.start_ms) >= max_record_ms) {
-            (false, _) => end(l, uuid, "exited"),
-            (true, true) => checkpoint(l, uuid),
-            (true, false) => None,
-        };
-        records.extend(record);
+        let ended = l.session.is_some() && l.last_used_ms != now && l.last_allocated_ms != now;
+        if ended {
+            records.extend(end(l, uuid, "exited"));
+        }
     }
     records
 }
