@@ -119,6 +119,15 @@ pub struct DeviceFacts {
     pub gpus_allocated: Option<f64>,
 }
 
+/// An open stretch's device facts, the allocation they were read with (read again when it
+/// changes), and its profile.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Detail {
+    pub device: DeviceFacts,
+    pub allocated: std::sync::Arc<[Name]>,
+    pub profile: Profile,
+}
+
 /// One stretch of use of a device by a container: from its first process there, or the
 /// first cycle the device was allocated to it, to the last of either. The totals at its
 /// start, to subtract at its end.
@@ -137,11 +146,8 @@ pub struct Session {
     pub names: RecordNames,
     /// Whether any of its cycles had a process of the container on the device.
     pub used: bool,
-    pub device: DeviceFacts,
-    /// The container's allocation `device` was read with: read again when it changes.
-    pub allocated: std::sync::Arc<[Name]>,
-    /// Boxed: 0.5 KB that only an open stretch needs.
-    pub profile: Box<Profile>,
+    /// Boxed: what only an open stretch needs stays out of every ledger.
+    pub detail: Box<Detail>,
 }
 
 /// Per (owner, device): what this module carries across cycles, and the join's

@@ -5,9 +5,9 @@
 /// SM utilization: one bucket per percent, 0 to 100.
 const SM_BUCKETS: usize = 101;
 
-/// Memory, log-linear: exact below 8 MiB (bucket 0 is under 1 MiB), then eight buckets per
-/// doubling, each at most 1/8 of its lower bound wide, up to 2 TiB.
-const MEMORY_BUCKETS: usize = 8 + 18 * 8;
+/// Memory, log-linear: exact below 4 MiB (bucket 0 is under 1 MiB), then four buckets per
+/// doubling, each at most 1/4 of its lower bound wide, up to 2 TiB.
+const MEMORY_BUCKETS: usize = 4 + 19 * 4;
 
 /// Where a sample's SM figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,15 +18,17 @@ pub enum SmSource {
     Gpm,
 }
 
-/// Counts per bucket; u16 keeps a profile at 0.5 KB. A full bucket halves them all, which
-/// keeps the quantiles (ratios), so a stretch longer than 65,535 samples loses nothing
-/// that matters.
+/// Counts per bucket, a byte each: a profile is 200 bytes, held for every open stretch (2,000
+/// on a large node). A full bucket halves them all, which keeps the quantiles (ratios) to
+/// within a count in 256; the largest SM figure is kept apart, since halving can empty the
+/// bucket of a rare one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
-    sm: [u16; SM_BUCKETS],
-    memory: [u16; MEMORY_BUCKETS],
-    /// SM samples by source: process utilization, GPM.
-    sources: [u32; 2],
+    sm: [u8; SM_BUCKETS],
+    memory: [u8; MEMORY_BUCKETS],
+    sm_max: Option<u8>,
+    /// Whether an SM sample came from process utilization, from GPM.
+    sources: [bool; 2],
 }
 
 impl Default for Profile {
@@ -34,7 +36,8 @@ impl Default for Profile {
         Profile {
             sm: [0; SM_BUCKETS],
             memory: [0; MEMORY_BUCKETS],
-            sources: [0; 2],
+            sm_max: None,
+            sources: [false; 2],
         }
     }
 }
@@ -42,25 +45,25 @@ impl Default for Profile {
 /// The memory bucket of `bytes`.
 fn memory_bucket(bytes: u64) -> usize {
     let mib = bytes >> 20;
-    if mib < 8 {
+    if mib < 4 {
         return mib as usize;
     }
     let e = 63 - mib.leading_zeros() as usize;
-    let sub = (mib >> (e - 3)) as usize - 8;
-    (8 + (e - 3) * 8 + sub).min(MEMORY_BUCKETS - 1)
+    let sub = (mib >> (e - 2)) as usize - 4;
+    (4 + (e - 2) * 4 + sub).min(MEMORY_BUCKETS - 1)
 }
 
 /// The largest value bucket `i` holds (its upper bound), bytes.
 fn memory_upper(i: usize) -> u64 {
-    if i < 8 {
+    if i < 4 {
         return ((i as u64 + 1) << 20) - 1;
     }
-    let (e, sub) = (3 + (i - 8) / 8, (i - 8) % 8);
-    (((8 + sub as u64 + 1) << (e - 3)) << 20) - 1
+    let (e, sub) = (2 + (i - 4) / 4, (i - 4) % 4);
+    (((4 + sub as u64 + 1) << (e - 2)) << 20) - 1
 }
 
 /// The bucket holding the `q` quantile: the first whose running count reaches q of all.
-fn quantile(counts: &[u16], q: f64) -> Option<usize> {
+fn quantile(counts: &[u8], q: f64) -> Option<usize> {
     let n: u64 = counts.iter().map(|&c| c as u64).sum();
     if n == 0 {
         return None;
@@ -73,8 +76,8 @@ fn quantile(counts: &[u16], q: f64) -> Option<usize> {
     })
 }
 
-fn bump(counts: &mut [u16], i: usize) {
-    if counts[i] == u16::MAX {
+fn bump(counts: &mut [u8], i: usize) {
+    if counts[i] == u8::MAX {
         counts.iter_mut().for_each(|c| *c /= 2);
     }
     counts[i] += 1;
@@ -85,8 +88,10 @@ impl Profile {
     /// held.
     pub fn add(&mut self, sm: Option<(u32, SmSource)>, memory_bytes: u64) {
         if let Some((pct, source)) = sm {
-            bump(&mut self.sm, pct.min(100) as usize);
-            self.sources[source as usize] += 1;
+            let pct = pct.min(100) as u8;
+            bump(&mut self.sm, pct as usize);
+            self.sm_max = self.sm_max.max(Some(pct));
+            self.sources[source as usize] = true;
         }
         bump(&mut self.memory, memory_bucket(memory_bytes));
     }
@@ -96,7 +101,12 @@ impl Profile {
         quantile(&self.sm, q).map(|i| i as u32)
     }
 
-    /// The memory's `q` quantile: the upper bound of its bucket (within 1/8 above the
+    /// The largest SM utilization, percent.
+    pub fn sm_max(&self) -> Option<u32> {
+        self.sm_max.map(u32::from)
+    }
+
+    /// The memory's `q` quantile: the upper bound of its bucket (within 1/4 above the
     /// truth), never above `peak`.
     pub fn memory(&self, q: f64, peak: u64) -> u64 {
         quantile(&self.memory, q).map_or(0, |i| memory_upper(i).min(peak))
@@ -105,10 +115,10 @@ impl Profile {
     /// `process_utilization`, `gpm` or `mixed`; None without an SM sample.
     pub fn sm_source(&self) -> Option<&'static str> {
         match self.sources {
-            [0, 0] => None,
-            [_, 0] => Some("process_utilization"),
-            [0, _] => Some("gpm"),
-            _ => Some("mixed"),
+            [false, false] => None,
+            [true, false] => Some("process_utilization"),
+            [false, true] => Some("gpm"),
+            [true, true] => Some("mixed"),
         }
     }
 }
@@ -134,19 +144,24 @@ mod tests {
         );
         assert_eq!(p.sm_source(), Some("process_utilization"));
         p.add(Some((130, SmSource::Gpm)), 0);
-        assert_eq!((p.sm(1.0), p.sm_source()), (Some(100), Some("mixed")));
+        assert_eq!((p.sm_max(), p.sm_source()), (Some(100), Some("mixed")));
         p.add(None, 0);
-        assert_eq!(p.sources, [100, 1], "a sample without SM adds memory only");
+        assert_eq!(
+            p.sm.iter().map(|&c| c as u32).sum::<u32>(),
+            101,
+            "memory only"
+        );
     }
 
     #[test]
-    fn memory_buckets_cover_every_size_within_an_eighth() {
+    fn memory_buckets_cover_every_size_within_a_quarter() {
         for bytes in [
             0,
             MIB - 1,
             MIB,
+            3 * MIB,
+            4 * MIB,
             7 * MIB,
-            8 * MIB,
             9 * MIB + 5,
             7 << 30,
             30 << 30,
@@ -160,7 +175,7 @@ mod tests {
             let lower = if i == 0 { 0 } else { memory_upper(i - 1) + 1 };
             assert!(lower <= bytes, "{bytes}: bucket {i} starts at {lower}");
             assert!(
-                upper - lower < lower / 8 + MIB,
+                upper - lower < lower / 4 + MIB,
                 "{bytes}: bucket {i} too wide"
             );
         }
@@ -168,32 +183,32 @@ mod tests {
     }
 
     #[test]
-    fn memory_p95_is_within_an_eighth_and_never_above_the_peak() {
+    fn memory_p95_is_within_a_quarter_and_never_above_the_peak() {
         let mut p = Profile::default();
         for i in 0..100u64 {
             p.add(None, if i < 96 { 6 << 30 } else { 7 << 30 });
         }
         let p95 = p.memory(0.95, 7 << 30);
-        assert!((6 << 30..(6 << 30) + (6 << 30) / 8).contains(&p95), "{p95}");
+        assert!((6 << 30..(6 << 30) + (6 << 30) / 4).contains(&p95), "{p95}");
         assert_eq!(p.memory(1.0, 7 << 30), 7 << 30, "capped at the peak");
         assert_eq!(Profile::default().memory(0.95, 0), 0);
     }
 
     #[test]
-    fn a_full_bucket_halves_them_all_and_the_quantiles_hold() {
+    fn a_full_bucket_halves_them_all_and_the_quantiles_and_the_largest_hold() {
         let mut p = Profile::default();
-        for i in 0..200_000u32 {
-            p.add(
-                Some((if i % 4 == 0 { 90 } else { 20 }, SmSource::Process)),
-                0,
-            );
+        // An hour of 1 s samples: a quarter at 90 %, the rest at 20 %, one at 99 %.
+        for i in 0..3600u32 {
+            let pct = match i {
+                7 => 99,
+                i if i % 4 == 0 => 90,
+                _ => 20,
+            };
+            p.add(Some((pct, SmSource::Process)), 0);
         }
-        assert!(
-            p.sm[20] > 30_000 && p.sm[90] > 10_000,
-            "{} {}",
-            p.sm[20],
-            p.sm[90]
-        );
-        assert_eq!([p.sm(0.5), p.sm(0.95)], [Some(20), Some(90)]);
+        assert!(p.sm[20] > 127 && p.sm[90] > 40, "{} {}", p.sm[20], p.sm[90]);
+        assert_eq!(p.sm[99], 0, "halved away");
+        let got = [p.sm(0.5), p.sm(0.95), p.sm_max()];
+        assert_eq!(got, [Some(20), Some(90), Some(99)]);
     }
 }

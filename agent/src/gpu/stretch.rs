@@ -9,7 +9,7 @@ use gpu_model::{ContainerUsage, DeviceSample, GpuSample, MigSample, Name, UsageR
 
 use super::{
     counters::Counters,
-    ledger::{DeviceFacts, Ledger, RecordNames, Session},
+    ledger::{Detail, DeviceFacts, Ledger, RecordNames, Session},
     owner::{same, DeviceNames, Owner},
     profile::{Profile, SmSource},
 };
@@ -61,8 +61,11 @@ pub fn advance(
             accounted_processes: l.accounted_processes,
             accounted_gpu_seconds: l.accounted_gpu_seconds,
             names: RecordNames::of(c),
-            device: facts(c, (uuid, gpu_uuid), cy),
-            allocated: c.allocated_gpus.clone(),
+            detail: Box::new(Detail {
+                device: facts(c, (uuid, gpu_uuid), cy),
+                allocated: c.allocated_gpus.clone(),
+                profile: Profile::default(),
+            }),
             ..Default::default()
         });
     }
@@ -70,15 +73,16 @@ pub fn advance(
     s.end_ms = cy.now;
     s.peak = s.peak.max(u.memory_bytes);
     s.used |= u.used;
-    s.profile.add(u.sm, u.memory_bytes);
+    let d = &mut *s.detail;
+    d.profile.add(u.sm, u.memory_bytes);
     // Names arrive after the first sample, and come anew with each metadata refresh; the
     // allocation with them. An empty allocation may be a new empty list each cycle.
-    let same_allocation = Arc::ptr_eq(&s.allocated, &c.allocated_gpus)
-        || (s.allocated.is_empty() && c.allocated_gpus.is_empty());
+    let same_allocation = Arc::ptr_eq(&d.allocated, &c.allocated_gpus)
+        || (d.allocated.is_empty() && c.allocated_gpus.is_empty());
     if !s.names.shares(c) || !same_allocation {
         s.names = RecordNames::of(c);
-        s.allocated = c.allocated_gpus.clone();
-        s.device = facts(c, (uuid, gpu_uuid), cy);
+        d.allocated = c.allocated_gpus.clone();
+        d.device = facts(c, (uuid, gpu_uuid), cy);
     }
 }
 
@@ -156,7 +160,9 @@ pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
         true => acc.gpu_seconds.map(|g| (g - s.gpu_seconds).max(0.0)),
         false => Some(0.0),
     };
-    let p = &s.profile;
+    let Detail {
+        device, profile: p, ..
+    } = *s.detail;
     Some(UsageRecord {
         uuid: uuid.to_string(),
         gpu_uuid: s.gpu_uuid.to_string(),
@@ -171,13 +177,13 @@ pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
         reason: reason.into(),
         sm_p50: p.sm(0.5),
         sm_p95: p.sm(0.95),
-        sm_max: p.sm(1.0),
+        sm_max: p.sm_max(),
         sm_source: p.sm_source().map(str::to_string),
         memory_p95_bytes: p.memory(0.95, s.peak),
-        device_model: s.device.model,
-        device_memory_bytes: s.device.memory_bytes,
-        gpus_allocated: s.device.gpus_allocated,
-        mig_profile: s.device.mig_profile,
+        device_model: device.model,
+        device_memory_bytes: device.memory_bytes,
+        gpus_allocated: device.gpus_allocated,
+        mig_profile: device.mig_profile,
         ..s.names.record()
     })
 }
@@ -199,9 +205,11 @@ fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
         peak: 0,
         names: s.names.clone(),
         used: false,
-        device: s.device.clone(),
-        allocated: s.allocated.clone(),
-        profile: Box::<Profile>::default(),
+        detail: Box::new(Detail {
+            device: s.detail.device.clone(),
+            allocated: s.detail.allocated.clone(),
+            profile: Profile::default(),
+        }),
     };
     let record = end(l, uuid, "checkpoint");
     l.session = Some(next);
