@@ -2,17 +2,18 @@
 //! processes in pod cgroups, pods named and labelled by the fake CRI server and allocated
 //! GPUs by the fake kubelet, the agent writing its usage records (cut into checkpoints),
 //! and `gpu-agent rightsize` reading them back.
-use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use serde_json::{json, Value};
 use tests::{
-    agent_binary,
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
     container,
     fake_node::{metadata_config, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
-    random_hex, random_uid, Agent, TempDir as Dir,
+    random_hex, random_uid,
+    rightsize::rightsize_json,
+    Agent, TempDir as Dir,
 };
 
 const GIB: u64 = 1 << 30;
@@ -111,21 +112,6 @@ fn read_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn rightsize(file: &Path, args: &[&str]) -> String {
-    let out = Command::new(agent_binary())
-        .args(["rightsize", "--file"])
-        .arg(file)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// The agent runs the node for over 30 s with records cut every 10 s; its records name
 /// each pod's workload and profile, and `rightsize` gives the known answers.
 #[test]
@@ -179,13 +165,11 @@ fn the_known_node_gets_the_known_recommendations() {
     assert!(agent.stop().success());
     let records = read_lines(&file);
     check_records(&records, &containers);
-    let got: BTreeMap<String, Value> =
-        rightsize(&file, &["--format", "json", "--min-coverage", "30s"])
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .filter(|r| r["namespace"] != "-")
-            .map(|r| (r["workload"].as_str().unwrap().to_string(), r))
-            .collect();
+    let got: BTreeMap<String, Value> = rightsize_json(&file, &["--min-coverage", "30s"], &[])
+        .into_iter()
+        .filter(|r| r["namespace"] != "-")
+        .map(|r| (r["workload"].as_str().unwrap().to_string(), r))
+        .collect();
     let want = [
         (
             "chat-api",
@@ -241,9 +225,9 @@ fn the_known_node_gets_the_known_recommendations() {
     assert_eq!(got["chat-api"]["memory_peak_bytes"], json!(7 * GIB));
     assert_eq!(got["vectordb"]["sm_p95"].as_f64(), Some(35.0));
     // Asked for more coverage than there is: no advice yet.
-    let early = rightsize(&file, &["--format", "json", "--min-coverage", "1h"]);
-    for l in early.lines() {
-        let r: Value = serde_json::from_str(l).unwrap();
+    let early = rightsize_json(&file, &["--min-coverage", "1h"], &[]);
+    assert!(!early.is_empty());
+    for r in early {
         assert_eq!(r["recommendation"]["kind"], "insufficient-data", "{r}");
     }
 }
