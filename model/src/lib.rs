@@ -719,9 +719,28 @@ macro_rules! serialize_as_display {
 }
 serialize_as_display!(SourceStatus, DeviceStatus, TrackingMode, ExportTarget);
 
+/// The compute slices in a profile's name: `3g.40gb` 3, `1c.3g.40gb` (a compute instance
+/// of one slice inside a 3-slice GPU instance) 1; 1 where the name says none.
+pub fn mig_compute_slices(profile: &str) -> u32 {
+    let mut parts = profile.split('.');
+    let first = parts.next().unwrap_or("");
+    let n = |s: &str, unit: char| s.strip_suffix(unit).and_then(|d| d.parse::<u32>().ok());
+    n(first, 'c').or_else(|| n(first, 'g')).unwrap_or(1).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mig_profile_names_its_compute_slices() {
+        assert_eq!(mig_compute_slices("1g.10gb"), 1);
+        assert_eq!(mig_compute_slices("3g.40gb"), 3);
+        assert_eq!(mig_compute_slices("1g.10gb+me"), 1);
+        assert_eq!(mig_compute_slices("1c.3g.40gb"), 1);
+        assert_eq!(mig_compute_slices("7g.141gb"), 7);
+        assert_eq!(mig_compute_slices("odd"), 1);
+    }
 
     #[test]
     fn readings_are_the_device_less_its_processes() {

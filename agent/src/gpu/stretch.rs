@@ -5,7 +5,9 @@
 //! facts of its device.
 use std::sync::Arc;
 
-use gpu_model::{ContainerUsage, DeviceSample, GpuSample, MigSample, Name, UsageRecord};
+use gpu_model::{
+    mig_compute_slices, ContainerUsage, DeviceSample, GpuSample, MigSample, Name, UsageRecord,
+};
 
 use super::{
     counters::Counters,
@@ -120,7 +122,7 @@ fn allocated_share(
         return None;
     }
     if !same(uuid, gpu_uuid) {
-        let slices = mig_slices(mig?.profile.as_deref()?)?;
+        let slices = mig_compute_slices(mig?.profile.as_deref()?);
         return Some(slices as f64 / gpu_slices(device.map_or("", |d| &d.name)) as f64);
     }
     let replicas = metadata.replicas_of(gpu_uuid);
@@ -135,11 +137,6 @@ fn allocated_share(
         .map(|(al, _)| al.replicas_of(gpu_uuid))
         .sum();
     Some(held.clamp(1, replicas) as f64 / replicas as f64)
-}
-
-/// The compute slices of a MIG profile: the 3 of `3g.40gb`.
-pub fn mig_slices(profile: &str) -> Option<u32> {
-    profile.split_once('g')?.0.parse().ok()
 }
 
 /// A GPU's compute slices under MIG: 4 on the A30, 7 on every other MIG-capable GPU
@@ -252,12 +249,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mig_profiles_and_gpus_give_their_compute_slices() {
-        assert_eq!(mig_slices("1g.10gb"), Some(1));
-        assert_eq!(mig_slices("3g.40gb"), Some(3));
-        assert_eq!(mig_slices("1g.10gb+me"), Some(1));
-        assert_eq!(mig_slices("7g.141gb"), Some(7));
-        assert_eq!(mig_slices("bad"), None);
+    fn a_gpu_has_seven_compute_slices_or_four_on_an_a30() {
         assert_eq!(gpu_slices("NVIDIA A30"), 4);
         assert_eq!(gpu_slices("NVIDIA H100 80GB HBM3"), 7);
     }

@@ -3,6 +3,7 @@
 //! model neither knows is taken as not MIG-capable.
 use std::fmt;
 
+use gpu_model::mig_compute_slices;
 use serde::Serialize;
 
 use super::mig_table;
@@ -184,17 +185,8 @@ impl Profiles {
         let total = self
             .for_model(device_model, device_memory)
             .map_or(7, |m| m.total_slices);
-        f64::from(compute_slices(profile).min(total)) / f64::from(total.max(1))
+        f64::from(mig_compute_slices(profile).min(total)) / f64::from(total.max(1))
     }
-}
-
-/// The compute slices in a profile's name: `3g.40gb` 3, `1c.3g.40gb` (a compute instance
-/// of one slice inside a 3-slice GPU instance) 1; 1 where the name says none.
-pub fn compute_slices(profile: &str) -> u32 {
-    let mut parts = profile.split('.');
-    let first = parts.next().unwrap_or("");
-    let n = |s: &str, unit: char| s.strip_suffix(unit).and_then(|d| d.parse::<u32>().ok());
-    n(first, 'c').or_else(|| n(first, 'g')).unwrap_or(1).max(1)
 }
 
 #[cfg(test)]
@@ -273,7 +265,5 @@ mod tests {
         assert!((f("NVIDIA A30", "1g.6gb") - 0.25).abs() < 1e-12);
         assert!((f("NVIDIA A100-SXM4-80GB", "1c.3g.40gb") - 1.0 / 7.0).abs() < 1e-12);
         assert!((f("unknown GPU", "2g.20gb") - 2.0 / 7.0).abs() < 1e-12);
-        assert_eq!(compute_slices("7g.80gb"), 7);
-        assert_eq!(compute_slices("odd"), 1);
     }
 }
