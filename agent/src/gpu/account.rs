@@ -490,8 +490,8 @@ fn sm_sample(g: &ContainerGpu, users: &DeviceUsers, cy: &Cycle) -> Option<(u32, 
         true => d.fields.gpm.as_ref(),
         false => cy
             .names
-            .mig_index(j, &g.uuid)
-            .and_then(|i| d.mig_devices.get(i)?.gpm.as_ref()),
+            .mig(cy.sample, j, &g.uuid)
+            .and_then(|m| m.gpm.as_ref()),
     };
     // Looked for first: the users of a GPU are counted only where GPM has a figure (a
     // large node's MIG GPUs have hundreds of users each).
@@ -518,10 +518,9 @@ fn idle_sm(uuid: &Name, gpu_uuid: &Name, cy: &Cycle) -> Option<(u32, SmSource)> 
     if same(uuid, gpu_uuid) {
         return Some((0, SmSource::Process));
     }
-    let j = cy.names.gpu_index(gpu_uuid)?;
-    let m = cy.sample.devices[j]
-        .mig_devices
-        .get(cy.names.mig_index(j, uuid)?)?;
+    let m = cy
+        .names
+        .mig(cy.sample, cy.names.gpu_index(gpu_uuid)?, uuid)?;
     m.gpm.as_ref()?.sm_active.map(|_| (0, SmSource::Gpm))
 }
 
@@ -612,7 +611,7 @@ fn device_limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
         .gpu_index(&a.gpu_uuid)
         .map(|i| (i, &pass.sample.devices[i]));
     if !same(&a.uuid, &a.gpu_uuid) {
-        let mig = gpu.and_then(|(i, d)| d.mig_devices.get(pass.names.mig_index(i, &a.uuid)?));
+        let mig = gpu.and_then(|(i, _)| pass.names.mig(pass.sample, i, &a.uuid));
         // Set only where known: the `Option` assigned whole compiled into 8 KiB of bit
         // shuffles, 14 % of the join's samples on the large node (`--bench join`).
         if let Some(total) = mig.and_then(|m| m.memory_total_bytes) {
@@ -629,11 +628,7 @@ fn device_limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
         return;
     };
-    let held: u32 = pass
-        .metadata
-        .allocations_of(ns, pod, name)
-        .map(|(al, _)| al.replicas_of(&a.gpu_uuid))
-        .sum();
+    let held = pass.metadata.replicas_held(ns, pod, name, &a.gpu_uuid);
     let total = gpu.and_then(|(_, d)| d.memory_total_bytes);
     if let (true, Some(total)) = (held >= 1, total) {
         a.memory_limit_bytes = Some(total / replicas as u64 * held.min(replicas) as u64);

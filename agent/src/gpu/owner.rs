@@ -1,7 +1,7 @@
 //! Who a GPU process is charged to (`Owner`), found from its placement in the process
 //! state, and the sample's device names (`DeviceNames`): the types that the join, the
 //! account pass, the naming and the sharing all use. Nothing here calls up into them.
-use gpu_model::{GpuSample, Name, ProcessSample};
+use gpu_model::{GpuSample, MigSample, Name, ProcessSample};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::process::Placement;
@@ -198,6 +198,11 @@ impl DeviceNames {
     /// The position of MIG device `uuid` among GPU `i`'s.
     pub fn mig_index(&self, i: usize, uuid: &Name) -> Option<usize> {
         position_of(&self.devices[i].1, uuid)
+    }
+
+    /// MIG device `uuid` of GPU `i`, as `sample` read it.
+    pub fn mig<'s>(&self, sample: &'s GpuSample, i: usize, uuid: &Name) -> Option<&'s MigSample> {
+        sample.devices[i].mig_devices.get(self.mig_index(i, uuid)?)
     }
 
     /// The device a process of GPU `i` is charged to: its MIG device, else the GPU.

@@ -95,10 +95,7 @@ fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> De
     let device = gpu.map(|i| &cy.sample.devices[i]);
     let mig = match same(uuid, gpu_uuid) {
         true => None,
-        false => gpu.and_then(|i| {
-            let d = &cy.sample.devices[i];
-            d.mig_devices.get(cy.names.mig_index(i, uuid)?)
-        }),
+        false => gpu.and_then(|i| cy.names.mig(cy.sample, i, uuid)),
     };
     DeviceFacts {
         model: device.map(|d| d.name.clone()),
@@ -132,10 +129,7 @@ fn allocated_share(
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
         return Some(1.0 / replicas as f64);
     };
-    let held: u32 = metadata
-        .allocations_of(ns, pod, name)
-        .map(|(al, _)| al.replicas_of(gpu_uuid))
-        .sum();
+    let held = metadata.replicas_held(ns, pod, name, gpu_uuid);
     Some(held.clamp(1, replicas) as f64 / replicas as f64)
 }
 

@@ -210,6 +210,13 @@ impl Metadata {
             .collect();
     }
 
+    /// How many of GPU `uuid`'s time-slicing replicas the container with these names holds.
+    pub fn replicas_held(&self, namespace: &str, pod: &str, container: &str, uuid: &str) -> u32 {
+        self.allocations_of(namespace, pod, container)
+            .map(|(al, _)| al.replicas_of(uuid))
+            .sum()
+    }
+
     /// Allocations of the container with these names, in the kubelet's order, each with
     /// its devices as the join matches them (`Allocation::device_refs`).
     pub fn allocations_of<'a>(
