@@ -81,6 +81,15 @@ impl Drop for TempDir {
     }
 }
 
+/// A JSON-lines file (usage records), one value a line; none where it does not exist yet.
+pub fn read_json_lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 /// A snapshot's entry of container `id` (/debug/snapshot's JSON).
 pub fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
     snap["containers"]

@@ -2,7 +2,7 @@
 //! processes in pod cgroups, pods named and labelled by the fake CRI server and allocated
 //! GPUs by the fake kubelet, the agent writing its usage records (cut into checkpoints),
 //! and `gpu-agent rightsize` reading them back.
-use std::{collections::BTreeMap, path::Path, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use serde_json::{json, Value};
 use tests::{
@@ -11,7 +11,7 @@ use tests::{
     fake_node::{metadata_config, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
-    random_hex, random_uid,
+    random_hex, random_uid, read_json_lines,
     rightsize::rightsize_json,
     Agent, TempDir as Dir,
 };
@@ -104,14 +104,6 @@ fn scenario(pids: &BTreeMap<usize, u32>) -> Value {
     json!({ "devices": devices })
 }
 
-fn read_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// The agent runs the node for over 30 s with records cut every 10 s; its records name
 /// each pod's workload and profile, and `rightsize` gives the known answers.
 #[test]
@@ -163,7 +155,7 @@ fn the_known_node_gets_the_known_recommendations() {
     // Past the 30 s of coverage asked below, from the first sample with the names.
     std::thread::sleep(Duration::from_secs(34));
     assert!(agent.stop().success());
-    let records = read_lines(&file);
+    let records = read_json_lines(&file);
     check_records(&records, &containers);
     let got: BTreeMap<String, Value> = rightsize_json(&file, &["--min-coverage", "30s"], &[])
         .into_iter()

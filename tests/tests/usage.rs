@@ -16,7 +16,7 @@ use tests::{
     fake_nvml_lib,
     nvml::{read_calls, Scenario},
     otlp_receiver::{attr_str, Kind, Receiver},
-    random_hex, random_uid, Agent, TempDir as Dir,
+    random_hex, random_uid, read_json_lines, Agent, TempDir as Dir,
 };
 
 const GIB: u64 = 1 << 30;
@@ -59,14 +59,6 @@ fn gpu(index: u32, uuid: &str, power_mw: u32, procs: Vec<Value>) -> Value {
            "energy_mj": 1_000_000_000u64, "accounting_mode": true, "processes": procs})
 }
 
-fn read_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn a_300ms_gpu_job_gets_its_accounting_stats_charged() {
@@ -106,9 +98,9 @@ fn a_300ms_gpu_job_gets_its_accounting_stats_charged() {
     assert!(line.ends_with(" 1"), "{line}");
     // The job no sample saw has a record of its own.
     agent.wait_until("its record", Duration::from_secs(10), || {
-        !read_lines(&file).is_empty()
+        !read_json_lines(&file).is_empty()
     });
-    let r = &read_lines(&file)[0];
+    let r = &read_json_lines(&file)[0];
     assert_eq!(r["reason"], "accounting");
     assert_eq!(r["container_id"], json!(id));
     assert_eq!(
@@ -153,11 +145,11 @@ fn a_job_ended_before_the_start_is_not_charged_again_when_its_pid_exits() {
     dev["accounting"] = json!([old, {"pid": pid, "gpu_util": 70, "time_ms": 300}]);
     sc.write(&json!({"devices": [dev]}));
     agent.wait_until("the new job's record", Duration::from_secs(10), || {
-        !read_lines(&file).is_empty()
+        !read_json_lines(&file).is_empty()
     });
     // Time for a wrong charge of the old job to arrive.
     std::thread::sleep(Duration::from_secs(2));
-    let lines = read_lines(&file);
+    let lines = read_json_lines(&file);
     let spans: Vec<(u64, u64)> = lines
         .iter()
         .map(|r| {
@@ -427,7 +419,7 @@ fn a_container_that_stops_yields_one_record_over_otlp_and_in_the_file_and_report
     sc.write(&json!({"devices": [gpu(0, G0, 300_000, vec![])]}));
     node.world.set(vec![]);
     agent.wait_until("the record in the file", Duration::from_secs(10), || {
-        !read_lines(&file).is_empty()
+        !read_json_lines(&file).is_empty()
     });
     std::thread::sleep(Duration::from_secs(2));
     assert!(
@@ -443,7 +435,7 @@ fn a_container_that_stops_yields_one_record_over_otlp_and_in_the_file_and_report
     );
     std::thread::sleep(Duration::from_secs(2));
     let logs = record_logs(&rx);
-    let lines = read_lines(&file);
+    let lines = read_json_lines(&file);
     assert_eq!(
         (logs.len(), lines.len()),
         (1, 1),
