@@ -329,6 +329,14 @@ pub struct GpuAccount {
     pub accounted_processes: u64,
     /// Cumulative: their run time x average GPU utilization, seconds.
     pub accounted_gpu_seconds: f64,
+    /// While the container's stretch on the device is open (it has a process there or
+    /// holds its allocation): the part of a GPU it holds (its allocation: 1, the replicas
+    /// it holds over the GPU's, a MIG profile's compute slices over the GPU's; else the
+    /// device's part). What rightsizing's GPU-hours count.
+    pub gpus_held: Option<f64>,
+    /// The stretch's last SM utilization as a part of a whole GPU (0-1): its usage
+    /// profile's figure times the device's part; None where unknown.
+    pub sm_share: Option<f64>,
 }
 
 /// One container's use of one device from its first process there to its last: what a

@@ -386,6 +386,11 @@ table! {
             doc: "the physical GPU's UUID (differs from `hw_id` under MIG)",
             ..LABEL
         },
+        MigProfile => Attribute {
+            prometheus: Some("mig_profile"),
+            doc: "the MIG device's profile (`3g.40gb`), on MIG devices only",
+            ..LABEL
+        },
         Owner => Attribute {
             otlp: Some("gpu_agent.owner"),
             prometheus: Some("owner"),
@@ -628,6 +633,29 @@ pub const CONTAINER: AttrSet = AttrSet {
         Attr::GpuUuid,
         Attr::Node,
         Attr::Owner,
+    ],
+};
+/// A container's open stretch on a device, as rightsizing reads it (Prometheus only): the
+/// container's labels, then the GPU's model and the MIG profile.
+pub const HELD: AttrSet = AttrSet {
+    name: "held",
+    otlp: &[],
+    prometheus: &[
+        Attr::ContainerId,
+        Attr::PodUid,
+        Attr::Namespace,
+        Attr::PodName,
+        Attr::ContainerName,
+        Attr::WorkloadKind,
+        Attr::Workload,
+        Attr::Qos,
+        Attr::Runtime,
+        Attr::HwId,
+        Attr::GpuUuid,
+        Attr::Node,
+        Attr::Owner,
+        Attr::HwModel,
+        Attr::MigProfile,
     ],
 };
 /// A device the kubelet allocated to a container.
@@ -1178,6 +1206,24 @@ table! {
             unit: "By",
             help: "Most GPU memory the container held on the device over the peak window, bytes.",
             note: "Window: `usage.peak_window_secs` (match it to the export interval); includes NVML accounting's max memory of processes that exited",
+            ..CONTAINER_METRIC
+        },
+        // Rightsizing's inputs (deploy/prometheus/gpu-agent-rightsizing.yaml): what an
+        // open stretch holds, with the GPU's model, as the usage records say it.
+        ContainerGpuShare => Metric {
+            prometheus: Some("container_gpu_share"),
+            unit: "{gpu}",
+            help: "The part of a GPU the container holds on the device while it has a process there or holds its allocation.",
+            base: HELD,
+            note: "Its allocation: 1 for a whole GPU, the time-slicing replicas it holds over the GPU's, a MIG profile's compute slices over the GPU's; a device it uses without an allocation counts its part of the GPU. `model` is the GPU's (a MIG device's parent's). As the usage records' `gpus_allocated`; Prometheus only (OTLP has the records' logs)",
+            ..CONTAINER_METRIC
+        },
+        ContainerGpuSmShare => Metric {
+            prometheus: Some("container_gpu_sm_share"),
+            unit: "{gpu}",
+            help: "The container's SM use on the device as a part of a whole GPU (0-1), over the last sample period.",
+            base: HELD,
+            note: "The figure its usage profile takes (GPM's SM activity where the container is the device's only user, else its processes' utilization), times a MIG device's part of the GPU. Absent where unknown. Prometheus only",
             ..CONTAINER_METRIC
         },
         ContainerGpuMemoryLimit => Metric {

@@ -1894,6 +1894,8 @@ mod tests {
                 sm_limit_percent: None,
                 accounted_processes: 0,
                 accounted_gpu_seconds: 0.0,
+                gpus_held: Some(1.0),
+                sm_share: None,
             }],
             ..Default::default()
         }

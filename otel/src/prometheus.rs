@@ -681,6 +681,8 @@ impl Renderer<'_> {
             }
             M::ContainerGpuEnergy
             | M::ContainerGpuMemoryPeak
+            | M::ContainerGpuShare
+            | M::ContainerGpuSmShare
             | M::ContainerGpuMemoryLimit
             | M::ContainerGpuUtilizationLimit
             | M::ContainerGpuAccountingTime
@@ -733,6 +735,16 @@ impl Renderer<'_> {
                         f.series(l, &[], a.energy_joules)
                     }
                     M::ContainerGpuMemoryPeak => f.opt(l, &[], self::f(a.memory_peak_bytes)),
+                    M::ContainerGpuShare | M::ContainerGpuSmShare => {
+                        let v = match id {
+                            M::ContainerGpuShare => a.gpus_held,
+                            _ => a.sm_share,
+                        };
+                        if let Some(v) = v {
+                            let (labels, n) = self.held_labels(a);
+                            f.series(l, &labels[..n], v);
+                        }
+                    }
                     M::ContainerGpuMemoryLimit => {
                         if let (Some(v), Some(src)) = (a.memory_limit_bytes, a.memory_limit_source)
                         {
@@ -754,6 +766,24 @@ impl Renderer<'_> {
             for (d, l) in snap.devices.iter().zip(&self.b.idle) {
                 f.opt(l, &[], d.sharing.idle_energy_joules);
             }
+        }
+    }
+
+    /// `model` (the GPU's) and, on a MIG device, `mig_profile`: what rightsizing groups an
+    /// account's series by.
+    fn held_labels(&self, a: &gpu_model::GpuAccount) -> ([(Attr, &str); 2], usize) {
+        let mut labels = [(Attr::HwModel, ""), (Attr::MigProfile, "")];
+        let Some(d) = self.snap.devices.iter().find(|d| *d.uuid == *a.gpu_uuid) else {
+            return (labels, 0);
+        };
+        labels[0].1 = &d.name;
+        let mig = d.mig_devices.iter().find(|m| *m.uuid == *a.uuid);
+        match mig.and_then(|m| m.profile.as_deref()) {
+            Some(p) => {
+                labels[1].1 = p;
+                (labels, 2)
+            }
+            None => (labels, 1),
         }
     }
 
@@ -978,6 +1008,7 @@ mod tests {
             compute_instance_id: 0,
             memory_total_bytes: Some(20 * GIB),
             memory_used_bytes: Some(5 * GIB),
+            profile: Some("3g.40gb".into()),
             ..Default::default()
         }];
         let mut lost = gpu(2, "GPU-d", "NVIDIA H100 80GB HBM3");
@@ -1013,12 +1044,15 @@ mod tests {
                             sm_limit_percent: Some(50),
                             accounted_processes: 3,
                             accounted_gpu_seconds: 0.75,
+                            gpus_held: Some(1.0),
+                            sm_share: Some(0.5),
                         },
                         GpuAccount {
                             uuid: "MIG-c".into(),
                             gpu_uuid: "GPU-b".into(),
                             memory_limit_bytes: Some(20 * GIB),
                             memory_limit_source: Some(LimitSource::Mig),
+                            gpus_held: Some(0.5),
                             ..Default::default()
                         },
                     ],
@@ -1302,6 +1336,17 @@ mod tests {
         has(
             &t,
             &format!("container_gpu_accounting_processes_total{{{on_a}}} 3"),
+        );
+        // Rightsizing's: the GPU's model on both, the profile on the MIG device; no SM
+        // figure where none is known.
+        let h100 = r#"model="NVIDIA H100 80GB HBM3""#;
+        has(&t, &format!("container_gpu_share{{{on_a},{h100}}} 1"));
+        has(&t, &format!("container_gpu_sm_share{{{on_a},{h100}}} 0.5"));
+        let a100 = r#"model="NVIDIA A100-SXM4-80GB",mig_profile="3g.40gb""#;
+        has(&t, &format!("container_gpu_share{{{on_mig},{a100}}} 0.5"));
+        assert!(
+            !t.contains(&format!("container_gpu_sm_share{{{on_mig}")),
+            "{t}"
         );
         // No energy charged on the MIG device yet: no series rather than a 0.
         assert!(

@@ -563,6 +563,11 @@ fn fill_accounts(
             a.memory_peak_bytes = l.peak.max();
             a.accounted_processes = l.accounted_processes;
             a.accounted_gpu_seconds = l.accounted_gpu_seconds;
+            if let Some(s) = &l.session {
+                let d = &s.detail;
+                a.gpus_held = Some(d.device.held());
+                a.sm_share = (d.profile.sm_last()).map(|p| p as f64 / 100.0 * d.device.part);
+            }
         }
         limits(&mut a, c, pass);
         if l.is_some() || a.memory_limit_bytes.is_some() {

@@ -1635,6 +1635,45 @@ mod sharing_tests {
         );
     }
 
+    /// An open stretch's account says what it holds and its last SM figure (part of a
+    /// whole GPU), for Prometheus: a quarter of a time-sliced GPU at 20 %; 3 of 7 slices of
+    /// a MIG device that says no SM figure.
+    #[test]
+    fn an_open_stretchs_account_holds_its_share_and_last_sm() {
+        let held = |md: &Metadata, s: &GpuSample| {
+            let c = Counters::default();
+            let (snap, _, _) = join_with(
+                &Procs,
+                md,
+                s,
+                &SourceStatus::Ok,
+                c,
+                OPTS,
+                &Inputs::default(),
+            );
+            let a = &snap
+                .containers
+                .iter()
+                .find(|c| c.container_id.as_deref() == Some(A));
+            let a = &a.unwrap().accounts[0];
+            (a.gpus_held, a.sm_share)
+        };
+        let mut md = allocated_to_a("nvidia.com/gpu", "GPU-1::1", None);
+        md.set_replicas(HashMap::from([("GPU-1".to_string(), 4)]));
+        let s = h100(1000, vec![p(100, 10, Some(20))]);
+        assert_eq!(held(&md, &s), (Some(0.25), Some(0.2)));
+        let md = allocated_to_a("nvidia.com/mig-3g.40gb", "MIG-1", None);
+        let mut on_mig = p(100, 10, None);
+        on_mig.mig = Some(0);
+        let mut s = h100(1000, vec![on_mig]);
+        s.devices[0].mig_devices = vec![gpu_model::MigSample {
+            uuid: "MIG-1".into(),
+            profile: Some("3g.40gb".into()),
+            ..Default::default()
+        }];
+        assert_eq!(held(&md, &s), (Some(3.0 / 7.0), None));
+    }
+
     /// One of four time-slicing replicas of the GPU: a quarter; a MIG device: its profile's
     /// compute slices over the GPU's seven.
     #[test]

@@ -117,6 +117,15 @@ pub struct DeviceFacts {
     pub memory_bytes: Option<u64>,
     pub mig_profile: Option<String>,
     pub gpus_allocated: Option<f64>,
+    /// The device's part of its GPU: 1, or a MIG profile's compute slices over the GPU's.
+    pub part: f64,
+}
+
+impl DeviceFacts {
+    /// The part of a GPU the stretch holds: its allocation, else its device's part.
+    pub fn held(&self) -> f64 {
+        self.gpus_allocated.unwrap_or(self.part)
+    }
 }
 
 /// An open stretch's device facts, the allocation they were read with (read again when it

@@ -97,11 +97,17 @@ fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> De
         true => None,
         false => gpu.and_then(|i| cy.names.mig(cy.sample, i, uuid)),
     };
+    let mig_profile = mig.and_then(|m| m.profile.clone());
+    let part = match (&mig_profile, device) {
+        (Some(p), Some(d)) => mig_compute_slices(p) as f64 / gpu_slices(&d.name) as f64,
+        _ => 1.0,
+    };
     DeviceFacts {
         model: device.map(|d| d.name.clone()),
         memory_bytes: device.and_then(|d| d.memory_total_bytes),
-        mig_profile: mig.and_then(|m| m.profile.clone()),
         gpus_allocated: allocated_share(c, (uuid, gpu_uuid), device, mig, cy.metadata),
+        mig_profile,
+        part,
     }
 }
 

@@ -1,0 +1,172 @@
+//! The recording rules for rightsizing under deploy/: `promtool check rules`, promtool's unit
+//! tests (input series whose answers are known), the PrometheusRule equal to the plain rules
+//! file, and every series they read one the agent emits. promtool is Debian's (`cargo xtask
+//! test` installs it).
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_yaml::Value;
+use tests::{prom::which, random_hex};
+
+const RULES: &str = "deploy/prometheus/gpu-agent-rightsizing.yaml";
+const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-rightsizing.test.yaml";
+const OPERATOR: &str = "deploy/kubernetes/components/prometheus/prometheusrule-rightsizing.yaml";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn yaml(rel: &str) -> Value {
+    let text = std::fs::read_to_string(root().join(rel)).unwrap();
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+fn rules(groups: &Value) -> Vec<&Value> {
+    groups["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap())
+        .collect()
+}
+
+/// promtool with `args` in `dir`: (passed, what it printed).
+fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(which("promtool"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("running promtool");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_rules_pass_promtool_check_and_every_rule_has_a_unit_test() {
+    let dir = root().join("deploy/prometheus");
+    let (ok, text) = promtool(&dir, &["check", "rules", "gpu-agent-rightsizing.yaml"]);
+    assert!(
+        ok && text.contains("SUCCESS"),
+        "promtool check rules:\n{text}"
+    );
+    let (ok, text) = promtool(&dir, &["test", "rules", "gpu-agent-rightsizing.test.yaml"]);
+    assert!(
+        ok && text.contains("SUCCESS"),
+        "promtool test rules:\n{text}"
+    );
+    // Every recorded series is expected, with samples, by some test.
+    let tests = yaml(UNIT_TESTS);
+    let tested: BTreeSet<&str> = tests["tests"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["promql_expr_test"].as_sequence().unwrap())
+        .filter(|e| !e["exp_samples"].as_sequence().unwrap().is_empty())
+        .filter_map(|e| e["expr"].as_str())
+        .collect();
+    for r in rules(&yaml(RULES)) {
+        let name = r["record"].as_str().unwrap();
+        assert!(
+            tested.iter().any(|e| e.contains(name)),
+            "{name} has no unit test"
+        );
+    }
+}
+
+/// The unit tests fail on a broken rule: an idle allocation counted by its memory use
+/// (not by holding none) is no longer idle.
+#[test]
+fn the_unit_tests_catch_a_broken_rule() {
+    let dir = std::env::temp_dir().join(format!("rightsizing-rules-{}", random_hex(8)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = std::fs::read_to_string(root().join(RULES)).unwrap();
+    let broken = rules.replacen(
+        "unless ignoring (model, mig_profile) (container_gpu_memory_peak_bytes > 0)",
+        "unless ignoring (model, mig_profile) (container_gpu_memory_peak_bytes >= 0)",
+        1,
+    );
+    assert_ne!(broken, rules, "the rule moved: update this test");
+    std::fs::write(dir.join("gpu-agent-rightsizing.yaml"), broken).unwrap();
+    std::fs::copy(
+        root().join(UNIT_TESTS),
+        dir.join("gpu-agent-rightsizing.test.yaml"),
+    )
+    .unwrap();
+    let (ok, text) = promtool(&dir, &["test", "rules", "gpu-agent-rightsizing.test.yaml"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        !ok && text.contains("workload_model:container_gpu_share_idle:sum"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_prometheus_rule_holds_the_same_rules() {
+    let op = yaml(OPERATOR);
+    assert_eq!(op["kind"], "PrometheusRule");
+    assert_eq!(op["metadata"]["namespace"], "gpu-agent");
+    assert_eq!(
+        op["spec"]["groups"],
+        yaml(RULES)["groups"],
+        "{OPERATOR} differs from {RULES}"
+    );
+    let kustomization = std::fs::read_to_string(
+        root().join("deploy/kubernetes/components/prometheus/kustomization.yaml"),
+    )
+    .unwrap();
+    assert!(kustomization.contains("- prometheusrule-rightsizing.yaml"));
+}
+
+/// Each metric name the rules read (an identifier that is not a recorded series, a
+/// function, a keyword or a label they group or select by) is one the agent emits.
+#[test]
+fn the_rules_read_only_series_the_agent_emits() {
+    let emitted: BTreeSet<&str> = otel::catalogue::prometheus_names().collect();
+    let not_metrics = [
+        "by",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "unless",
+        "and",
+        "or",
+        "max",
+        "sum",
+        "count",
+        "max_over_time",
+        "quantile_over_time",
+        "namespace",
+        "workload_kind",
+        "workload",
+        "model",
+        "mig_profile",
+        "hw_parent",
+    ];
+    let (file, mut used) = (yaml(RULES), BTreeSet::new());
+    for r in rules(&file) {
+        let expr = r["expr"].as_str().unwrap();
+        let idents = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic()) && !w.contains(':'));
+        used.extend(idents.filter(|w| !not_metrics.contains(w)));
+    }
+    for want in [
+        "container_gpu_share",
+        "container_gpu_sm_share",
+        "container_gpu_memory_peak_bytes",
+        "hw_gpu_memory_limit_bytes",
+    ] {
+        assert!(used.contains(want), "{want} not read: {used:?}");
+    }
+    for n in &used {
+        assert!(emitted.contains(n), "{n} is not a metric the agent emits");
+    }
+}
