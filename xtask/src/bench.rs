@@ -83,6 +83,11 @@ pub enum Which {
         #[arg(long)]
         no_write: bool,
     },
+    /// `gpu-agent rightsize --prometheus` on a synthetic cluster's history (500 nodes, 4,000
+    /// GPUs, about 6,000 containers, 14 days) in a real Prometheus, its recording rules
+    /// backfilled by promtool: its time against the generator's known answer, Prometheus's
+    /// RSS and the series count.
+    Rightsize(crate::rightsize_bench::Args),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -109,6 +114,7 @@ pub fn run(which: Which) -> Result<()> {
             minutes,
             no_write,
         } => export(containers.max(1), minutes.max(1), no_write),
+        Which::Rightsize(args) => crate::rightsize_bench::run(args),
     }
 }
 

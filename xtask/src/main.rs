@@ -15,6 +15,7 @@ mod kernels;
 mod metrics_doc;
 mod overhead;
 mod report;
+mod rightsize_bench;
 mod test;
 mod tools;
 

@@ -169,6 +169,16 @@ impl Tools {
 }
 
 /// How a printed command gets root.
+/// Prometheus and promtool alone (the benchmarks'), installed as `ensure` would; whether
+/// they are there now.
+pub fn ensure_prometheus() -> bool {
+    let piece = &APT[0];
+    if !(piece.present)() && is_root() && on_path("apt-get").is_some() {
+        apt_install(&[piece]);
+    }
+    (piece.present)()
+}
+
 fn as_root() -> &'static str {
     if is_root() {
         ""
