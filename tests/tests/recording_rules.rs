@@ -143,6 +143,7 @@ fn the_rules_read_only_series_the_agent_emits() {
         "count",
         "max_over_time",
         "quantile_over_time",
+        "time",
         "namespace",
         "workload_kind",
         "workload",
