@@ -261,6 +261,12 @@ fn refused() -> Vec<(&'static str, Json, By, &'static str)> {
             "/dcgm/compat",
         ),
         (
+            "an unknown update strategy",
+            json!({"updateStrategy": {"type": "Recreate"}}),
+            Schema,
+            "/updateStrategy/type",
+        ),
+        (
             "no metrics address",
             json!({"config": {"http": {"metrics_addr": null}}}),
             Template,
