@@ -180,8 +180,18 @@ fn pod_extras() -> Json {
 const IMAGE_DIGEST: &str =
     "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
+/// Helm merges a user's map with the default's: the NetworkPolicy's namespace selector with
+/// labels of one's own, with and without the default's label dropped (set to null).
+fn selector(drop_default: bool) -> Json {
+    let mut labels = json!({"team": "obs"});
+    if drop_default {
+        labels["kubernetes.io/metadata.name"] = Json::Null;
+    }
+    json!({"networkPolicy": {"namespaceSelector": {"matchLabels": labels}}})
+}
+
 /// The default, each switch alone, all on (unprivileged, with tracefsMount), all on
-/// privileged, and the values of [`pod_extras`].
+/// privileged, and the values of [`pod_extras`] and [`selector`].
 fn variants() -> Vec<Variant> {
     let switches = switches();
     let mut all = json!({});
@@ -221,6 +231,17 @@ fn variants() -> Vec<Variant> {
         objects: vec!["+ConfigMap/gpu-agent-dashboards"],
         expected: &[],
     });
+    for (name, drop_default) in [
+        ("namespaceSelector, the default dropped", true),
+        ("namespaceSelector, merged with the default", false),
+    ] {
+        out.push(Variant {
+            name,
+            values: selector(drop_default),
+            objects: vec![],
+            expected: &[],
+        });
+    }
     out
 }
 
@@ -626,6 +647,24 @@ fn the_pods_extras_reach_the_daemonset_and_the_dashboards_configmap() {
         "the dashboards' ConfigMap's labels {labels:?}"
     );
     assert_none(p);
+}
+
+#[test]
+fn a_namespace_selector_of_ones_own_replaces_the_default_only_with_its_key_set_to_null() {
+    let from = |name: &str| {
+        let np = object(variant(name), "NetworkPolicy", "gpu-agent");
+        np["spec"]["ingress"][0]["from"][0]["namespaceSelector"].clone()
+    };
+    let selector = |labels: Json| serde_yaml::to_value(json!({"matchLabels": labels})).unwrap();
+    assert_eq!(
+        from("namespaceSelector, the default dropped"),
+        selector(json!({"team": "obs"})),
+    );
+    // Without the null, Helm merges the two maps: both labels must match.
+    assert_eq!(
+        from("namespaceSelector, merged with the default"),
+        selector(json!({"kubernetes.io/metadata.name": "monitoring", "team": "obs"})),
+    );
 }
 
 #[test]
