@@ -73,6 +73,19 @@ struct RightsizeArgs {
     /// Config file whose usage.file (and nvml.lib_path) to use.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Read the cluster's usage from the recording rules' series in Prometheus (or Thanos
+    /// Query, or Mimir's `.../prometheus`) at this URL instead of a records file
+    /// (deploy/prometheus/gpu-agent-rightsizing.yaml).
+    #[arg(long, value_name = "URL", conflicts_with = "file")]
+    prometheus: Option<String>,
+    /// A header for every request to --prometheus, `Name: value` (repeatable):
+    /// `X-Scope-OrgID: <tenant>` for Mimir, `Authorization: Bearer <token>`.
+    #[arg(long, value_name = "HEADER", value_parser = rightsize::prometheus::parse_header, requires = "prometheus")]
+    prometheus_header: Vec<(String, String)>,
+    /// The recording rules' evaluation interval, where the API does not serve
+    /// /api/v1/rules [default: the group's interval from /api/v1/rules].
+    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration, requires = "prometheus")]
+    rule_interval: Option<Duration>,
     /// How far back: 24h, 7d, 4w.
     #[arg(long, default_value = "7d", value_parser = report::parse_duration)]
     since: Duration,
@@ -338,19 +351,32 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
         return fail(&"--since: give a window longer than 0, e.g. 7d", 2);
     }
     let nvml_lib = (args.nvml_lib.clone()).or_else(|| config.as_ref()?.nvml.lib_path.clone());
-    let file = (args.file.clone()).or_else(|| config?.usage.file);
-    if file.is_none() && !args.profiles {
-        return fail(&"give --file, or --config with usage.file set", 2);
+    let from = match (&args.prometheus, args.file.clone()) {
+        (Some(url), _) => Some(rightsize::From::Prometheus(rightsize::prometheus::Source {
+            url: url.clone(),
+            headers: args.prometheus_header.clone(),
+            interval: args.rule_interval.filter(|i| !i.is_zero()),
+            timeout: Duration::from_secs(120),
+        })),
+        (None, file) => file
+            .or_else(|| config?.usage.file)
+            .map(rightsize::From::File),
+    };
+    if from.is_none() && !args.profiles {
+        return fail(
+            &"give --file, --prometheus, or --config with usage.file set",
+            2,
+        );
     }
     // NVML could hang on a wedged driver: the profiles are read with a deadline.
     let read = rightsize::nvml::read(nvml_lib, Duration::from_secs(5));
     let profiles = rightsize::Profiles::with_nvml(read);
-    let Some(file) = file.filter(|_| !args.profiles) else {
+    let Some(from) = from.filter(|_| !args.profiles) else {
         print!("{}", rightsize::list_profiles(&profiles));
         return ExitCode::SUCCESS;
     };
     let opts = rightsize::Options {
-        file,
+        from,
         since: args.since,
         now_ms: gpu_agent::pipeline::now_ms(),
         settings: rightsize::Settings {

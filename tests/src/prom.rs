@@ -81,13 +81,27 @@ impl Prometheus {
 
     /// A Prometheus server with these `scrape_configs` entries (YAML), every job at 1 s.
     pub fn start_with(jobs: &str) -> Prometheus {
+        Prometheus::start_with_rules(jobs, &[])
+    }
+
+    /// As `start_with`, evaluating these rule files (name, YAML).
+    pub fn start_with_rules(jobs: &str, rules: &[(&str, &str)]) -> Prometheus {
         let bin = which("prometheus");
         let dir = std::env::temp_dir().join(format!("gpu-agent-prometheus-{}", random_hex(12)));
         std::fs::create_dir_all(&dir).unwrap();
+        let mut files = String::new();
+        for (name, text) in rules {
+            std::fs::write(dir.join(name), text).unwrap();
+            files.push_str(&format!("  - {}\n", dir.join(name).display()));
+        }
+        let files = match files.is_empty() {
+            true => String::new(),
+            false => format!("rule_files:\n{files}"),
+        };
         let config = dir.join("prometheus.yml");
         std::fs::write(
             &config,
-            format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{jobs}"),
+            format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{files}scrape_configs:\n{jobs}"),
         )
         .unwrap();
         let addr = format!("127.0.0.1:{}", free_port());

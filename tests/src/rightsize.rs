@@ -31,8 +31,12 @@ pub fn rightsize(args: &[&str], env: &[(&str, &str)]) -> Output {
 /// The recommendations for the records in `file`, one JSON object per workload and GPU
 /// model (`--format json`); panics, with its stderr, when the command fails.
 pub fn rightsize_json(file: &Path, args: &[&str], env: &[(&str, &str)]) -> Vec<Value> {
-    let file = file.to_str().unwrap();
-    let all = [&["--file", file, "--format", "json"], args].concat();
+    rightsize_json_from(&["--file", file.to_str().unwrap()], args, env)
+}
+
+/// The same from a source of `from`'s flags (`--file F`, `--prometheus URL`).
+pub fn rightsize_json_from(from: &[&str], args: &[&str], env: &[(&str, &str)]) -> Vec<Value> {
+    let all = [from, &["--format", "json"], args].concat();
     let out = rightsize(&all, env);
     assert_eq!(out.code, 0, "rightsize {all:?}: {}", out.stderr);
     (out.stdout.lines())

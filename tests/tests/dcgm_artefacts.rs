@@ -6,13 +6,13 @@
 //! allocated pod's included).
 //!
 //! The files are NVIDIA's and the Prometheus community's: this repository does not hold
-//! them, and CI cannot fetch them (only package registries are online, and no package
-//! ships them). So the tests that always run use the variables, queries and legends, and
-//! the adapter's default rules, transcribed below from the versions named in
-//! [`ARTEFACTS`]. Where the files themselves are present (`GPU_AGENT_DCGM_ARTEFACTS`, or
-//! `shared/dcgm-exporter/` beside the checkout), one more test checks that the
+//! them, and no package ships them. The tests that always run use the variables, queries
+//! and legends, and the adapter's default rules, transcribed below from the versions named
+//! in [`ARTEFACTS`]. Where the files themselves are present (`GPU_AGENT_DCGM_ARTEFACTS`, or
+//! `shared/dcgm-exporter/` beside the checkout, as in CI), one more test checks that the
 //! transcription still matches them and runs the same checks on the files as they are;
-//! `cargo xtask test` leaves it out, saying so, when they are absent.
+//! `cargo xtask test` runs it in CI, and elsewhere leaves it out, saying so, when they are
+//! absent.
 use std::{collections::BTreeMap, path::PathBuf};
 
 use serde_json::Value as Json;

@@ -95,6 +95,12 @@ fn switches() -> Vec<Variant> {
         ),
         v("dcgm.compat", json!({"dcgm": {"compat": "dcgm"}}), &[], &[]),
         v(
+            "dcgm.compat=dcgm-virtual-gpus",
+            json!({"dcgm": {"compat": "dcgm-virtual-gpus"}}),
+            &[],
+            &[],
+        ),
+        v(
             "dcgm.counters.enabled",
             json!({"dcgm": {"counters": {"enabled": true, "csv": COUNTERS_CSV}}}),
             &["+ConfigMap/gpu-agent-dcgm-counters"],
@@ -121,6 +127,18 @@ fn switches() -> Vec<Variant> {
             &[],
         ),
         v(
+            "criticalPodsQuota.enabled=false",
+            json!({"criticalPodsQuota": {"enabled": false}}),
+            &["-ResourceQuota/gpu-agent-critical-pods"],
+            &[],
+        ),
+        v(
+            "serviceAccount.create=false",
+            json!({"serviceAccount": {"create": false}}),
+            &["-ServiceAccount/gpu-agent"],
+            &[],
+        ),
+        v(
             "networkPolicy.enabled=false",
             json!({"networkPolicy": {"enabled": false}}),
             &["-NetworkPolicy/gpu-agent"],
@@ -141,13 +159,46 @@ fn merge(a: &mut Json, b: &Json) {
     }
 }
 
-/// The default, each switch alone, all on (unprivileged, with tracefsMount), and all on
-/// privileged.
+/// Values that reach the pod and objects as given: extra environment, volumes and mounts,
+/// affinity, pod annotations, pull secrets, an image digest, a dashboard label of the
+/// user's.
+fn pod_extras() -> Json {
+    json!({
+        "extraEnv": [{"name": "RUST_BACKTRACE", "value": "1"}],
+        "extraVolumes": [{"name": "scratch", "emptyDir": {}}],
+        "extraVolumeMounts": [{"name": "scratch", "mountPath": "/var/tmp/gpu-agent"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu-pool",
+                "operator": "In", "values": ["a100", "h100"]}]}]}}},
+        "podAnnotations": {"example.com/team": "ml-platform"},
+        "image": {"pullSecrets": [{"name": "regcred"}], "digest": IMAGE_DIGEST},
+        "grafanaDashboard": {"enabled": true, "label": "example.com/dashboard",
+            "labelValue": "gpu"},
+    })
+}
+
+const IMAGE_DIGEST: &str =
+    "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// Helm merges a user's map with the default's: the NetworkPolicy's namespace selector with
+/// labels of one's own, with and without the default's label dropped (set to null).
+fn selector(drop_default: bool) -> Json {
+    let mut labels = json!({"team": "obs"});
+    if drop_default {
+        labels["kubernetes.io/metadata.name"] = Json::Null;
+    }
+    json!({"networkPolicy": {"namespaceSelector": {"matchLabels": labels}}})
+}
+
+/// The default, each switch alone, all on (unprivileged, with tracefsMount), all on
+/// privileged, and the values of [`pod_extras`] and [`selector`].
 fn variants() -> Vec<Variant> {
     let switches = switches();
     let mut all = json!({});
     let mut objects: Vec<&'static str> = vec![];
-    for s in switches.iter().filter(|s| s.expected.is_empty()) {
+    // A switch that turns something off or picks another value is not "on".
+    let on = |s: &&Variant| s.expected.is_empty() && !s.name.contains('=');
+    for s in switches.iter().filter(on) {
         if s.name != "privileged.enabled" {
             merge(&mut all, &s.values);
             objects.extend(&s.objects);
@@ -174,6 +225,23 @@ fn variants() -> Vec<Variant> {
         objects,
         expected: &[],
     });
+    out.push(Variant {
+        name: "pod extras",
+        values: pod_extras(),
+        objects: vec!["+ConfigMap/gpu-agent-dashboards"],
+        expected: &[],
+    });
+    for (name, drop_default) in [
+        ("namespaceSelector, the default dropped", true),
+        ("namespaceSelector, merged with the default", false),
+    ] {
+        out.push(Variant {
+            name,
+            values: selector(drop_default),
+            objects: vec![],
+            expected: &[],
+        });
+    }
     out
 }
 
@@ -259,6 +327,12 @@ fn refused() -> Vec<(&'static str, Json, By, &'static str)> {
             json!({"dcgm": {"compat": "dcgm-exporter"}}),
             Schema,
             "/dcgm/compat",
+        ),
+        (
+            "an unknown update strategy",
+            json!({"updateStrategy": {"type": "Recreate"}}),
+            Schema,
+            "/updateStrategy/type",
         ),
         (
             "no metrics address",
@@ -513,6 +587,84 @@ fn every_variant_renders_and_lints_clean_and_has_the_objects_its_switch_promises
         );
     }
     assert_none(p);
+}
+
+#[test]
+fn the_pods_extras_reach_the_daemonset_and_the_dashboards_configmap() {
+    let r = variant("pod extras");
+    let want = serde_yaml::to_value(pod_extras()).unwrap();
+    let (_, pod, c) = agent(r).expect("the gpu-agent DaemonSet");
+    let mut p = vec![];
+    let has = |list: &Value, item: &Value| seq(list).contains(item);
+    flag!(
+        p,
+        !has(&c["env"], &want["extraEnv"][0]),
+        "env lacks {:?}",
+        want["extraEnv"][0]
+    );
+    flag!(
+        p,
+        !has(&pod["volumes"], &want["extraVolumes"][0]),
+        "volumes lack {:?}",
+        want["extraVolumes"][0]
+    );
+    flag!(
+        p,
+        !has(&c["volumeMounts"], &want["extraVolumeMounts"][0]),
+        "volumeMounts lack {:?}",
+        want["extraVolumeMounts"][0]
+    );
+    flag!(
+        p,
+        pod["affinity"] != want["affinity"],
+        "affinity {:?}",
+        pod["affinity"]
+    );
+    let ds = object(r, "DaemonSet", "gpu-agent");
+    let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
+    flag!(
+        p,
+        annotations["example.com/team"] != "ml-platform",
+        "pod annotations {annotations:?}"
+    );
+    flag!(
+        p,
+        pod["imagePullSecrets"] != want["image"]["pullSecrets"],
+        "imagePullSecrets {:?}",
+        pod["imagePullSecrets"]
+    );
+    let image = format!("ghcr.io/example/gpu-agent@{IMAGE_DIGEST}");
+    flag!(
+        p,
+        c["image"] != image.as_str(),
+        "image {:?}, not {image}",
+        c["image"]
+    );
+    let labels = &object(r, "ConfigMap", "gpu-agent-dashboards")["metadata"]["labels"];
+    flag!(
+        p,
+        labels["example.com/dashboard"] != "gpu" || !labels["grafana_dashboard"].is_null(),
+        "the dashboards' ConfigMap's labels {labels:?}"
+    );
+    assert_none(p);
+}
+
+#[test]
+fn a_namespace_selector_of_ones_own_replaces_the_default_only_with_its_key_set_to_null() {
+    let from = |name: &str| {
+        let np = object(variant(name), "NetworkPolicy", "gpu-agent");
+        np["spec"]["ingress"][0]["from"][0]["namespaceSelector"].clone()
+    };
+    let selector = |labels: Json| serde_yaml::to_value(json!({"matchLabels": labels})).unwrap();
+    assert_eq!(
+        from("namespaceSelector, the default dropped"),
+        selector(json!({"team": "obs"})),
+    );
+    // Without the null, Helm merges the two maps: both labels must match.
+    assert_eq!(
+        from("namespaceSelector, merged with the default"),
+        selector(json!({"kubernetes.io/metadata.name": "monitoring", "team": "obs"})),
+    );
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! tracked doc, Rust file, script or config may number the work periods that built it
 //! (an ordinal before "session", "session" or "sessions" before a number) or cite issue
 //! numbers. The rule is the project's stop hook's (`diary=` in hooks/before-stop), with
-//! more forms: test names, plural issues, ordinals written as numbers, and a phrase that
-//! a comment or paragraph wraps across two lines.
+//! more forms: test names, plural issues, an issue's number joined to the word by a
+//! hyphen, an underscore or nothing, ordinals written as numbers, and a phrase that a
+//! comment or paragraph wraps across two lines.
 //!
 //! This file's own examples of the bad forms are built at run time (`unmask`), so that the
 //! file is checked like any other.
@@ -27,7 +28,7 @@ static PROSE: LazyLock<Regex> = LazyLock::new(|| {
         r"(?ix)
           \b(?:{ORDINAL}|this|last|next|previous|earlier|later)\ session\b
         | \bsessions?\ [0-9]+
-        | \bissue\ \#?[0-9]+
+        | \bissue(?:\ |-|_)?\#?[0-9]+
         | \bissues\ \#?[0-9]+(?:\ ?(?:,|and|or|to|-)\ ?\#?[0-9]+)+"
     ))
     .unwrap()
@@ -121,10 +122,13 @@ fn no_tracked_file_talks_about_how_the_project_was_made() {
     );
 }
 
-/// `~` stands for a space and `^` for an underscore, so that this file holds none of the
-/// phrases it tests.
+/// `~` stands for a space, `^` for an underscore, `=` for a hyphen, and `|` joins its two
+/// sides, so that this file holds none of the phrases it tests.
 fn unmask(s: &str) -> String {
-    s.replace('~', " ").replace('^', "_")
+    s.replace('~', " ")
+        .replace('^', "_")
+        .replace('=', "-")
+        .replace('|', "")
 }
 
 #[test]
@@ -140,6 +144,9 @@ fn the_matcher_catches_work_periods_and_issue_numbers() {
         "work of sessions~19-27",
         "session~12 measured",
         "the attacks of issue~11",
+        "the issue=15 targets",
+        "as issue^15 asked",
+        "see issue|15",
         "(docs/benchmarks.md, issue~#15).",
         "## Issue~15: headroom",
         "issues~11 and 15",

@@ -1,6 +1,6 @@
 //! The recording rules for rightsizing under deploy/: `promtool check rules`, promtool's unit
-//! tests (input series whose answers are known), the PrometheusRule equal to the plain rules
-//! file, and every series they read one the agent emits. promtool is Debian's (`cargo xtask
+//! tests (input series whose answers are known), and every series they read one the agent
+//! emits (tests/tests/alerts.rs holds the PrometheusRule to the rules files). promtool is Debian's (`cargo xtask
 //! test` installs it).
 use std::{
     collections::BTreeSet,
@@ -107,23 +107,6 @@ fn the_unit_tests_catch_a_broken_rule() {
     );
 }
 
-#[test]
-fn the_prometheus_rule_holds_the_same_rules() {
-    let op = yaml(OPERATOR);
-    assert_eq!(op["kind"], "PrometheusRule");
-    assert_eq!(op["metadata"]["namespace"], "gpu-agent");
-    assert_eq!(
-        op["spec"]["groups"],
-        yaml(RULES)["groups"],
-        "{OPERATOR} differs from {RULES}"
-    );
-    let kustomization = std::fs::read_to_string(
-        root().join("deploy/kubernetes/components/prometheus/kustomization.yaml"),
-    )
-    .unwrap();
-    assert!(kustomization.contains("- prometheusrule-rightsizing.yaml"));
-}
-
 /// Each metric name the rules read (an identifier that is not a recorded series, a
 /// function, a keyword or a label they group or select by) is one the agent emits.
 #[test]
@@ -143,6 +126,7 @@ fn the_rules_read_only_series_the_agent_emits() {
         "count",
         "max_over_time",
         "quantile_over_time",
+        "time",
         "namespace",
         "workload_kind",
         "workload",

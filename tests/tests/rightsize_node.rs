@@ -1,7 +1,9 @@
 //! Rightsizing's known answer, end to end: an 8-GPU node (seven H100s and an L4) with real
 //! processes in pod cgroups, pods named and labelled by the fake CRI server and allocated
 //! GPUs by the fake kubelet, the agent writing its usage records (cut into checkpoints),
-//! and `gpu-agent rightsize` reading them back.
+//! and `gpu-agent rightsize` reading them back; and a real Prometheus scraping the same
+//! agent with the recording rules, from which `rightsize --prometheus` gives the same
+//! answer.
 use std::{collections::BTreeMap, time::Duration};
 
 use serde_json::{json, Value};
@@ -11,8 +13,9 @@ use tests::{
     fake_node::{metadata_config, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
+    prom::Prometheus,
     random_hex, random_uid, read_json_lines,
-    rightsize::rightsize_json,
+    rightsize::{rightsize_json, rightsize_json_from},
     Agent, TempDir as Dir,
 };
 
@@ -144,9 +147,10 @@ fn the_known_node_gets_the_known_recommendations() {
     let lib = fake_nvml_lib();
     let agent = Agent::start_env(
         &cfg,
-        &["--nvml-lib", lib.to_str().unwrap()],
+        &["--nvml-lib", lib.to_str().unwrap(), "--prometheus"],
         &[("FAKE_NVML_SCENARIO", sc.path())],
     );
+    let prom = prometheus_with_rules(&agent.addr);
     agent.wait_snapshot(Duration::from_secs(30), "every pod named", |s| {
         containers
             .iter()
@@ -212,6 +216,7 @@ fn the_known_node_gets_the_known_recommendations() {
         assert_eq!(r["gpus_allocated"], json!(1.0), "{r}");
         assert!(r["coverage_s"].as_f64().unwrap() >= 30.0, "{r}");
     }
+    same_answer_from_prometheus(&prom, &file);
     assert_eq!(got["ocr"]["device_model"], L4);
     assert_eq!(got["chat-api"]["device_model"], H100);
     assert_eq!(got["chat-api"]["memory_peak_bytes"], json!(7 * GIB));
@@ -221,6 +226,57 @@ fn the_known_node_gets_the_known_recommendations() {
     assert!(!early.is_empty());
     for r in early {
         assert_eq!(r["recommendation"]["kind"], "insufficient-data", "{r}");
+    }
+}
+
+/// A Prometheus scraping the agent every second, with the shipped recording rules
+/// evaluated every 2 s instead of 5 minutes.
+fn prometheus_with_rules(agent: &str) -> Prometheus {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rules = std::fs::read_to_string(root.join("deploy/prometheus/gpu-agent-rightsizing.yaml"));
+    let rules = rules.unwrap();
+    let fast = rules.replacen("    interval: 5m\n", "    interval: 2s\n", 1);
+    assert_ne!(fast, rules, "the group's interval moved: update this test");
+    let job =
+        format!("  - job_name: gpu-agent\n    static_configs:\n      - targets: ['{agent}']\n");
+    Prometheus::start_with_rules(&job, &[("gpu-agent-rightsizing.yaml", &fast)])
+}
+
+/// `rightsize --prometheus` over the rules' series gives the records' recommendations,
+/// workload for workload, and the same figures.
+fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
+    let args = ["--since", "10m", "--min-coverage", "20s"];
+    let url = format!("http://{}", prom.addr);
+    let by_workload = |lines: Vec<Value>| -> BTreeMap<String, Value> {
+        (lines.into_iter())
+            .filter(|r| r["namespace"] != "-")
+            .map(|r| (r["workload"].as_str().unwrap().to_string(), r))
+            .collect()
+    };
+    let records = by_workload(rightsize_json(file, &args, &[]));
+    let rules = by_workload(rightsize_json_from(&["--prometheus", &url], &args, &[]));
+    let same = [
+        "namespace",
+        "workload_kind",
+        "device_model",
+        "recommendation",
+    ];
+    assert_eq!(records.len(), PODS.len(), "{records:#?}");
+    assert_eq!(
+        records.keys().collect::<Vec<_>>(),
+        rules.keys().collect::<Vec<_>>(),
+        "{rules:#?}"
+    );
+    for (w, r) in &records {
+        let p = &rules[w];
+        for k in same {
+            assert_eq!(r[k], p[k], "{w}: {k}:\nrecords {r}\nprometheus {p}");
+        }
+        for k in ["memory_peak_bytes", "sm_p95", "gpus_allocated"] {
+            assert_eq!(r[k], p[k], "{w}: {k}:\nrecords {r}\nprometheus {p}");
+        }
+        let saved = |v: &Value| v["gpus_saved"].as_f64().unwrap();
+        assert!((saved(r) - saved(p)).abs() < 1e-3, "{w}:\n{r}\n{p}");
     }
 }
 

@@ -9,7 +9,7 @@
 //!   (c) the classic script: NVML listing, (a), and a Docker API call per container
 //!       (classic.rs).
 //! Then the largest node, 50,000 processes in 1,000 pods on 8 GPUs x 7 MIG (bignode.rs), and
-//! the issue-15 targets against what was measured (report.rs).
+//! the overhead targets against what was measured (report.rs).
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},

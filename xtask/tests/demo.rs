@@ -1,12 +1,14 @@
 //! `cargo xtask demo` as a newcomer runs it: its rows name pods and namespaces, the live
-//! view moves, and nothing the demo made is left once it ends. The demo runs from the
+//! view moves, `--serve` says what to try and serves the pods, without root it says why in
+//! one line, and nothing the demo made is left once it ends. The demo runs from the
 //! agent and fake-nvml that `cargo xtask test` built (`--no-build`: a cargo inside cargo
 //! test would wait for the build lock).
 use std::{
     collections::BTreeSet,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::Command,
-    sync::Mutex,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -32,6 +34,8 @@ static ONE_DEMO: Mutex<()> = Mutex::new(());
 struct Traces {
     cgroups: BTreeSet<PathBuf>,
     sleepers: Vec<(u32, String)>,
+    /// gpu-agent processes the demo started: `top` or `run` on the demo's configuration.
+    agents: Vec<u32>,
     dir: bool,
 }
 
@@ -47,6 +51,8 @@ fn traces() -> Traces {
         walk(&mount.join(top), &mut cgroups);
     }
     let mut sleepers = vec![];
+    let mut agents = vec![];
+    let demo_config = format!("{DEMO_DIR}/agent.toml");
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -57,10 +63,19 @@ fn traces() -> Traces {
         if exe.ends_with("sleep") && COMMS.contains(&comm) {
             sleepers.push((pid, comm.to_string()));
         }
+        // By its arguments, not its binary, which a build may have replaced meanwhile.
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if cmdline
+            .split(|&b| b == 0)
+            .any(|a| a == demo_config.as_bytes())
+        {
+            agents.push(pid);
+        }
     }
     Traces {
         cgroups,
         sleepers,
+        agents,
         dir: Path::new(DEMO_DIR).exists(),
     }
 }
@@ -77,19 +92,25 @@ fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>) {
     }
 }
 
-/// Nothing of the demo's is left: its cgroups, processes and directory are gone.
+/// Nothing of the demo's is left: its cgroups, processes (sleepers and the agent) and
+/// directory are gone.
 fn assert_clean(before: &Traces) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let now = traces();
-        if now.cgroups == before.cgroups && now.sleepers.is_empty() && !now.dir {
+        if now.cgroups == before.cgroups
+            && now.sleepers.is_empty()
+            && now.agents.is_empty()
+            && !now.dir
+        {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "the demo left: {:?}\nsleepers: {:?}, {DEMO_DIR} still there: {}",
+            "the demo left: {:?}\nsleepers: {:?}, agents: {:?}, {DEMO_DIR} still there: {}",
             now.cgroups.difference(&before.cgroups).collect::<Vec<_>>(),
             now.sleepers,
+            now.agents,
             now.dir
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -107,12 +128,40 @@ fn row<'a>(frame: &'a str, pod: &str, gpu: &str) -> Option<&'a str> {
     })
 }
 
+/// Without root the demo says why in one line and exits 2, before it makes anything. As
+/// root, the test runs xtask as nobody (util-linux's setpriv), so it runs for everyone.
+#[test]
+fn demo_without_root_says_why_in_one_line_and_exits_2() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut cmd = if root {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", XTASK]);
+        c
+    } else {
+        Command::new(XTASK)
+    };
+    let out = cmd
+        .args(["demo", "--once", "--no-build"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running xtask demo (as root: through setpriv, from util-linux)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    for word in ["needs root", "cgroups", "eBPF"] {
+        assert!(stderr.contains(word), "no {word:?} in: {stderr}");
+    }
+}
+
 #[test]
 #[ignore = "needs root: the demo makes pod cgroups and the agent loads the eBPF programs"]
 fn demo_once_names_every_pod_and_leaves_nothing_behind() {
     let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
     let before = traces();
     assert!(before.sleepers.is_empty(), "{:?}", before.sleepers);
+    assert!(before.agents.is_empty(), "{:?}", before.agents);
     let out = Command::new(XTASK)
         .args(["demo", "--once", "--no-build"])
         .output()
@@ -150,6 +199,135 @@ fn demo_once_names_every_pod_and_leaves_nothing_behind() {
         "{frame}"
     );
     assert!(stderr.contains("demo node removed"), "{stderr}");
+    assert_clean(&before);
+}
+
+/// A running `xtask demo --serve`, its stderr gathered by a thread (with whether it has
+/// ended); stopped on drop if the test did not end it.
+struct Serve {
+    child: std::process::Child,
+    stderr: Arc<Mutex<(String, bool)>>,
+}
+
+impl Serve {
+    fn start() -> Serve {
+        let mut child = Command::new(XTASK)
+            .args(["demo", "--serve", "--no-build"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running xtask demo --serve");
+        let stderr = Arc::new(Mutex::new((String::new(), false)));
+        let (pipe, text) = (child.stderr.take().unwrap(), stderr.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut t = text.lock().unwrap();
+                t.0.push_str(&line);
+                t.0.push('\n');
+            }
+            text.lock().unwrap().1 = true;
+        });
+        Serve { child, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().0.clone()
+    }
+
+    /// Waits until stderr holds `what`; returns it all.
+    fn wait_stderr(&self, what: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let (text, closed) = self.stderr.lock().unwrap().clone();
+            if text.contains(what) {
+                return text;
+            }
+            assert!(
+                !closed && Instant::now() < deadline,
+                "waiting for {what:?} (stderr closed: {closed}); xtask's stderr:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SAFETY: signalling our own child: the demo's handler ends it and removes the node.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root: the demo makes pod cgroups and the agent loads the eBPF programs"]
+fn demo_serve_prints_what_to_try_serves_the_pods_and_ctrl_c_removes_the_node() {
+    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let before = traces();
+    assert!(before.agents.is_empty(), "{:?}", before.agents);
+    let mut demo = Serve::start();
+    let text = demo.wait_stderr("Ctrl-C stops", Duration::from_secs(90));
+    // The lines to try, with the address the agent serves on.
+    let curl = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("curl -s ") && l.contains("/metrics"))
+        .unwrap_or_else(|| panic!("no curl line for /metrics:\n{text}"));
+    let url = curl.split_whitespace().nth(2).unwrap();
+    let addr = url.strip_suffix("/metrics").unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("curl -s ") && l.contains("/debug/snapshot")),
+        "{text}"
+    );
+    // The usage file is in the demo's root-only directory: the line says sudo.
+    let report = text
+        .lines()
+        .find(|l| l.contains(" report --file "))
+        .unwrap_or_else(|| panic!("no report line:\n{text}"));
+    assert!(report.trim_start().starts_with("sudo "), "{report}");
+    assert!(report.contains(&format!("{DEMO_DIR}/")), "{report}");
+    // /metrics names the demo's pods once the runtime and the kubelet have named them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = tests::http::get(addr, "/metrics").map(|(_, body)| body);
+        let body = metrics.as_deref().unwrap_or_default();
+        if body.contains("pod=\"llama3-finetune-0\"") && body.contains("namespace=\"ml-training\"")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/metrics on {addr} names no demo pod: {metrics:?}\n{}",
+            demo.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Ctrl-C: SIGINT to xtask (the agent has a process group of its own).
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(demo.child.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = demo.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the demo did not end:\n{}",
+            demo.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{}", demo.stderr());
+    demo.wait_stderr("demo node removed", Duration::from_secs(5));
     assert_clean(&before);
 }
 

@@ -4,7 +4,8 @@
 //!
 //! The arithmetic is in three steps that another source of the same figures (Prometheus'
 //! recording rules) can share:
-//! 1. usage.rs: records -> one `Usage` per workload and GPU model (`aggregate`);
+//! 1. usage.rs: records -> one `Usage` per workload and GPU model (`aggregate`), or
+//!    prometheus.rs: the recording rules' series -> the same `Usage`s (`usages`);
 //! 2. recommend.rs: `recommend(&Usage, &Settings, &Profiles) -> Recommendation`, pure;
 //! 3. render.rs: `Line::new(&Usage, Recommendation)`, then a table, CSV or JSON lines.
 //!
@@ -13,6 +14,7 @@
 pub mod mig_table;
 pub mod nvml;
 pub mod profiles;
+pub mod prometheus;
 pub mod recommend;
 pub mod render;
 pub mod usage;
@@ -33,9 +35,16 @@ pub enum By {
     Namespace,
 }
 
-pub struct Options {
+/// Where the usage comes from.
+pub enum From {
     /// The usage-record file (its rotated files are read too).
-    pub file: PathBuf,
+    File(PathBuf),
+    /// The recording rules' series in Prometheus.
+    Prometheus(prometheus::Source),
+}
+
+pub struct Options {
+    pub from: From,
     pub since: Duration,
     /// The window's end, unix ms (now).
     pub now_ms: u64,
@@ -56,17 +65,26 @@ pub fn parse_headroom(s: &str) -> Result<f64, String> {
 
 /// The recommendations, rendered, and how many lines of the files could not be read.
 pub fn run(o: &Options, profiles: &Profiles) -> Result<(String, usize), String> {
-    let (records, bad) = report::read_records(&o.file)?;
     let window = Window {
         from_ms: o.now_ms.saturating_sub(o.since.as_millis() as u64),
         to_ms: o.now_ms,
     };
-    let usages = aggregate(&records, window, profiles);
+    let (usages, bad, notes) = match &o.from {
+        From::File(file) => {
+            let (records, bad) = report::read_records(file)?;
+            (aggregate(&records, window, profiles), bad, vec![])
+        }
+        From::Prometheus(src) => {
+            let (usages, notes) = prometheus::usages(src, window, profiles)?;
+            (usages, 0, notes)
+        }
+    };
     let mut lines: Vec<Line> = (usages.iter())
         .map(|u| Line::new(u, recommend(u, &o.settings, profiles)))
         .collect();
     render::sort(&mut lines);
-    let footer = footer(o, &usages, profiles);
+    let mut footer = footer(o, &usages, profiles);
+    footer.notes.extend(notes);
     let out = match o.by {
         By::Workload => render::workloads(&lines, o.format, &footer),
         By::Namespace => render::namespaces(&lines, o.format, &footer),

@@ -104,14 +104,18 @@ pub struct Need {
     pub sm: f64,
 }
 
-/// Peak memory and the highest p95 of SM use, each x (1 + headroom). A stretch that did not
-/// say its SM use needs the whole slice it held (no headroom: it fit there).
+/// Peak memory and the highest p95 of SM use, each x (1 + headroom). A workload that never
+/// said its SM use needs the whole slice it held (no headroom: it fit there); where some
+/// of its stretches said, theirs stands for all (a stretch's first moments may say none).
 pub fn need(u: &Usage, headroom: f64) -> Need {
     let grow = 1.0 + headroom;
-    let sm = u.sm_p95.map_or(0.0, |s| s * grow);
+    let sm = match u.sm_p95 {
+        Some(s) => s * grow,
+        None => u.sm_unknown_share.unwrap_or(0.0),
+    };
     Need {
         memory_bytes: u.memory_peak_bytes as f64 * grow,
-        sm: sm.max(u.sm_unknown_share.unwrap_or(0.0)),
+        sm,
     }
 }
 
@@ -351,6 +355,10 @@ mod tests {
         let mut u = usage(L4, L4_MEMORY, 1, 0);
         (u.sm_p95, u.sm_unknown_share) = (None, Some(1.0));
         assert_eq!(rec(&u, &settings()).kind, Kind::Keep);
+        // Where some stretch said, its figure stands: a stretch's first moments without one
+        // do not make the workload need its whole GPU.
+        u.sm_p95 = Some(0.1);
+        assert!(close(need(&u, 0.2).sm, 0.12));
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub struct Usage {
     /// no stretch said.
     pub sm_p95: Option<f64>,
     /// The largest part of a GPU held by a stretch that used its device without saying its
-    /// SM utilization (a MIG device without GPM); None when every stretch said.
+    /// SM utilization (a MIG device without GPM); None when every stretch said. `need`
+    /// reads it only where no stretch said (`sm_p95` None).
     pub sm_unknown_share: Option<f64>,
     /// Whether any stretch held memory or ran a kernel.
     pub used: bool,

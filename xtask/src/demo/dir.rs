@@ -54,20 +54,32 @@ impl DemoDir {
 
     /// Removes what is left of the demo's cgroups, then the directory; returns the
     /// cgroups that could not go (another program's cgroups are inside them now).
-    pub fn finish(self) -> Vec<PathBuf> {
+    pub fn finish(mut self) -> Vec<PathBuf> {
+        self.remove()
+    }
+
+    /// The ledger's cgroups first, while the ledger is there to name them; then the
+    /// directory, ledger and all. Once: `finish` and drop both come here.
+    fn remove(&mut self) -> Vec<PathBuf> {
+        if !self.path.exists() {
+            return vec![];
+        }
         let ledger = self.path.join(LEDGER);
         sweep(&ledger);
-        read_ledger(&ledger)
+        let left = read_ledger(&ledger)
             .into_iter()
             .filter(|d| d.exists())
-            .collect()
-        // Drop removes the directory.
+            .collect();
+        let _ = fs::remove_dir_all(&self.path);
+        left
     }
 }
 
+/// On a panic, where `finish` is not reached, the ledger's cgroups go too, before the
+/// directory and the ledger with it: the ledger is the only list of them.
 impl Drop for DemoDir {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.path);
+        self.remove();
     }
 }
 

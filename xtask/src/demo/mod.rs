@@ -247,12 +247,13 @@ fn serve(mut run: Command, bins: &Bins, dir: &Path, moving: &Moving) -> Result<i
         "xtask: gpu-agent runs on the demo node (its log: {log}). In another terminal:\n\
          \n  curl -s {addr}/debug/snapshot | jq '.containers[] | {{namespace, pod_name, container_name, gpus}}'\
          \n  curl -s {addr}/metrics | grep '^container_gpu_memory_usage_bytes'\
-         \n  {agent_bin} report --file {usage} --by namespace,pod\n\
-         \nUsage records appear as evaluation jobs finish (about every {job} s). Ctrl-C stops \
-         the agent and removes the node.",
+         \n  sudo {agent_bin} report --file {usage} --by namespace,pod\n\
+         \nUsage records appear as evaluation jobs finish (about every {job} s), in {dir}, \
+         which only root reads. Ctrl-C stops the agent and removes the node.",
         log = log.display(),
         agent_bin = bins.agent.display(),
         usage = usage.display(),
+        dir = dir.display(),
         job = (timeline::JOB_TICKS + timeline::JOB_GAP) * timeline::TICK.as_secs(),
     ));
     agent.wait(moving)
