@@ -11,6 +11,8 @@
 pub const STEP: u64 = 300;
 pub const HOUR: u64 = 3600;
 pub const DAY: u64 = 86_400;
+/// rightsize's `--min-coverage`: less is `insufficient-data`, whatever the class.
+pub const MIN_COVERAGE: (&str, u64) = ("1d", DAY);
 const GIB: u64 = 1 << 30;
 
 /// A GPU model as NVML names it, and its memory.
@@ -531,7 +533,10 @@ fn answer(w: &Workload) -> Answer {
     }
     let lifespan = (last - first) as f64;
     let (allocated, instances) = (held / lifespan, coverage / lifespan);
-    let expect = w.class.expect;
+    let expect = match coverage < MIN_COVERAGE.1 as f64 {
+        true => E::InsufficientData,
+        false => w.class.expect,
+    };
     let saved = expect
         .fraction()
         .map_or(0.0, |f| (allocated - instances * f).max(0.0));
@@ -593,6 +598,8 @@ mod tests {
         assert!((shard.gpus_allocated - 1.25).abs() < 1e-9 && shard.gpus_saved < 1e-9);
         assert_eq!(find("tiny").share, Some(0.125));
         assert_eq!(find("probe").kind, "insufficient-data");
+        // Two days of a daily 2-hour run: 4 hours, too little to judge.
+        assert_eq!(find("eval").kind, "insufficient-data");
         // A MIG 3g.40gb user that fits a 1g.10gb gives back 2/7 a container.
         let ocr = find("ocr");
         assert!((ocr.gpus_saved - 2.0 * 2.0 / 7.0).abs() < 1e-9);

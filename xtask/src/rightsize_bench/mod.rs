@@ -163,16 +163,17 @@ fn ranges(c: &Cluster) -> Vec<(u64, u64)> {
 /// Writes each range's OpenMetrics file on a thread, one ahead of promtool, which turns
 /// each into a block of `data`; each file is removed once imported.
 fn load(c: &Cluster, dir: &Path, data: &Path, scrape: u64, f: &mut Figures) -> Result<()> {
-    let series = openmetrics::series(c);
+    let all = openmetrics::series(c);
+    let series = &all;
     let wall = Instant::now();
     let (tx, rx) = mpsc::sync_channel::<Result<(PathBuf, u64, u64, Duration)>>(1);
     let max_block = format!("--max-block-duration={}h", BLOCK / HOUR);
     std::thread::scope(|s| -> Result<()> {
-        s.spawn(|| {
+        s.spawn(move || {
             for (i, range) in ranges(c).into_iter().enumerate() {
                 let path = dir.join(format!("history-{i:02}.om"));
                 let t = Instant::now();
-                let r = write_file(&path, &series, range, scrape);
+                let r = write_file(&path, series, range, scrape);
                 let sent = tx.send(r.map(|(n, bytes)| (path, n, bytes, t.elapsed())));
                 if sent.is_err() {
                     return;
@@ -195,7 +196,7 @@ fn load(c: &Cluster, dir: &Path, data: &Path, scrape: u64, f: &mut Figures) -> R
         Ok(())
     })?;
     f.load_wall = wall.elapsed();
-    let want = openmetrics::samples(&series, scrape);
+    let want = openmetrics::samples(series, scrape);
     if f.samples != want {
         bail!("wrote {} samples, the series have {want}", f.samples);
     }
@@ -288,7 +289,8 @@ fn time_rightsize(bin: &Path, server: &prom::Server, f: &mut Figures) -> Result<
         let t = Instant::now();
         let out = Command::new(bin)
             .args(["rightsize", "--prometheus", &server.url()])
-            .args(["--since", "15d", "--min-coverage", "1d", "--format", "json"])
+            .args(["--since", "15d", "--min-coverage", cluster::MIN_COVERAGE.0])
+            .args(["--format", "json"])
             .output()
             .with_context(|| format!("running {}", bin.display()))?;
         let took = t.elapsed();
@@ -337,7 +339,7 @@ fn markdown(a: &Args, f: &Figures) -> String {
          | stage | time |\n| --- | --- |\n\
          | OpenMetrics written ({} samples, {:.1} GiB, one file per 18 h block) | {:.0} s |\n\
          | `promtool tsdb create-blocks-from openmetrics` (beside the writing: {:.0} s wall for both) | {:.0} s |\n\
-         | `promtool tsdb create-blocks-from rules` (the 8 rules, every 5 m over the history) | {:.0} s |\n\
+         | `promtool tsdb create-blocks-from rules` (every rule, every 5 m over the history) | {:.0} s |\n\
          | Prometheus restarted, the rules' blocks merged into the raw ones | {:.0} s |\n\
          | **`gpu-agent rightsize --prometheus --since 15d`**, {} runs | **{} s** |\n\n\
          Series: {raw} raw, {recorded} recorded ({}). TSDB {:.2} GiB. Prometheus after the queries: \
