@@ -39,7 +39,9 @@ pub fn differences(expected: &[Answer], got: &str) -> Vec<String> {
         );
         match lines.remove(&key) {
             None => out.push(format!("missing: {key:?}")),
-            Some(v) => out.extend(compare(a, &v).map(|d| format!("{}/{}: {d}", a.namespace, a.workload))),
+            Some(v) => {
+                out.extend(compare(a, &v).map(|d| format!("{}/{}: {d}", a.namespace, a.workload)))
+            }
         }
     }
     out.extend(lines.keys().map(|k| format!("not expected: {k:?}")));
@@ -62,8 +64,14 @@ fn compare(a: &Answer, v: &Value) -> Option<String> {
             "share",
         ),
         (!near(f(&v["coverage_s"]), a.coverage_s, 1e-3), "coverage_s"),
-        (v["memory_peak_bytes"].as_u64() != Some(a.memory_peak_bytes), "memory_peak_bytes"),
-        (!near(f(&v["gpus_allocated"]), a.gpus_allocated, 1e-3), "gpus_allocated"),
+        (
+            v["memory_peak_bytes"].as_u64() != Some(a.memory_peak_bytes),
+            "memory_peak_bytes",
+        ),
+        (
+            !near(f(&v["gpus_allocated"]), a.gpus_allocated, 1e-3),
+            "gpus_allocated",
+        ),
         (!near(f(&v["gpus_saved"]), a.gpus_saved, 1e-3), "gpus_saved"),
     ];
     let fields: Vec<&str> = wrong.iter().filter(|(w, _)| *w).map(|(_, n)| *n).collect();

@@ -188,6 +188,7 @@ use Pool as P;
 
 /// The classes, with their answers at the default headroom (0.2) and a minimum coverage of
 /// a day: 7 GiB and 10 % on an H100 fit a 1g.10gb (8.4 GiB, 12 % <= 1/7), and so on.
+#[rustfmt::skip]
 pub const CLASSES: &[Class] = &[
     class("train", "Job", P::H100, (1, 8), (75, Some(0.95)), L::Days, E::Keep),
     class("chat", "Deployment", P::H100, (4, 1), (7, Some(0.10)), L::Rolled, E::Mig(MIG_1G)),
@@ -321,7 +322,7 @@ type Slots = Vec<(usize, f64)>;
 impl Cluster {
     /// `nodes` nodes of 8 GPUs, `days` of history ending at `end` (a multiple of `STEP`).
     pub fn new(nodes: u32, days: u64, end: u64) -> Cluster {
-        assert!(end % STEP == 0 && days >= 2);
+        assert!(end.is_multiple_of(STEP) && days >= 2);
         let mut c = Cluster {
             nodes: 0,
             start: end - days * DAY,
@@ -344,11 +345,12 @@ impl Cluster {
     fn add_node(&mut self, pool: Pool, pools: &mut Vec<(Pool, Slots)>) {
         let node = self.nodes;
         self.nodes += 1;
-        let slot = |pools: &mut Vec<(Pool, Slots)>, p: Pool, s: (usize, f64)| {
-            match pools.iter_mut().find(|(q, _)| *q == p) {
-                Some((_, v)) => v.push(s),
-                None => pools.push((p, vec![s])),
-            }
+        let slot = |pools: &mut Vec<(Pool, Slots)>, p: Pool, s: (usize, f64)| match pools
+            .iter_mut()
+            .find(|(q, _)| *q == p)
+        {
+            Some((_, v)) => v.push(s),
+            None => pools.push((p, vec![s])),
         };
         for gpu in 0..8u32 {
             let seed = u64::from(node) << 8 | u64::from(gpu);
@@ -424,7 +426,11 @@ impl Cluster {
                 let pod = match (class.kind, class.life) {
                     ("StatefulSet", _) => format!("{name}-{r}"),
                     ("Deployment", _) => {
-                        format!("{name}-{}-{}", suffix(w << 8 | g as u64, 10), suffix(seed, 5))
+                        format!(
+                            "{name}-{}-{}",
+                            suffix(w << 8 | g as u64, 10),
+                            suffix(seed, 5)
+                        )
                     }
                     (_, L::Daily(_)) => format!("{name}-{}-{}", from / 60, suffix(seed, 5)),
                     _ => format!("{name}-{}", suffix(seed, 5)),
@@ -580,7 +586,11 @@ mod tests {
         }
         let a = answers(&c);
         let find = |class: &str| {
-            let w = c.workloads.iter().position(|w| w.class.name == class).unwrap();
+            let w = c
+                .workloads
+                .iter()
+                .position(|w| w.class.name == class)
+                .unwrap();
             a[w].clone()
         };
         // A Deployment of 4 whole H100s all along: 4 GPUs, each to a 1g.10gb (1/7).
@@ -610,7 +620,11 @@ mod tests {
         let c = Cluster::new(20, 3, END);
         for w in &c.workloads {
             for k in &w.containers {
-                assert!(k.from % STEP == 0 && k.to % STEP == 0, "{}", w.name);
+                assert!(
+                    k.from.is_multiple_of(STEP) && k.to.is_multiple_of(STEP),
+                    "{}",
+                    w.name
+                );
                 assert!(c.start <= k.from && k.from + STEP <= k.to && k.to <= c.end);
             }
         }

@@ -77,7 +77,7 @@ struct Figures {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.scrape == 0 || STEP % a.scrape != 0 {
+    if a.scrape == 0 || !STEP.is_multiple_of(a.scrape) {
         bail!("--scrape {}: give a divisor of {STEP}", a.scrape);
     }
     if a.days < 2 || a.days > 14 {
@@ -123,6 +123,9 @@ pub fn run(a: Args) -> Result<()> {
     let out = time_rightsize(&bin, &server, &mut f)?;
     (f.rss_mib, f.hwm_mib) = server.memory_mib()?;
     f.series = server.series_by_name(c.start, c.end + STEP)?;
+    for (name, n) in &f.series {
+        eprintln!("xtask: {n} series {name}");
+    }
     f.data_bytes = prom::size(&data);
     server.stop()?;
     f.total = started.elapsed();
@@ -187,11 +190,22 @@ fn load(c: &Cluster, dir: &Path, data: &Path, scrape: u64, f: &mut Figures) -> R
             let t = Instant::now();
             let p = path.to_string_lossy();
             let d = data.to_string_lossy();
-            let args = ["tsdb", "create-blocks-from", "openmetrics", "-q", &max_block, &p, &d];
+            let args = [
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                "-q",
+                &max_block,
+                &p,
+                &d,
+            ];
             prom::promtool(&args)?;
             f.import += t.elapsed();
             std::fs::remove_file(&path)?;
-            eprintln!("xtask: imported {p}: {n} samples in {:.1} s", t.elapsed().as_secs_f64());
+            eprintln!(
+                "xtask: imported {p}: {n} samples in {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
         }
         Ok(())
     })?;
@@ -230,7 +244,10 @@ fn backfill_rules(
     let t = Instant::now();
     let out = dir.join("rule-blocks");
     let (url, o) = (format!("--url={}", server.url()), out.to_string_lossy());
-    let (start, end) = (format!("--start={}", c.start), format!("--end={}", c.end + STEP));
+    let (start, end) = (
+        format!("--start={}", c.start),
+        format!("--end={}", c.end + STEP),
+    );
     let max_block = format!("--max-block-duration={}h", BLOCK / HOUR);
     let rules_file = rules.to_string_lossy();
     let args = [
@@ -261,12 +278,18 @@ fn backfill_rules(
         || server.own_metric("prometheus_tsdb_blocks_loaded") != Some(raw_blocks as f64)
     {
         if Instant::now() > deadline {
-            bail!("Prometheus did not merge the rules' blocks in 20 minutes: {}", server.log_tail());
+            bail!(
+                "Prometheus did not merge the rules' blocks in 20 minutes: {}",
+                server.log_tail()
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
     }
     f.merge = t.elapsed();
-    eprintln!("xtask: Prometheus merged the rules' blocks in {:.1} s", f.merge.as_secs_f64());
+    eprintln!(
+        "xtask: Prometheus merged the rules' blocks in {:.1} s",
+        f.merge.as_secs_f64()
+    );
     Ok(server)
 }
 
@@ -277,7 +300,7 @@ fn check_phase(server: &prom::Server, end: u64) -> Result<()> {
     let q = "max(timestamp(model:hw_gpu_memory_limit_bytes:max))";
     let at = server.query(q, end)?;
     match at.first().map(|(_, t)| *t) {
-        Some(t) if (t * 1000.0).round() as u64 % (STEP * 1000) != 0 => Ok(()),
+        Some(t) if !((t * 1000.0).round() as u64).is_multiple_of(STEP * 1000) => Ok(()),
         t => bail!("the rules' evaluation at {t:?} is not between the scrapes' 5-minute marks"),
     }
 }
@@ -303,9 +326,16 @@ fn time_rightsize(bin: &Path, server: &prom::Server, f: &mut Figures) -> Result<
         }
         let text = String::from_utf8(out.stdout)?;
         if i > 0 && text != last {
-            bail!("gpu-agent rightsize --prometheus answered differently on run {}", i + 1);
+            bail!(
+                "gpu-agent rightsize --prometheus answered differently on run {}",
+                i + 1
+            );
         }
-        eprintln!("xtask: rightsize --prometheus: {:.2} s, {} lines", took.as_secs_f64(), text.lines().count());
+        eprintln!(
+            "xtask: rightsize --prometheus: {:.2} s, {} lines",
+            took.as_secs_f64(),
+            text.lines().count()
+        );
         f.runs.push(took);
         last = text;
     }
@@ -334,19 +364,16 @@ fn markdown(a: &Args, f: &Figures) -> String {
     let met = if secs(best) < 30.0 { "met" } else { "not met" };
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     format!(
-        "Measured by `cargo xtask bench rightsize` on {} in {:.0} s: {} nodes, {} GPUs, {} workloads' \
-         {} containers over {} days, scraped every {} s.\n\n\
-         | stage | time |\n| --- | --- |\n\
-         | OpenMetrics written ({} samples, {:.1} GiB, one file per 18 h block) | {:.0} s |\n\
-         | `promtool tsdb create-blocks-from openmetrics` (beside the writing: {:.0} s wall for both) | {:.0} s |\n\
-         | `promtool tsdb create-blocks-from rules` (every rule, every 5 m over the history) | {:.0} s |\n\
-         | Prometheus restarted, the rules' blocks merged into the raw ones | {:.0} s |\n\
-         | **`gpu-agent rightsize --prometheus --since 15d`**, {} runs | **{} s** |\n\n\
-         Series: {raw} raw, {recorded} recorded ({}). TSDB {:.2} GiB. Prometheus after the queries: \
-         VmRSS {:.0} MiB, VmHWM {:.0} MiB (the merge's peak included). The answer: the generator's, \
-         {} workloads, {:.1} GPUs reclaimable.\n\n\
+        "Measured by `cargo xtask bench rightsize` on {} in {:.0} s: {} nodes, {} GPUs, {} \
+         workloads' {} containers over {} days, scraped every {} s: {:.1} M samples ({:.1} GiB \
+         of OpenMetrics), written in {:.0} s and imported in {:.0} s side by side ({:.0} s); the \
+         rules backfilled in {:.0} s; Prometheus restarted and their blocks merged in {:.0} s. \
+         Series: {raw} raw, {recorded} recorded; TSDB {:.2} GiB. Prometheus after the queries: \
+         VmRSS {:.0} MiB, VmHWM {:.0} MiB (the merge's peak). rightsize's three runs: {} s; \
+         its answer the generator's ({:.1} GPUs reclaimable).\n\n\
          | target | goal | measured | |\n| --- | --- | --- | --- |\n\
-         | `gpu-agent rightsize --prometheus`, {} GPUs, 14 days | < 30 s, the known answer | {:.2} s, reproduced | {met} |\n",
+         | `gpu-agent rightsize --prometheus`, {} GPUs, {} days | < 30 s, the known answer | \
+         {:.2} s, reproduced | {met} |\n",
         machine(),
         secs(f.total),
         a.nodes,
@@ -355,25 +382,20 @@ fn markdown(a: &Args, f: &Figures) -> String {
         f.containers,
         a.days,
         a.scrape,
-        f.samples,
+        f.samples as f64 / 1e6,
         gib(f.openmetrics_bytes),
         secs(f.generate),
-        secs(f.load_wall),
         secs(f.import),
+        secs(f.load_wall),
         secs(f.rules),
         secs(f.merge),
-        RUNS,
-        runs.join(", "),
-        (f.series.iter())
-            .map(|(n, k)| format!("{n} {k}"))
-            .collect::<Vec<_>>()
-            .join(", "),
         gib(f.data_bytes),
         f.rss_mib,
         f.hwm_mib,
-        f.workloads,
+        runs.join(", "),
         f.saved,
         f.gpus,
+        a.days,
         secs(best),
     )
 }

@@ -51,13 +51,7 @@ pub fn series(c: &Cluster) -> Vec<Series> {
     out
 }
 
-fn container_series(
-    w: &Workload,
-    k: &Container,
-    d: &Device,
-    share: f64,
-    out: &mut Vec<Series>,
-) {
+fn container_series(w: &Workload, k: &Container, d: &Device, share: f64, out: &mut Vec<Series>) {
     let node = format!("node-{:03}", d.node);
     let labels = format!(
         "container_id=\"{}\",pod_uid=\"{}\",namespace=\"{}\",pod=\"{}\",container=\"{}\",\
@@ -74,7 +68,10 @@ fn container_series(
         d.gpu_uuid(),
     );
     let held = match d.mig {
-        Some(m) => format!("{labels},model=\"{}\",mig_profile=\"{}\"", d.model.name, m.profile),
+        Some(m) => format!(
+            "{labels},model=\"{}\",mig_profile=\"{}\"",
+            d.model.name, m.profile
+        ),
         None => format!("{labels},model=\"{}\"", d.model.name),
     };
     let (first, last) = (k.from, k.to - STEP);
@@ -116,7 +113,7 @@ pub fn write_range(
     (from, to): (u64, u64),
     scrape: u64,
 ) -> io::Result<u64> {
-    assert!(scrape > 0 && STEP % scrape == 0);
+    assert!(scrape > 0 && STEP.is_multiple_of(scrape));
     let mut n = 0;
     let mut family = usize::MAX;
     let mut ts = itoa_buf();
@@ -190,8 +187,13 @@ mod tests {
         }];
         let (t, n) = text(&s, (0, 10_000), 60);
         assert_eq!(n, 6);
-        assert!(t.starts_with("# TYPE container_gpu_share gauge\ncontainer_gpu_share{a=\"1\"} 0.25 600\n"));
-        assert!(t.ends_with("container_gpu_share{a=\"1\"} 0.25 900\n# EOF\n"), "{t}");
+        assert!(t.starts_with(
+            "# TYPE container_gpu_share gauge\ncontainer_gpu_share{a=\"1\"} 0.25 600\n"
+        ));
+        assert!(
+            t.ends_with("container_gpu_share{a=\"1\"} 0.25 900\n# EOF\n"),
+            "{t}"
+        );
         // Two ranges hold each sample once.
         let (a, na) = text(&s, (0, 720), 60);
         let (b, nb) = text(&s, (720, 10_000), 60);
@@ -208,7 +210,9 @@ mod tests {
         let types: Vec<&str> = t.lines().filter(|l| l.starts_with("# TYPE")).collect();
         assert_eq!(types.len(), 4, "{types:?}");
         let mig = (t.lines())
-            .find(|l| l.starts_with("container_gpu_share{") && l.contains("mig_profile=\"3g.40gb\""))
+            .find(|l| {
+                l.starts_with("container_gpu_share{") && l.contains("mig_profile=\"3g.40gb\"")
+            })
             .unwrap();
         assert!(mig.contains("model=\"NVIDIA H100 80GB HBM3\""), "{mig}");
         assert!(mig.contains(" 0.42857142857142855 "), "{mig}");
@@ -224,7 +228,9 @@ mod tests {
         assert!(of("container_gpu_share") > 0);
         assert_eq!(of("container_gpu_sm_share"), 0);
         // Two days of a device every 5 minutes.
-        let first = (t.lines()).find(|l| l.starts_with("hw_gpu_memory_limit_bytes")).unwrap();
+        let first = (t.lines())
+            .find(|l| l.starts_with("hw_gpu_memory_limit_bytes"))
+            .unwrap();
         let labels = first.rsplitn(3, ' ').nth(2).unwrap();
         let points = t.lines().filter(|l| l.starts_with(labels)).count() as u64;
         assert_eq!(points, 2 * DAY / STEP);

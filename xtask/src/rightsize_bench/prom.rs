@@ -79,8 +79,12 @@ impl Server {
     /// GET `path`: the API's `data`.
     pub fn api(&self, path: &str) -> Result<Value> {
         let (status, body) = http::get(&self.addr, path).with_context(|| format!("GET {path}"))?;
-        let v: Value = serde_json::from_str(&body)
-            .with_context(|| format!("GET {path}: HTTP {status}: {}", &body[..body.len().min(200)]))?;
+        let v: Value = serde_json::from_str(&body).with_context(|| {
+            format!(
+                "GET {path}: HTTP {status}: {}",
+                &body[..body.len().min(200)]
+            )
+        })?;
         if v["status"] != "success" {
             bail!("GET {path}: HTTP {status}: {}", v["error"]);
         }
@@ -89,7 +93,10 @@ impl Server {
 
     /// An instant query at `at` (unix seconds): each series' labels and value.
     pub fn query(&self, promql: &str, at: u64) -> Result<Vec<(Value, f64)>> {
-        let data = self.api(&format!("/api/v1/query?query={}&time={at}", urlencode(promql)))?;
+        let data = self.api(&format!(
+            "/api/v1/query?query={}&time={at}",
+            urlencode(promql)
+        ))?;
         let result = data["result"].as_array().cloned().unwrap_or_default();
         Ok((result.iter())
             .map(|s| {
@@ -116,7 +123,8 @@ impl Server {
         let data = self.api(&path)?;
         let mut by: std::collections::BTreeMap<String, usize> = Default::default();
         for s in data.as_array().map(Vec::as_slice).unwrap_or_default() {
-            *by.entry(s["__name__"].as_str().unwrap_or("").into()).or_default() += 1;
+            *by.entry(s["__name__"].as_str().unwrap_or("").into())
+                .or_default() += 1;
         }
         Ok(by.into_iter().collect())
     }
