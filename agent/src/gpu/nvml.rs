@@ -237,8 +237,8 @@ impl NvmlSampler {
         })
     }
 
-    /// Every device's sample of this cycle, in index order: the reader is asked and
-    /// awaited until the cycle's deadline. A device a stuck read holds is left out, and
+    /// Every device's sample of this cycle, in index order: the readers are asked and
+    /// awaited until the cycle's deadlines. A device a stuck read holds is left out, and
     /// reported stalled once it has been for the stall timeout.
     fn read_devices(&mut self, nvml: &Arc<Nvml>, count: u32, due: bool) -> Vec<DeviceSample> {
         self.cycle += 1;
@@ -253,6 +253,9 @@ impl NvmlSampler {
             self.gpm.extend(a.gpm.into_iter().flatten());
             out.push(a.sample);
         }
+        for (index, after) in cycle.recovered {
+            self.recovered(index, after);
+        }
         let stuck: Vec<_> = (cycle.stuck.into_iter())
             .filter(|(_, _, waited)| *waited >= self.stall_timeout)
             .collect();
@@ -263,6 +266,27 @@ impl NvmlSampler {
         }
         out.sort_by_key(|d| d.index);
         out
+    }
+
+    /// A device a stuck read held answered again, `after` it was asked: said where it was
+    /// reported stalled (a device that is merely slow at times is not worth a WARN).
+    fn recovered(&self, index: u32, after: Duration) {
+        let uuid = self.known.get(&index).map_or("", |k| k.0.as_str());
+        if self.stalled.contains(&index) {
+            tracing::warn!(
+                index,
+                uuid,
+                "GPU {index} answers again, after {} s without an answer",
+                after.as_secs()
+            );
+        } else {
+            tracing::debug!(
+                index,
+                uuid,
+                "GPU {index} answered {} ms late",
+                after.as_millis()
+            );
+        }
     }
 
     /// A stalled device's sample: its identity and `stalled`, no reading. Said once per
