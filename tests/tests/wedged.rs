@@ -104,6 +104,13 @@ fn one_hung_gpu_is_stalled_while_the_other_seven_stay_fresh_and_it_recovers() {
     let log = kmsg(&node);
     let agent = start_with(&node, &format!("[xid]\nkmsg = \"{}\"\n", log.display()));
     assert_eq!(series(&metrics(&agent), "hw_power_watts", 3).len(), 1);
+    // The pod that holds GPU 3 (and runs nothing) has an open stretch there, once the
+    // kubelet's allocations are read.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while series(&metrics(&agent), "container_gpu_share", 3).len() != 1 {
+        assert!(Instant::now() < deadline, "{}", metrics(&agent));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let hung = Instant::now();
     // Fallen off the bus: the driver says so in the kernel log and through NVML's events,
     // whose device the agent must not ask for its uuid (that call blocks too).
@@ -140,6 +147,10 @@ fn one_hung_gpu_is_stalled_while_the_other_seven_stay_fresh_and_it_recovers() {
     assert!(stalled.len() == 1 && stalled[0].ends_with(" 1"), "{text}");
     assert!(series(&text, "gpu_agent_nvml_stalled", 0)[0].ends_with(" 0"));
     assert!(series(&text, "hw_power_watts", 3).is_empty(), "{text}");
+    // Nor its container's: the stretch on it ended at its last good sample.
+    for family in ["container_gpu_share", "container_gpu_sm_share"] {
+        assert!(series(&text, family, 3).is_empty(), "{text}");
+    }
     // dcgm-exporter's names: the GPU's series go absent, as when DCGM stops answering.
     let dcgm_power = |i: usize| {
         let id = format!("UUID=\"{}\"", uuid(i));
@@ -218,6 +229,8 @@ fn one_hung_gpu_is_stalled_while_the_other_seven_stay_fresh_and_it_recovers() {
     let text = metrics(&agent);
     assert!(series(&text, "gpu_agent_nvml_stalled", 3)[0].ends_with(" 0"));
     assert_eq!(series(&text, "hw_power_watts", 3).len(), 1);
+    // A new stretch of the allocation once the GPU answers.
+    assert_eq!(series(&text, "container_gpu_share", 3).len(), 1, "{text}");
 }
 
 #[test]
