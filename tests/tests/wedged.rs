@@ -392,3 +392,33 @@ fn the_gpus_after_one_that_hangs_at_times_are_in_every_sample() {
     // GPU 0's own stretch ends each time it misses a sample.
     assert!(on("trainer-a", &uuid(0)).len() > 1, "{records:#?}");
 }
+
+/// The device count hangs on a running node (a cycle's first call): NVML is said stalled
+/// in it, no GPU's last readings are served, the agent stays up, and it recovers.
+#[test]
+fn a_hung_device_count_serves_no_readings_and_recovers() {
+    let node = DcgmNode::start(false);
+    let agent = start(&node);
+    agent.wait_snapshot(Duration::from_secs(10), "8 GPUs", all_ok);
+    assert_eq!(series(&metrics(&agent), "hw_power_watts", 0).len(), 1);
+    hang(&node, json!([{"call": "nvmlDeviceGetCount_v2"}]));
+    agent.wait_until("NVML stalled in the count", Duration::from_secs(10), || {
+        agent.stats()["nvml"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("stalled: nvmlDeviceGetCount"))
+    });
+    let text = metrics(&agent);
+    assert!(
+        !text.lines().any(|l| l.starts_with("hw_power_watts{")),
+        "last readings served while NVML is stalled:\n{text}"
+    );
+    assert_eq!(http::get(&agent.addr, "/healthz").unwrap().0, 200);
+    hang(&node, json!([]));
+    agent.wait_snapshot(
+        Duration::from_secs(10),
+        "8 GPUs after the count returned",
+        all_ok,
+    );
+    assert_eq!(agent.stats()["nvml"], "ok");
+    assert_eq!(series(&metrics(&agent), "hw_power_watts", 0).len(), 1);
+}
