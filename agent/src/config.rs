@@ -707,6 +707,22 @@ mod tests {
         assert_eq!(Config::from_toml("").unwrap(), Config::default());
     }
 
+    /// Three intervals, but never under 5 s (a busy driver's slow call is not a stall);
+    /// a set value wins, within 1 s to 1 h.
+    #[test]
+    fn the_stall_timeout_is_three_intervals_at_least_five_seconds() {
+        use std::time::Duration;
+        let t = |toml: &str| Config::from_toml(toml).unwrap().nvml.stall_timeout();
+        assert_eq!(t(""), Duration::from_secs(5));
+        assert_eq!(t("[nvml]\ninterval_ms = 4000\n"), Duration::from_secs(12));
+        assert_eq!(
+            t("[nvml]\nstall_timeout_ms = 2000\n"),
+            Duration::from_secs(2)
+        );
+        let e = Config::from_toml("[nvml]\nstall_timeout_ms = 10\n").unwrap_err();
+        assert!(e.to_string().contains("nvml.stall_timeout_ms"), "{e}");
+    }
+
     #[test]
     fn unknown_field_is_named() {
         let e = Config::from_toml("[ebpf]\nring_bufer_bytes = 4096\n").unwrap_err();

@@ -80,11 +80,11 @@ struct RightsizeArgs {
     prometheus: Option<String>,
     /// A header for every request to --prometheus, `Name: value` (repeatable):
     /// `X-Scope-OrgID: <tenant>` for Mimir, `Authorization: Bearer <token>`.
-    #[arg(long, value_name = "HEADER", value_parser = rightsize::prometheus::parse_header, requires = "prometheus")]
+    #[arg(long, value_name = "HEADER", value_parser = rightsize::prometheus::parse_header)]
     prometheus_header: Vec<(String, String)>,
     /// The recording rules' evaluation interval, where the API does not serve
     /// /api/v1/rules [default: the group's interval from /api/v1/rules].
-    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration, requires = "prometheus")]
+    #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
     rule_interval: Option<Duration>,
     /// How far back: 24h, 7d, 4w.
     #[arg(long, default_value = "7d", value_parser = report::parse_duration)]
@@ -349,6 +349,14 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
     };
     if args.since.is_zero() {
         return fail(&"--since: give a window longer than 0, e.g. 7d", 2);
+    }
+    if args.prometheus.is_none()
+        && (args.rule_interval.is_some() || !args.prometheus_header.is_empty())
+    {
+        return fail(
+            &"--rule-interval and --prometheus-header go with --prometheus",
+            2,
+        );
     }
     let nvml_lib = (args.nvml_lib.clone()).or_else(|| config.as_ref()?.nvml.lib_path.clone());
     let from = match (&args.prometheus, args.file.clone()) {

@@ -83,7 +83,8 @@ const LABEL: Attribute = Attribute {
 /// Values of `hw.gpu.task`: the engines NVML samples (SM, memory controller, encoder,
 /// decoder). Devices report the first two.
 pub const GPU_TASKS: [&str; 4] = ["general", "memory_controller", "encoder", "decoder"];
-/// Values of `hw.state`: a GPU that fell off the bus, or has no handle, is `failed`.
+/// Values of `hw.state`: a GPU that fell off the bus, does not answer, or has no handle, is
+/// `failed`.
 pub const HW_STATES: [&str; 2] = ["ok", "failed"];
 /// Values of `error.type` on `hw.errors` for memory ECC errors (and, on
 /// `hw.gpu.memory.remapped_rows`, the errors that made a row be remapped).
@@ -292,7 +293,7 @@ table! {
             otlp: Some("hw.state"),
             prometheus: Some("hw_state"),
             values: &HW_STATES,
-            doc: "the GPU's state (`failed`: lost, or no handle)",
+            doc: "the GPU's state (`failed`: lost, stalled, or no handle)",
             ..POINT
         },
         HwGpuTask => Attribute {

@@ -1785,6 +1785,26 @@ mod tests {
             ("xid", "43"),
             1.0
         ));
+        // A stalled GPU (the sampler sends it without readings): said stalled and failed;
+        // the same GPU answering says 0.
+        assert!(has(
+            &points(node, "gpu_agent.nvml.stalled"),
+            ("hw.id", "GPU-a"),
+            0.0
+        ));
+        let mut sn = snap();
+        sn.devices[0].status = gpu_model::DeviceStatus::Stalled {
+            call: "nvmlDeviceGetPowerUsage".into(),
+            secs: 7,
+        };
+        let r = build_request(&sn, &AgentStats::default(), &ctx(), 0);
+        let node = &r.resource_metrics[0];
+        assert!(has(
+            &points(node, "gpu_agent.nvml.stalled"),
+            ("hw.id", "GPU-a"),
+            1.0
+        ));
+        assert!(has(&points(node, "hw.status"), ("hw.state", "failed"), 1.0));
     }
 
     fn deployment(name: &str, replicaset: &str) -> std::sync::Arc<Workload> {

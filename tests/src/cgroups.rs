@@ -213,6 +213,22 @@ pub fn sleeper() -> Command {
     c
 }
 
+/// Forces the next PID to be `want` through ns_last_pid; retries while other forks race.
+pub fn spawn_with_pid(want: u32, cg: &TestCgroup) -> Option<Proc> {
+    for _ in 0..200 {
+        // Another process has it (another test's, forked meanwhile): it cannot be had.
+        if std::path::Path::new(&format!("/proc/{want}")).exists() {
+            return None;
+        }
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string()).ok()?;
+        let p = Proc(cg.spawn(&mut sleeper()));
+        if p.pid() == want {
+            return Some(p);
+        }
+    }
+    None
+}
+
 /// kubelet, systemd driver, containerd: a burstable pod's container.
 pub fn systemd_container(uid: &str, id: &str) -> String {
     let u = uid.replace('-', "_");

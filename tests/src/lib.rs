@@ -308,6 +308,12 @@ impl Agent {
         );
     }
 
+    /// SIGKILL and wait, as an OOM kill ends it: no final export, no last records.
+    pub fn kill(mut self) -> std::process::ExitStatus {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("wait")
+    }
+
     /// SIGTERM and wait; returns the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
         self.terminate()

@@ -78,12 +78,20 @@ impl Received {
 /// down or overloaded does.
 #[derive(Clone, Default)]
 pub struct ReceivedLogs {
-    requests: Arc<Mutex<Vec<ExportLogsServiceRequest>>>,
+    requests: Arc<Mutex<Vec<LogsArrival>>>,
     refuse: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// One logs request with the headers it came with.
+pub type LogsArrival = (ExportLogsServiceRequest, Vec<(String, String)>);
+
 impl ReceivedLogs {
     pub fn requests(&self) -> Vec<ExportLogsServiceRequest> {
+        self.all().into_iter().map(|(r, _)| r).collect()
+    }
+
+    /// Every request with its headers.
+    pub fn all(&self) -> Vec<LogsArrival> {
         self.requests.lock().unwrap().clone()
     }
 
@@ -112,8 +120,8 @@ impl ReceivedLogs {
         self.refuse.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn push(&self, r: ExportLogsServiceRequest) {
-        self.requests.lock().unwrap().push(r);
+    fn push(&self, r: ExportLogsServiceRequest, headers: Vec<(String, String)>) {
+        self.requests.lock().unwrap().push((r, headers));
     }
 }
 
@@ -128,7 +136,8 @@ impl LogsService for LogsSvc {
         if self.0.refusing() {
             return Err(tonic::Status::unavailable("collector down (test)"));
         }
-        self.0.push(request.into_inner());
+        let headers = header_pairs(&request.metadata().clone().into_headers());
+        self.0.push(request.into_inner(), headers);
         Ok(tonic::Response::new(ExportLogsServiceResponse::default()))
     }
 }
@@ -152,7 +161,7 @@ async fn http_logs(
     let Ok(req) = ExportLogsServiceRequest::decode(body) else {
         return (axum::http::StatusCode::BAD_REQUEST, vec![]);
     };
-    logs.push(req);
+    logs.push(req, header_pairs(&headers));
     (
         axum::http::StatusCode::OK,
         ExportLogsServiceResponse::default().encode_to_vec(),
@@ -167,16 +176,7 @@ impl MetricsService for Svc {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        let headers = request
-            .metadata()
-            .iter()
-            .filter_map(|kv| match kv {
-                tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
-                    Some((k.to_string(), v.to_str().unwrap_or("").to_string()))
-                }
-                _ => None,
-            })
-            .collect();
+        let headers = header_pairs(&request.metadata().clone().into_headers());
         self.0
              .0
             .lock()
@@ -194,6 +194,9 @@ pub enum Kind {
         key: Vec<u8>,
     },
     Http,
+    /// gRPC and HTTP/protobuf on one port, as a Collector whose one address takes both
+    /// (a signal's own protocol under one base endpoint).
+    GrpcAndHttp,
 }
 
 /// A receiver on its own runtime thread; stops when dropped.
@@ -201,8 +204,18 @@ pub struct Receiver {
     pub addr: SocketAddr,
     pub received: Received,
     pub logs: ReceivedLogs,
+    /// HTTP requests that no route took (answered 404), as "METHOD /path".
+    pub misses: Arc<Mutex<Vec<String>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the receiver records, shared with its services.
+#[derive(Clone)]
+struct Sinks {
+    received: Received,
+    logs: ReceivedLogs,
+    misses: Arc<Mutex<Vec<String>>>,
 }
 
 impl Receiver {
@@ -214,13 +227,20 @@ impl Receiver {
     /// As `start`, with HTTP metrics taken at `metrics_path` only (logs at /v1/logs): a
     /// request to any other path is refused (404).
     pub fn start_at(kind: Kind, port: u16, metrics_path: &str) -> Receiver {
-        let metrics_path = metrics_path.to_string();
-        let received = Received::default();
-        let logs = ReceivedLogs::default();
+        Self::start_paths(kind, port, metrics_path, "/v1/logs")
+    }
+
+    /// As `start_at`, with HTTP logs taken at `logs_path` only.
+    pub fn start_paths(kind: Kind, port: u16, metrics_path: &str, logs_path: &str) -> Receiver {
+        let paths = (metrics_path.to_string(), logs_path.to_string());
+        let sinks = Sinks {
+            received: Received::default(),
+            logs: ReceivedLogs::default(),
+            misses: Arc::default(),
+        };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let r = received.clone();
-        let l = logs.clone();
+        let s = sinks.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -231,89 +251,10 @@ impl Receiver {
                     .await
                     .expect("binding the receiver");
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                match kind {
-                    Kind::Grpc | Kind::GrpcTls { .. } => {
-                        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-                        let mut builder = tonic::transport::Server::builder();
-                        if let Kind::GrpcTls { cert, key } = &kind {
-                            let id = tonic::transport::Identity::from_pem(cert, key);
-                            builder = builder
-                                .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
-                                .expect("server TLS config");
-                        }
-                        builder
-                            .add_service(
-                                MetricsServiceServer::new(Svc(r))
-                                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-                            )
-                            .add_service(
-                                LogsServiceServer::new(LogsSvc(l))
-                                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-                            )
-                            .serve_with_incoming_shutdown(incoming, async {
-                                let _ = stop_rx.await;
-                            })
-                            .await
-                            .unwrap();
-                    }
-                    Kind::Http => {
-                        let app = axum::Router::new().route(
-                            &metrics_path,
-                            axum::routing::post(
-                                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                                    let r = r.clone();
-                                    async move {
-                                        let ct = headers
-                                            .get("content-type")
-                                            .and_then(|v| v.to_str().ok())
-                                            .unwrap_or("");
-                                        if ct != "application/x-protobuf" {
-                                            return (
-                                                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                                                vec![],
-                                            );
-                                        }
-                                        let Some(body) = decoded(&headers, body) else {
-                                            return (axum::http::StatusCode::BAD_REQUEST, vec![]);
-                                        };
-                                        let Ok(req) = ExportMetricsServiceRequest::decode(body)
-                                        else {
-                                            return (axum::http::StatusCode::BAD_REQUEST, vec![]);
-                                        };
-                                        let hs = headers
-                                            .iter()
-                                            .map(|(k, v)| {
-                                                (
-                                                    k.to_string(),
-                                                    v.to_str().unwrap_or("").to_string(),
-                                                )
-                                            })
-                                            .collect();
-                                        r.0.lock().unwrap().push((req, hs));
-                                        (
-                                            axum::http::StatusCode::OK,
-                                            ExportMetricsServiceResponse::default().encode_to_vec(),
-                                        )
-                                    }
-                                },
-                            ),
-                        );
-                        let app = app
-                            .route(
-                                "/v1/logs",
-                                axum::routing::post(move |h, b| http_logs(l.clone(), h, b)),
-                            )
-                            // An OpenTelemetry Collector's HTTP receiver takes 20 MiB by
-                            // default (`max_request_body_size`); axum's own default is 2 MB.
-                            .layer(axum::extract::DefaultBodyLimit::max(20 << 20));
-                        axum::serve(listener, app)
-                            .with_graceful_shutdown(async {
-                                let _ = stop_rx.await;
-                            })
-                            .await
-                            .unwrap();
-                    }
-                }
+                let stopped = async {
+                    let _ = stop_rx.await;
+                };
+                serve(kind, listener, s, paths, stopped).await;
             });
         });
         let addr = addr_rx
@@ -321,8 +262,9 @@ impl Receiver {
             .expect("receiver start");
         Receiver {
             addr,
-            received,
-            logs,
+            received: sinks.received,
+            logs: sinks.logs,
+            misses: sinks.misses,
             stop: Some(stop_tx),
             thread: Some(thread),
         }
@@ -342,6 +284,110 @@ impl Drop for Receiver {
             let _ = t.join();
         }
     }
+}
+
+/// Serves `kind` on `listener` until `stopped`.
+async fn serve(
+    kind: Kind,
+    listener: tokio::net::TcpListener,
+    s: Sinks,
+    (metrics_path, logs_path): (String, String),
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new;
+    let metrics = MetricsServiceServer::new(Svc(s.received.clone()))
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let logs = LogsServiceServer::new(LogsSvc(s.logs.clone()))
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let mut builder = tonic::transport::Server::builder();
+    let served = match kind {
+        Kind::Http => {
+            let app = http_app(&s, &metrics_path, &logs_path);
+            return axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+                .unwrap();
+        }
+        Kind::GrpcAndHttp => {
+            let routes = tonic::service::Routes::from(http_app(&s, &metrics_path, &logs_path))
+                .add_service(metrics)
+                .add_service(logs);
+            builder
+                .accept_http1(true)
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming(listener), stopped)
+                .await
+        }
+        Kind::Grpc | Kind::GrpcTls { .. } => {
+            if let Kind::GrpcTls { cert, key } = &kind {
+                let id = tonic::transport::Identity::from_pem(cert, key);
+                builder = builder
+                    .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
+                    .expect("server TLS config");
+            }
+            builder
+                .add_service(metrics)
+                .add_service(logs)
+                .serve_with_incoming_shutdown(incoming(listener), stopped)
+                .await
+        }
+    };
+    served.unwrap();
+}
+
+/// The HTTP/protobuf routes: metrics at `metrics_path`, logs at `logs_path`, any other
+/// request recorded as a miss and refused with 404.
+fn http_app(s: &Sinks, metrics_path: &str, logs_path: &str) -> axum::Router {
+    let (r, l, misses) = (s.received.clone(), s.logs.clone(), s.misses.clone());
+    axum::Router::new()
+        .route(
+            metrics_path,
+            axum::routing::post(move |h, b| http_metrics(r.clone(), h, b)),
+        )
+        .route(
+            logs_path,
+            axum::routing::post(move |h, b| http_logs(l.clone(), h, b)),
+        )
+        .fallback(move |m: axum::http::Method, u: axum::http::Uri| {
+            misses.lock().unwrap().push(format!("{m} {}", u.path()));
+            async { axum::http::StatusCode::NOT_FOUND }
+        })
+        // An OpenTelemetry Collector's HTTP receiver takes 20 MiB by default
+        // (`max_request_body_size`); axum's own default is 2 MB.
+        .layer(axum::extract::DefaultBodyLimit::max(20 << 20))
+}
+
+/// POST of metrics over HTTP/protobuf.
+async fn http_metrics(
+    r: Received,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> (axum::http::StatusCode, Vec<u8>) {
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct != "application/x-protobuf" {
+        return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, vec![]);
+    }
+    let Some(body) = decoded(&headers, body) else {
+        return (axum::http::StatusCode::BAD_REQUEST, vec![]);
+    };
+    let Ok(req) = ExportMetricsServiceRequest::decode(body) else {
+        return (axum::http::StatusCode::BAD_REQUEST, vec![]);
+    };
+    r.0.lock().unwrap().push((req, header_pairs(&headers)));
+    (
+        axum::http::StatusCode::OK,
+        ExportMetricsServiceResponse::default().encode_to_vec(),
+    )
+}
+
+/// Headers as (name, value) pairs; a value that is not text reads as "".
+fn header_pairs(h: &axum::http::HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect()
 }
 
 // ---- helpers to read requests ----

@@ -17,10 +17,20 @@ const GRAFANA_SCHEMA: &str = "13.2.3";
 
 /// Every Prometheus family the agent can emit, from the metric catalogue that drives both
 /// sinks.
+/// The agent's series, and the recording rules' that deploy/prometheus ships (the
+/// dashboard's rightsizing row reads those).
 fn emitted_metric_names() -> BTreeSet<String> {
-    otel::catalogue::prometheus_names()
+    let mut names: BTreeSet<String> = otel::catalogue::prometheus_names()
         .map(String::from)
-        .collect()
+        .collect();
+    for f in files_in(&root().join("deploy/prometheus"), "yaml") {
+        let rules: Value = serde_yaml::from_str(&fs::read_to_string(&f).unwrap()).unwrap();
+        for g in seq(&rules["groups"]) {
+            let recorded = seq(&g["rules"]).iter().filter_map(|r| r["record"].as_str());
+            names.extend(recorded.map(String::from));
+        }
+    }
+    names
 }
 
 /// Every object of deploy/examples/*.yaml, with its file.
@@ -573,6 +583,7 @@ fn substitute(expr: &str, d: &Json) -> String {
     let mut vars = vec![
         ("__rate_interval".to_string(), "5m".to_string()),
         ("__range".into(), "1h".into()),
+        ("__range_s".into(), "3600".into()),
     ];
     for v in d["templating"]["list"].as_array().into_iter().flatten() {
         let current = &v["current"]["value"];

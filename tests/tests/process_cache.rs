@@ -11,7 +11,8 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     cgroups::{
-        cgroupfs_container, first_child, proc_cgroup, sleeper, systemd_container, Proc, TestCgroup,
+        cgroupfs_container, first_child, proc_cgroup, sleeper, spawn_with_pid, systemd_container,
+        Proc, TestCgroup,
     },
     random_hex, random_uid, Agent,
 };
@@ -289,22 +290,6 @@ fn wait_for_zombie(pid: u32) {
         assert!(std::time::Instant::now() < deadline, "{pid} never exited");
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// Forces the next PID to be `want` through ns_last_pid; retries while other forks race.
-fn spawn_with_pid(want: u32, cg: &TestCgroup) -> Option<Proc> {
-    for _ in 0..200 {
-        // Another process has it (another test's, forked meanwhile): it cannot be had.
-        if Path::new(&format!("/proc/{want}")).exists() {
-            return None;
-        }
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string()).ok()?;
-        let p = Proc(cg.spawn(&mut sleeper()));
-        if p.pid() == want {
-            return Some(p);
-        }
-    }
-    None
 }
 
 #[test]

@@ -13,7 +13,6 @@ use tests::{prom::which, random_hex};
 
 const RULES: &str = "deploy/prometheus/gpu-agent-rightsizing.yaml";
 const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-rightsizing.test.yaml";
-const OPERATOR: &str = "deploy/kubernetes/components/prometheus/prometheusrule-rightsizing.yaml";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

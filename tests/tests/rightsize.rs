@@ -384,3 +384,56 @@ fn bad_input_is_refused_naming_the_flag() {
         missing.stderr
     );
 }
+
+/// `--prometheus`: a URL nothing answers at, and a Prometheus without the rules, are said
+/// with the URL (exit 1); a bad header or a file beside it is refused naming the flag (2);
+/// with the interval given, a Prometheus with no rules' series gives no lines, and says so.
+#[test]
+fn prometheus_without_the_rules_or_unreachable_is_said() {
+    let dead = format!("http://127.0.0.1:{}", tests::prom::free_port());
+    let out = rightsize(&["--prometheus", &dead], &[]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains(&dead), "{}", out.stderr);
+    let prom = tests::prom::Prometheus::start(&[]);
+    let url = format!("http://{}", prom.addr);
+    prom.wait("vector(1)", |r| !r.is_empty());
+    let out = rightsize(&["--prometheus", &url], &[]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no rule group gpu-agent-rightsizing")
+            && out
+                .stderr
+                .contains("deploy/prometheus/gpu-agent-rightsizing.yaml"),
+        "{}",
+        out.stderr
+    );
+    let out = rightsize(&["--prometheus", &url, "--rule-interval", "5m"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("no workload series in the window"),
+        "{}",
+        out.stdout
+    );
+    let dir = TempDir::new("rightsize-prom-bad");
+    let file = dir.0.join("usage.jsonl");
+    write_records(&file);
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--prometheus", &url, "--prometheus-header", "no colon"],
+            "--prometheus-header",
+        ),
+        (
+            &["--prometheus", &url, "--file", file.to_str().unwrap()],
+            "--file",
+        ),
+        (
+            &["--file", file.to_str().unwrap(), "--rule-interval", "5m"],
+            "--prometheus",
+        ),
+    ];
+    for (args, flag) in cases {
+        let out = rightsize(args, &[]);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(flag), "{args:?}: {}", out.stderr);
+    }
+}

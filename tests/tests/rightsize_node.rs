@@ -217,6 +217,7 @@ fn the_known_node_gets_the_known_recommendations() {
         assert!(r["coverage_s"].as_f64().unwrap() >= 30.0, "{r}");
     }
     same_answer_from_prometheus(&prom, &file);
+    dashboard_row_renders(&prom);
     assert_eq!(got["ocr"]["device_model"], L4);
     assert_eq!(got["chat-api"]["device_model"], H100);
     assert_eq!(got["chat-api"]["memory_peak_bytes"], json!(7 * GIB));
@@ -278,6 +279,63 @@ fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
         let saved = |v: &Value| v["gpus_saved"].as_f64().unwrap();
         assert!((saved(r) - saved(p)).abs() < 1e-3, "{w}:\n{r}\n{p}");
     }
+}
+
+/// The Grafana dashboard's rightsizing row, over the run, from the same rules:
+/// the chat namespace gives back its idle GPU and most of chat-api's (need 1.2 x 10 % SM),
+/// docs most of the L4 (need 1.2 x 6 GiB of 22.5); the idle allocation's GPU-hours.
+fn dashboard_row_renders(prom: &Prometheus) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join("deploy/grafana/gpu-agent.json")).unwrap();
+    let d: Value = serde_json::from_str(&text).unwrap();
+    let panels = d["panels"].as_array().unwrap();
+    let row = panels
+        .iter()
+        .position(|p| p["title"] == "Rightsizing (recording rules)");
+    let query = |title: &str| {
+        let p = panels[row.expect("a rightsizing row")..]
+            .iter()
+            .find(|p| p["title"] == title)
+            .unwrap_or_else(|| panic!("no panel {title}"));
+        let expr = p["targets"][0]["expr"].as_str().unwrap();
+        // A range as long as the run: the panels take the rules' points in it as the
+        // whole range (as they are on a Prometheus that has run longer than it).
+        let expr = (expr.replace("$namespace", ".*"))
+            .replace("$__range_s", "40")
+            .replace("$__range", "40s");
+        let r = prom
+            .query(&expr)
+            .unwrap_or_else(|| panic!("{title}: {expr}"));
+        assert!(!r.is_empty(), "{title}: no data from {expr}");
+        r
+    };
+    let of = |r: &[tests::prom::Sample], label: &str, value: &str| {
+        (r.iter().find(|s| s.label(label) == value))
+            .unwrap_or_else(|| panic!("no {label}={value} in {r:?}"))
+            .value
+    };
+    let by_ns = query("Reclaimable GPUs by namespace (range)");
+    let near = |got: f64, want: f64| (got - want).abs() < 0.05;
+    let chat = of(&by_ns, "namespace", "chat");
+    assert!(near(chat, 1.0 + (1.0 - 0.12)), "chat: {chat}");
+    let docs = of(&by_ns, "namespace", "docs");
+    assert!(
+        near(docs, 1.0 - 1.2 * 6.0 * GIB as f64 / L4_MEMORY as f64),
+        "docs: {docs}"
+    );
+    assert!(near(of(&by_ns, "namespace", "research"), 0.0));
+    let total = query("Reclaimable GPUs (range)")[0].value;
+    let sum: f64 = by_ns.iter().map(|s| s.value).sum();
+    assert!((total - sum).abs() < 1e-9, "{total} {sum}");
+    let top = query("Workloads with the most to give back (range)");
+    let most = top
+        .iter()
+        .max_by(|a, b| a.value.total_cmp(&b.value))
+        .unwrap();
+    assert_eq!(most.label("workload"), "idle-api", "{top:?}");
+    let idle = query("Allocated-idle GPU-hours by namespace (range)");
+    let hours = of(&idle, "namespace", "chat");
+    assert!(hours > 20.0 / 3600.0 && hours < 60.0 / 3600.0, "{hours}");
 }
 
 /// Each pod's records: its workload, device, allocation and profile, cut into checkpoints

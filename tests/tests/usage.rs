@@ -2,6 +2,7 @@
 //! exit, energy split over containers, usage records sent as OTLP logs to the in-process
 //! receiver and written to the local file, and `gpu-agent report` reading that file.
 use std::{
+    collections::BTreeMap,
     path::Path,
     process::Command,
     time::{Duration, Instant},
@@ -10,7 +11,7 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     agent_binary,
-    cgroups::{sleeper, systemd_container, Proc, TestCgroup},
+    cgroups::{sleeper, spawn_with_pid, systemd_container, Proc, TestCgroup},
     container,
     fake_node::{metadata_config, FakeContainer, FakeNode, World},
     fake_nvml_lib,
@@ -164,6 +165,161 @@ fn a_job_ended_before_the_start_is_not_charged_again_when_its_pid_exits() {
     let snap = agent.json("/debug/snapshot");
     let a = &container(&snap, &id).unwrap()["accounts"][0];
     assert_eq!(a["accounted_processes"], 1, "{a}");
+}
+
+/// Unix time now, in ms.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The records of each (container, device), in the order of their start.
+fn stretches(records: &[Value]) -> BTreeMap<(String, String), Vec<&Value>> {
+    let mut by: BTreeMap<(String, String), Vec<&Value>> = BTreeMap::new();
+    for r in records {
+        let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+        let key = (text("container_id"), text("uuid"));
+        by.entry(key).or_default().push(r);
+    }
+    for rs in by.values_mut() {
+        rs.sort_by_key(|r| (r["start_ms"].as_u64(), r["end_ms"].as_u64()));
+    }
+    by
+}
+
+/// Every line of the file is a whole record, the last one ended.
+fn whole_lines(file: &Path) -> (String, Vec<Value>) {
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(text.ends_with('\n'), "a torn last line: {text}");
+    let records = (text.lines())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("a torn line ({e}): {l}")))
+        .collect();
+    (text, records)
+}
+
+/// No record twice, and per container and device no overlap; `job_container` has one
+/// record, the accounting job's; each other stretch has at least three records of the run
+/// before `restarted_ms` and one of the run after, ended by its stop.
+fn assert_written_once(records: &[Value], job_container: &str, restarted_ms: u64) {
+    let mut seen = std::collections::HashSet::new();
+    for r in records {
+        assert!(seen.insert(r.to_string()), "written twice: {r}");
+    }
+    let c_id = json!(job_container);
+    let charged: Vec<&Value> = (records.iter())
+        .filter(|r| r["container_id"] == c_id)
+        .collect();
+    assert_eq!(charged.len(), 1, "the old job charged again: {charged:#?}");
+    assert_eq!(charged[0]["reason"], "accounting");
+    for ((id, uuid), rs) in stretches(records) {
+        let spans: Vec<(u64, u64, &str)> = (rs.iter())
+            .map(|r| {
+                let (s, e) = (r["start_ms"].as_u64(), r["end_ms"].as_u64());
+                (s.unwrap(), e.unwrap(), r["reason"].as_str().unwrap())
+            })
+            .collect();
+        for w in spans.windows(2) {
+            assert!(w[1].0 >= w[0].1, "{id} on {uuid}: overlap in {spans:?}");
+        }
+        if id == job_container {
+            continue;
+        }
+        // Both runs are there: the second's stretch from its own first sample, ended by
+        // the stop.
+        let last = spans.last().unwrap();
+        assert!(
+            last.0 >= restarted_ms && last.2 == "agent_stopped",
+            "{spans:?}"
+        );
+        assert!(
+            spans.iter().filter(|s| s.1 < restarted_ms).count() >= 3,
+            "{spans:?}"
+        );
+    }
+}
+
+/// Records are cut every second; the agent is SIGKILLed (no `agent_stopped` records, no
+/// last write) and started again on the same file, then stopped. Nothing is written twice:
+/// per container and device the records never overlap and no two are equal, and every line
+/// is whole. A job the first run charged from NVML's accounting list, which the list still
+/// holds at the restart, is not charged again when a live process that has its PID by
+/// now exits.
+#[test]
+#[ignore = "needs root: loads the eBPF programs, creates pod cgroups and writes ns_last_pid"]
+fn a_restart_after_a_kill_writes_no_stretch_twice() {
+    let dir = Dir::new("usage-restart");
+    let ids: Vec<(String, String)> = (0..3).map(|_| (random_uid(), random_hex(64))).collect();
+    let cgs: Vec<TestCgroup> = (ids.iter())
+        .map(|(u, i)| TestCgroup::v2(&systemd_container(u, i)))
+        .collect();
+    let (a, b) = (
+        Proc(cgs[0].spawn(&mut sleeper())),
+        Proc(cgs[1].spawn(&mut sleeper())),
+    );
+    // A on both GPUs, B on GPU 0; pod C only runs a job too short for any sample.
+    let devices = |accounting: Value| {
+        let mut g0 = gpu(
+            0,
+            G0,
+            300_000,
+            vec![p(a.pid(), GIB, 30), p(b.pid(), GIB, 20)],
+        );
+        g0["accounting"] = accounting;
+        json!({"devices": [g0, gpu(1, G1, 200_000, vec![p(a.pid(), 2 * GIB, 40)])]})
+    };
+    let sc = Scenario::new(&devices(json!([])));
+    let file = dir.0.join("usage.jsonl");
+    let extra = format!(
+        "[usage]\nfile = \"{}\"\nmax_record_secs = 1\n",
+        file.display()
+    );
+    let samples = |agent: &Agent| {
+        agent.wait_until("a few samples", Duration::from_secs(10), || {
+            agent.stats()["nvml_samples"].as_u64() >= Some(3)
+        });
+    };
+    let agent = start(&sc, &dir.0, None, &extra, &[]);
+    samples(&agent);
+    let mut job = cgs[2].spawn(Command::new("sleep").arg("0.3"));
+    let job_pid = job.id();
+    job.wait().unwrap();
+    // Fixed times, as the driver keeps them: a second charge would repeat the record.
+    let start_us = (now_ms() - 1000) * 1000;
+    sc.write(&devices(
+        json!([{"pid": job_pid, "gpu_util": 70, "max_memory": GIB,
+                              "time_ms": 300, "start_time_us": start_us}]),
+    ));
+    agent.wait_until(
+        "the job's record and checkpoints",
+        Duration::from_secs(20),
+        || {
+            let records = read_json_lines(&file);
+            let by = stretches(&records);
+            records.iter().any(|r| r["reason"] == "accounting")
+                && by.values().filter(|rs| rs.len() >= 3).count() == 3
+        },
+    );
+    assert!(!agent.kill().success());
+    let restarted_ms = now_ms();
+    let (first_run, _) = whole_lines(&file);
+    // The job's PID, free again, goes to a live process of pod C.
+    let reused = spawn_with_pid(job_pid, &cgs[2])
+        .unwrap_or_else(|| panic!("PID {job_pid} was taken by another process first"));
+    let agent = start(&sc, &dir.0, None, &extra, &[]);
+    samples(&agent);
+    drop(reused);
+    // Checkpoints of the new run, and time for a wrong charge of the old job to arrive.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = agent.log();
+    assert!(agent.stop().success(), "{log}");
+    let (text, records) = whole_lines(&file);
+    assert!(
+        text.starts_with(&first_run),
+        "the first run's lines were rewritten"
+    );
+    assert_written_once(&records, &ids[2].1, restarted_ms);
 }
 
 #[test]

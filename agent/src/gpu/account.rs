@@ -460,6 +460,11 @@ fn advance(
         let Some((i, uuid)) = cy.names.lookup(a) else {
             continue;
         };
+        // Nor one not read this cycle (stalled, lost): it says nothing of the allocation's
+        // use, and the stretch ends at its last good sample.
+        if !cy.sample.devices[i].status.is_ok() {
+            continue;
+        }
         let (uuid, gpu_uuid) = (uuid.clone(), cy.names.gpu(i).clone());
         let l = device(devices, &uuid);
         l.last_allocated_ms = now;

@@ -237,7 +237,9 @@ impl Extras {
             let r = in_call(&"nvmlDeviceRegisterEvents", || {
                 xid::register_device(nvml, dev, set)
             });
-            self.xids.lock().unwrap().registered(&d.uuid, r);
+            // SAFETY: the handle is only kept as a key, never called through.
+            let handle = unsafe { dev.handle() };
+            self.xids.lock().unwrap().registered(&d.uuid, handle, r);
         }
         d
     }

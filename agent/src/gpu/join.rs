@@ -1212,6 +1212,37 @@ mod sharing_tests {
         assert_eq!(ended[0].end_ms, 2000, "{:?}", ended[0]);
     }
 
+    /// A GPU allocated to A, which runs nothing there, stalls for a cycle: the stretch of
+    /// the allocation ends at the last good sample (nothing says how it was used meanwhile),
+    /// and a new one is open once the GPU answers.
+    #[test]
+    fn an_allocated_gpu_that_stalls_ends_its_stretch_at_the_last_good_sample() {
+        let md = allocated_to_a("nvidia.com/gpu", "GPU-1", None);
+        let mut stalled = sample(3000, 0, vec![]);
+        stalled.devices[0].status = DeviceStatus::Stalled {
+            call: "power".into(),
+            secs: 5,
+        };
+        let samples = [
+            sample(1000, 1_000_000, vec![]),
+            sample(2000, 1_100_000, vec![]),
+            stalled,
+            sample(4000, 2_000_000, vec![]),
+        ];
+        let (snap, _, records) = run(&md, &samples, &Inputs::default());
+        let ended: Vec<_> = records
+            .iter()
+            .filter(|r| r.container_id.as_deref() == Some(A))
+            .collect();
+        assert_eq!(ended.len(), 1, "{records:?}");
+        assert_eq!((ended[0].start_ms, ended[0].end_ms), (1000, 2000));
+        let a = snap
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_deref() == Some(A));
+        assert_eq!(a.unwrap().accounts[0].gpus_held, Some(1.0), "open again");
+    }
+
     #[test]
     fn an_energy_read_after_held_cycles_is_split_by_their_mean_shares() {
         // Energy read at 1 s and 4 s, held at 2 s and 3 s (nvml.slow_interval_ms): A alone

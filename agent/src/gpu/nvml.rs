@@ -26,6 +26,14 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// At most this many accounting requests wait for their device (a flood of exits).
 const MAX_ACCOUNTING_REQUESTS: usize = 4096;
 
+/// What a device said of itself when it last answered.
+#[derive(Debug, Clone, Default)]
+struct Known {
+    uuid: String,
+    name: String,
+    pci_bus_id: Option<String>,
+}
+
 pub struct NvmlSampler {
     lib_path: Option<PathBuf>,
     /// Shared with the readers: a reader stuck in a call keeps the library loaded.
@@ -33,9 +41,9 @@ pub struct NvmlSampler {
     status: SourceStatus,
     next_init: Instant,
     backoff: Duration,
-    /// Per device index: the uuid and name last seen, to name a device that is lost or
-    /// does not answer.
-    known: HashMap<u32, (String, String)>,
+    /// Per device index: who it was last seen as, to name a device that is lost or does
+    /// not answer.
+    known: HashMap<u32, Known>,
     /// The GPUs' reading states and the thread that reads them; made at init.
     readers: Option<Readers>,
     settings: Settings,
@@ -216,12 +224,17 @@ impl NvmlSampler {
         // A lost device may no longer tell its name: use what it said before.
         for d in &mut devices {
             if d.uuid.is_empty() {
-                if let Some((uuid, name)) = self.known.get(&d.index) {
-                    d.uuid = uuid.clone();
-                    d.name = name.clone();
+                if let Some(k) = self.known.get(&d.index) {
+                    d.uuid = k.uuid.clone();
+                    d.name = k.name.clone();
                 }
             } else {
-                self.known.insert(d.index, (d.uuid.clone(), d.name.clone()));
+                let k = Known {
+                    uuid: d.uuid.clone(),
+                    name: d.name.clone(),
+                    pci_bus_id: d.pci_bus_id.clone(),
+                };
+                self.known.insert(d.index, k);
             }
         }
         in_call(&"XID events", || {
@@ -237,8 +250,8 @@ impl NvmlSampler {
         })
     }
 
-    /// Every device's sample of this cycle, in index order: the reader is asked and
-    /// awaited until the cycle's deadline. A device a stuck read holds is left out, and
+    /// Every device's sample of this cycle, in index order: the readers are asked and
+    /// awaited until the cycle's deadlines. A device a stuck read holds is left out, and
     /// reported stalled once it has been for the stall timeout.
     fn read_devices(&mut self, nvml: &Arc<Nvml>, count: u32, due: bool) -> Vec<DeviceSample> {
         self.cycle += 1;
@@ -253,6 +266,9 @@ impl NvmlSampler {
             self.gpm.extend(a.gpm.into_iter().flatten());
             out.push(a.sample);
         }
+        for (index, after) in cycle.recovered {
+            self.recovered(index, after);
+        }
         let stuck: Vec<_> = (cycle.stuck.into_iter())
             .filter(|(_, _, waited)| *waited >= self.stall_timeout)
             .collect();
@@ -265,12 +281,41 @@ impl NvmlSampler {
         out
     }
 
+    /// A device a stuck read held answered again, `after` it was asked: said where it was
+    /// reported stalled (a device that is merely slow at times is not worth a WARN).
+    fn recovered(&self, index: u32, after: Duration) {
+        let uuid = self.known.get(&index).map_or("", |k| k.uuid.as_str());
+        if self.stalled.contains(&index) {
+            tracing::warn!(
+                index,
+                uuid,
+                "GPU {index} answers again, after {} s without an answer",
+                after.as_secs()
+            );
+        } else {
+            tracing::debug!(
+                index,
+                uuid,
+                "GPU {index} answered {} ms late",
+                after.as_millis()
+            );
+        }
+    }
+
+    /// The last XID NVML or the kernel log reported for device `index`.
+    fn last_xid(&self, index: u32) -> Option<u64> {
+        let k = self.known.get(&index)?;
+        let pci = k.pci_bus_id.as_deref();
+        self.xids.lock().unwrap().last_xid(&k.uuid, pci)
+    }
+
     /// A stalled device's sample: its identity and `stalled`, no reading. Said once per
     /// stall.
     fn stalled_sample(&mut self, index: u32, call: &'static str, waited: Duration) -> DeviceSample {
-        let (uuid, name) = self.known.get(&index).cloned().unwrap_or_default();
+        let k = self.known.get(&index).cloned().unwrap_or_default();
+        let (uuid, name) = (k.uuid, k.name);
         if self.stalled.insert(index) {
-            let xid = self.xids.lock().unwrap().last_xid(&uuid);
+            let xid = self.last_xid(index);
             tracing::warn!(
                 index,
                 uuid,
@@ -307,7 +352,7 @@ impl NvmlSampler {
             0 => String::new(),
             n => format!(" (and {n} more GPUs)"),
         };
-        let xid = self.xids.lock().unwrap().last_xid(&d.uuid);
+        let xid = self.last_xid(d.index);
         SourceStatus::Stalled(format!(
             "{call} on GPU {} ({}) for {secs} s{}{more}",
             d.index,
@@ -321,13 +366,13 @@ impl NvmlSampler {
 /// wait for their GPU. Nothing is built on the cycles with none waiting (most).
 fn route(
     pending: &mut Vec<(String, u32)>,
-    known: &HashMap<u32, (String, String)>,
+    known: &HashMap<u32, Known>,
 ) -> HashMap<u32, Vec<(String, u32)>> {
     let mut out: HashMap<u32, Vec<(String, u32)>> = HashMap::new();
     if pending.is_empty() {
         return out;
     }
-    let by_uuid: HashMap<&str, u32> = known.iter().map(|(i, (u, _))| (u.as_str(), *i)).collect();
+    let by_uuid: HashMap<&str, u32> = known.iter().map(|(i, k)| (k.uuid.as_str(), *i)).collect();
     pending.retain(|(uuid, pid)| match by_uuid.get(uuid.as_str()) {
         Some(i) => {
             out.entry(*i).or_default().push((uuid.clone(), *pid));
@@ -338,7 +383,8 @@ fn route(
     out
 }
 
-/// What an XID the device reported says about a stall: Xid 79 is a GPU fallen off the bus.
+/// What the device's last XID (from NVML or the kernel log) says about a stall: Xid 79 is
+/// a GPU fallen off the bus.
 fn xid_note(xid: Option<u64>) -> String {
     match xid {
         Some(79) => "; Xid 79: the GPU has fallen off the bus".into(),
@@ -373,5 +419,63 @@ pub fn describe_init_error(e: &NvmlError, path: Option<&Path>) -> String {
         NvmlError::DriverNotLoaded => "the NVIDIA driver is not loaded".into(),
         NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".into(),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn a_stall_names_the_xid_the_kernel_log_shows_for_that_gpu() {
+        let path = std::env::temp_dir().join(format!("kmsg-stall-{}", std::process::id()));
+        std::fs::write(&path, "").unwrap();
+        let mut s = NvmlSampler::new(None).with_kmsg(Some(path.clone()));
+        for (index, bus) in [(3, 0x48), (4, 0x58)] {
+            let k = Known {
+                uuid: format!("GPU-{index}"),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                pci_bus_id: Some(format!("00000000:{bus:02X}:00.0")),
+            };
+            s.known.insert(index, k);
+        }
+        s.xids.lock().unwrap().read_kmsg(Instant::now());
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        writeln!(f, "NVRM: Xid (PCI:0000:48:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.").unwrap();
+        writeln!(
+            f,
+            "NVRM: Xid (PCI:0000:58:00): 43, pid=7, name=python3, Ch 00000008"
+        )
+        .unwrap();
+        s.xids.lock().unwrap().read_kmsg(Instant::now());
+        let call = "nvmlDeviceGetPowerUsage";
+        let d3 = s.stalled_sample(3, call, Duration::from_secs(42));
+        assert_eq!(
+            s.stalled_status(&[d3]),
+            SourceStatus::Stalled(
+                "nvmlDeviceGetPowerUsage on GPU 3 (GPU-3) for 42 s; Xid 79: the GPU has \
+                 fallen off the bus"
+                    .into()
+            )
+        );
+        let d4 = s.stalled_sample(4, call, Duration::from_secs(6));
+        let status = s.stalled_status(&[d4]);
+        assert!(
+            status.to_string().ends_with("for 6 s; last Xid 43"),
+            "{status:?}"
+        );
+        s.known.get_mut(&4).unwrap().pci_bus_id = Some("00000000:68:00.0".into());
+        let d4 = s.stalled_sample(4, call, Duration::from_secs(6));
+        let status = s.stalled_status(&[d4]);
+        assert!(
+            status.to_string().ends_with("for 6 s"),
+            "another GPU's XID: {status:?}"
+        );
+        let _ = std::fs::remove_file(&path);
     }
 }

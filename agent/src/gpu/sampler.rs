@@ -1,7 +1,8 @@
 //! The NVML thread: NVML calls block, so sampling runs on a thread of its own and sends one
 //! message per cycle to the pipeline. The GPUs are read on a reader thread that a stuck
-//! call retires (readers.rs); the calls this thread makes itself (init, the device count) are watched by
-//! a second thread, which says so when one does not return (a wedged driver at start).
+//! call retires (readers.rs); the calls this thread makes itself (init, the device count)
+//! are watched by a second thread, which says so when one does not return (a wedged driver
+//! at start).
 use std::{
     sync::{atomic::Ordering::Relaxed, Arc, Mutex},
     time::{Duration, Instant},
@@ -126,7 +127,8 @@ fn watch(
         .spawn(move || {
             // The call seen in flight, its number, and since when it has been seen.
             let mut seen: Option<(&'static str, u64, Instant)> = None;
-            let mut stalled = false;
+            // Since when the call said stalled had been in flight.
+            let mut stalled: Option<Instant> = None;
             while !stop.is_cancelled() {
                 std::thread::sleep(interval);
                 seen = match (progress.now(), seen) {
@@ -137,23 +139,26 @@ fn watch(
                 match seen {
                     Some((call, _, t)) if t.elapsed() >= stall_timeout => {
                         let why = format!("{call} for {} s", t.elapsed().as_secs());
-                        if !stalled {
+                        if stalled.is_none() {
                             tracing::warn!(
                                 call,
                                 "NVML not answering: {why}; no GPU data until it returns"
                             );
-                            stalled = true;
+                            stalled = Some(t);
                         }
                         let status = SourceStatus::Stalled(why);
                         if tx.blocking_send((None, status)).is_err() {
                             return;
                         }
                     }
-                    _ if stalled => {
-                        tracing::warn!("NVML answers again");
-                        stalled = false;
+                    _ => {
+                        if let Some(t) = stalled.take() {
+                            tracing::warn!(
+                                "NVML answers again, after {} s without an answer",
+                                t.elapsed().as_secs()
+                            );
+                        }
                     }
-                    _ => {}
                 }
             }
         })?;

@@ -15,7 +15,9 @@ use nvml_wrapper::{
     error::{nvml_try, NvmlError},
     Device, Nvml,
 };
-use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t, nvmlEventTypeXidCriticalError};
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlEventTypeXidCriticalError,
+};
 
 use super::{
     kmsg::{self, Kmsg, XidLine},
@@ -46,14 +48,26 @@ struct Pending {
 pub struct Xids {
     set: Option<nvmlEventSet_t>,
     registered: HashSet<String>,
-    /// Per GPU UUID: count per code, and the last code.
-    counts: HashMap<String, (BTreeMap<u64, u64>, u64)>,
+    /// The UUID of each device handle registered: an event's device is named from here,
+    /// not asked (a call on a GPU that fell off the bus does not return).
+    handles: HashMap<usize, String>,
+    /// Per GPU UUID: count per code, and the last code and when it came.
+    counts: HashMap<String, Counts>,
+    /// Per PCI (domain, bus, device): the last XID the kernel log showed, and when.
+    kmsg_last: HashMap<(u32, u32, u32), (u64, Instant)>,
     pending: Vec<Pending>,
     lines: Vec<(XidLine, Instant)>,
     kmsg_path: Option<PathBuf>,
     kmsg: Option<Kmsg>,
     pub events_status: SourceStatus,
     pub kmsg_status: SourceStatus,
+}
+
+/// One GPU's XIDs from NVML's events.
+#[derive(Default)]
+struct Counts {
+    by_code: BTreeMap<u64, u64>,
+    last: Option<(u64, Instant)>,
 }
 
 // SAFETY: the event set is a handle of NVML's, whose calls are thread-safe; the readers
@@ -70,7 +84,9 @@ impl Xids {
         Xids {
             set: None,
             registered: HashSet::new(),
+            handles: HashMap::new(),
             counts: HashMap::new(),
+            kmsg_last: HashMap::new(),
             pending: vec![],
             lines: vec![],
             kmsg_path: kmsg,
@@ -111,11 +127,12 @@ impl Xids {
         self.set
     }
 
-    /// What `register_device` gave for `uuid`.
-    pub fn registered(&mut self, uuid: &str, r: Result<(), NvmlError>) {
+    /// What `register_device` gave for `uuid`, whose handle is `dev`.
+    pub fn registered(&mut self, uuid: &str, dev: nvmlDevice_t, r: Result<(), NvmlError>) {
         match r {
             Ok(()) => {
                 self.registered.insert(uuid.to_string());
+                self.handles.insert(dev as usize, uuid.to_string());
                 self.counts.entry(uuid.to_string()).or_default();
                 self.events_status = SourceStatus::Ok;
             }
@@ -131,8 +148,8 @@ impl Xids {
         self.read_kmsg(now);
         for (handle_uuid, gi, xid) in self.drain(nvml) {
             let e = self.counts.entry(handle_uuid.clone()).or_default();
-            *e.0.entry(xid).or_default() += 1;
-            e.1 = xid;
+            *e.by_code.entry(xid).or_default() += 1;
+            e.last = Some((xid, now));
             self.pending.push(Pending {
                 gpu: handle_uuid,
                 gpu_instance: gi,
@@ -142,16 +159,17 @@ impl Xids {
         }
         self.match_pending(devices, now);
         for d in devices.iter_mut() {
-            let Some((by_code, last)) = self.counts.get(&d.uuid) else {
+            let Some(c) = self.counts.get(&d.uuid) else {
                 continue;
             };
-            let list = by_code.iter().map(|(&xid, &count)| XidCount { xid, count });
+            let list = (c.by_code.iter()).map(|(&xid, &count)| XidCount { xid, count });
             d.fields.xid_errors = Some(list.collect());
-            d.fields.last_xid = Some(*last);
+            d.fields.last_xid = Some(c.last.map_or(0, |l| l.0));
         }
     }
 
-    fn read_kmsg(&mut self, now: Instant) {
+    /// Reads the kernel log's new XID lines (opening it first, when it is not yet open).
+    pub(super) fn read_kmsg(&mut self, now: Instant) {
         if self.kmsg.is_none() {
             if let Some(path) = &self.kmsg_path {
                 match Kmsg::open(path) {
@@ -171,8 +189,10 @@ impl Xids {
             }
         }
         if let Some(k) = &mut self.kmsg {
-            self.lines
-                .extend(k.read_xids().into_iter().map(|l| (l, now)));
+            for l in k.read_xids() {
+                self.kmsg_last.insert(l.pci, (l.xid, now));
+                self.lines.push((l, now));
+            }
         }
         self.lines
             .retain(|(_, t)| now.duration_since(*t) < MATCH_WINDOW);
@@ -194,11 +214,12 @@ impl Xids {
             if data.eventType & u64::from(nvmlEventTypeXidCriticalError) == 0 {
                 continue;
             }
-            // SAFETY: the handle NVML delivered is one of its devices.
-            let dev = unsafe { Device::new(data.device, nvml) };
-            let Ok(uuid) = dev.uuid() else { continue };
+            // Only registered handles deliver events.
+            let Some(uuid) = self.handles.get(&(data.device as usize)) else {
+                continue;
+            };
             let gi = (data.gpuInstanceId != u32::MAX).then_some(data.gpuInstanceId);
-            out.push((uuid, gi, data.eventData));
+            out.push((uuid.clone(), gi, data.eventData));
         }
         out
     }
@@ -241,21 +262,58 @@ impl Xids {
         }
     }
 
-    /// Frees the event set: NVML is about to shut down or restart.
-    /// The last critical XID the GPU reported since the agent started, if any.
-    pub fn last_xid(&self, uuid: &str) -> Option<u64> {
-        let (by_code, last) = self.counts.get(uuid)?;
-        (!by_code.is_empty()).then_some(*last)
+    /// The last critical XID since the agent started of the GPU `uuid` at `pci_bus_id`,
+    /// from NVML's events or the kernel log, whichever came later; None if neither has one.
+    pub fn last_xid(&self, uuid: &str, pci_bus_id: Option<&str>) -> Option<u64> {
+        let event = self.counts.get(uuid).and_then(|c| c.last);
+        let pci = pci_bus_id.and_then(kmsg::parse_pci);
+        let line = pci.and_then(|p| self.kmsg_last.get(&p).copied());
+        let (xid, _) = [event, line]
+            .into_iter()
+            .flatten()
+            .max_by_key(|(_, at)| *at)?;
+        Some(xid)
     }
 
+    /// Frees the event set: NVML is about to shut down or restart.
     pub fn release(&mut self, nvml: &Nvml) {
         if let (Some(set), Ok(free)) = (self.set.take(), nvml.lib().nvmlEventSetFree.as_ref()) {
             // SAFETY: created by this library, freed once (taken above).
             unsafe { free(set) };
         }
         self.registered.clear();
+        self.handles.clear();
         if self.events_status.is_ok() {
             self.events_status = SourceStatus::Starting;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_xid_is_the_newer_of_nvmls_event_and_the_kernel_logs_line() {
+        let mut x = Xids::new(None);
+        let t = Instant::now();
+        let pci = Some("00000000:48:00.0");
+        assert_eq!(x.last_xid("GPU-3", pci), None);
+        x.counts.insert("GPU-3".into(), Counts::default());
+        assert_eq!(x.last_xid("GPU-3", pci), None, "registered, no XID yet");
+        x.counts.get_mut("GPU-3").unwrap().last = Some((43, t));
+        assert_eq!(x.last_xid("GPU-3", pci), Some(43));
+        // The kernel log, matched by PCI bus, as the driver writes it.
+        x.kmsg_last
+            .insert((0, 0x48, 0), (79, t + Duration::from_millis(1)));
+        assert_eq!(x.last_xid("GPU-3", pci), Some(79));
+        assert_eq!(
+            x.last_xid("GPU-3", None),
+            Some(43),
+            "no bus id: NVML's alone"
+        );
+        assert_eq!(x.last_xid("GPU-4", Some("00000000:58:00.0")), None);
+        x.counts.get_mut("GPU-3").unwrap().last = Some((13, t + Duration::from_millis(2)));
+        assert_eq!(x.last_xid("GPU-3", pci), Some(13));
     }
 }

@@ -165,7 +165,9 @@ async fn read(
         None => (client.group_interval().await?, "/api/v1/rules"),
     };
     let w = (window.to_ms - window.from_ms) / 1000;
-    let at = window.to_ms as f64 / 1000.0;
+    // One interval back: an evaluation under way has written some of its rules' points and
+    // not others (a count without its seen_at).
+    let at = window.to_ms as f64 / 1000.0 - step as f64;
     let mut tasks = vec![];
     for q in Q::ALL {
         let (c, promql) = (client.clone(), q.promql(w));
