@@ -569,9 +569,7 @@ fn fill_accounts(
             a.accounted_processes = l.accounted_processes;
             a.accounted_gpu_seconds = l.accounted_gpu_seconds;
             if let Some(s) = &l.session {
-                let d = &s.detail;
-                a.gpus_held = Some(d.device.held());
-                a.sm_share = (d.profile.sm_last()).map(|p| p as f64 / 100.0 * d.device.part);
+                (a.gpus_held, a.sm_share) = (Some(s.held), s.sm_share);
             }
         }
         limits(&mut a, c, pass);

@@ -27,9 +27,6 @@ pub struct Profile {
     sm: [u8; SM_BUCKETS],
     memory: [u8; MEMORY_BUCKETS],
     sm_max: Option<u8>,
-    /// The last cycle's SM utilization, percent: what Prometheus is shown of the stretch
-    /// (`container.gpu.sm.share`).
-    sm_last: Option<u8>,
     /// Whether an SM sample came from process utilization, from GPM.
     sources: [bool; 2],
 }
@@ -40,7 +37,6 @@ impl Default for Profile {
             sm: [0; SM_BUCKETS],
             memory: [0; MEMORY_BUCKETS],
             sm_max: None,
-            sm_last: None,
             sources: [false; 2],
         }
     }
@@ -91,7 +87,6 @@ impl Profile {
     /// One sample: the SM utilization (percent, where known, and whence) and the memory
     /// held.
     pub fn add(&mut self, sm: Option<(u32, SmSource)>, memory_bytes: u64) {
-        self.sm_last = sm.map(|(pct, _)| pct.min(100) as u8);
         if let Some((pct, source)) = sm {
             let pct = pct.min(100) as u8;
             bump(&mut self.sm, pct as usize);
@@ -104,11 +99,6 @@ impl Profile {
     /// The SM utilization's `q` quantile, percent; None without an SM sample.
     pub fn sm(&self, q: f64) -> Option<u32> {
         quantile(&self.sm, q).map(|i| i as u32)
-    }
-
-    /// The last cycle's SM utilization, percent; None where that cycle did not say.
-    pub fn sm_last(&self) -> Option<u32> {
-        self.sm_last.map(u32::from)
     }
 
     /// The largest SM utilization, percent.

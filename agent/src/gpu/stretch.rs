@@ -77,6 +77,7 @@ pub fn advance(
     s.used |= u.used;
     let d = &mut *s.detail;
     d.profile.add(u.sm, u.memory_bytes);
+    s.sm_share = (u.sm).map(|(pct, _)| f64::from(pct.min(100)) / 100.0 * d.device.part);
     // Names arrive after the first sample, and come anew with each metadata refresh; the
     // allocation with them. An empty allocation may be a new empty list each cycle.
     let same_allocation = Arc::ptr_eq(&d.allocated, &c.allocated_gpus)
@@ -86,6 +87,7 @@ pub fn advance(
         d.allocated = c.allocated_gpus.clone();
         d.device = facts(c, (uuid, gpu_uuid), cy);
     }
+    s.held = d.device.held();
 }
 
 /// The device's model and memory (the GPU's), its MIG profile, and the part of a GPU the
@@ -202,6 +204,8 @@ fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
         peak: 0,
         names: s.names.clone(),
         used: false,
+        held: s.held,
+        sm_share: s.sm_share,
         detail: Box::new(Detail {
             device: s.detail.device.clone(),
             allocated: s.detail.allocated.clone(),
