@@ -595,6 +595,28 @@ macro_rules! container_resource {
     };
 }
 
+/// A container on a device as Prometheus labels it, then `$more`.
+macro_rules! container_labels {
+    ($($more:expr),*) => {
+        &[
+            Attr::ContainerId,
+            Attr::PodUid,
+            Attr::Namespace,
+            Attr::PodName,
+            Attr::ContainerName,
+            Attr::WorkloadKind,
+            Attr::Workload,
+            Attr::Qos,
+            Attr::Runtime,
+            Attr::HwId,
+            Attr::GpuUuid,
+            Attr::Node,
+            Attr::Owner,
+            $($more),*
+        ]
+    };
+}
+
 /// GPUs and MIG devices: MIG devices have `hw.parent` (and, in OTLP, no index).
 pub const DEVICE: AttrSet = AttrSet {
     name: "device",
@@ -620,44 +642,14 @@ pub const DEVICE: AttrSet = AttrSet {
 pub const CONTAINER: AttrSet = AttrSet {
     name: "container",
     otlp: container_resource!(Attr::HwId, Attr::HwParent),
-    prometheus: &[
-        Attr::ContainerId,
-        Attr::PodUid,
-        Attr::Namespace,
-        Attr::PodName,
-        Attr::ContainerName,
-        Attr::WorkloadKind,
-        Attr::Workload,
-        Attr::Qos,
-        Attr::Runtime,
-        Attr::HwId,
-        Attr::GpuUuid,
-        Attr::Node,
-        Attr::Owner,
-    ],
+    prometheus: container_labels!(),
 };
 /// A container's open stretch on a device, as rightsizing reads it (Prometheus only): the
 /// container's labels, then the GPU's model and the MIG profile.
 pub const HELD: AttrSet = AttrSet {
     name: "held",
     otlp: &[],
-    prometheus: &[
-        Attr::ContainerId,
-        Attr::PodUid,
-        Attr::Namespace,
-        Attr::PodName,
-        Attr::ContainerName,
-        Attr::WorkloadKind,
-        Attr::Workload,
-        Attr::Qos,
-        Attr::Runtime,
-        Attr::HwId,
-        Attr::GpuUuid,
-        Attr::Node,
-        Attr::Owner,
-        Attr::HwModel,
-        Attr::MigProfile,
-    ],
+    prometheus: container_labels!(Attr::HwModel, Attr::MigProfile),
 };
 /// A device the kubelet allocated to a container.
 pub const ALLOCATION: AttrSet = AttrSet {

@@ -9,6 +9,7 @@ pub mod nvml;
 pub mod otlp_receiver;
 pub mod prom;
 pub mod rightsize;
+pub mod rules;
 
 use std::{
     io::{BufRead, BufReader},

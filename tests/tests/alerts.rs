@@ -1,46 +1,19 @@
 //! The alert rules under deploy/: promtool's unit tests of every rule (input series, the
 //! alerts expected), the PrometheusRule equal to the plain rules file, and every metric
 //! they read one the agent emits. promtool is Debian's (`cargo xtask test` installs it).
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::collections::BTreeSet;
 
 use serde_yaml::Value;
-use tests::{prom::which, random_hex};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use tests::rules::{promtool, root, rules, test_broken, yaml};
 
 const RULES: &str = "deploy/prometheus/gpu-agent-alerts.yaml";
 const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-alerts.test.yaml";
 const OPERATOR: &str = "deploy/kubernetes/components/prometheus/prometheusrule.yaml";
 
-fn yaml(rel: &str) -> Value {
-    let text = std::fs::read_to_string(root().join(rel)).unwrap();
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
-
-/// `promtool test rules` on the unit tests in `dir`: (passed, what it printed).
-fn promtool_test(dir: &Path) -> (bool, String) {
-    let out = Command::new(which("promtool"))
-        .args(["test", "rules", "gpu-agent-alerts.test.yaml"])
-        .current_dir(dir)
-        .output()
-        .expect("running promtool");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 #[test]
 fn every_alert_rule_passes_its_promtool_unit_tests() {
-    let (ok, text) = promtool_test(&root().join("deploy/prometheus"));
+    let dir = root().join("deploy/prometheus");
+    let (ok, text) = promtool(&dir, &["test", "rules", "gpu-agent-alerts.test.yaml"]);
     assert!(
         ok && text.contains("SUCCESS"),
         "promtool test rules:\n{text}"
@@ -68,33 +41,13 @@ fn every_alert_rule_passes_its_promtool_unit_tests() {
 /// the rule waits ten.
 #[test]
 fn the_unit_tests_catch_a_broken_rule() {
-    let dir = std::env::temp_dir().join(format!("alerts-{}", random_hex(8)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let rules = std::fs::read_to_string(root().join(RULES)).unwrap();
-    let broken = rules.replacen(
+    let (ok, text) = test_broken(
+        "gpu-agent-alerts.yaml",
+        "gpu-agent-alerts.test.yaml",
         "expr: hw_status{hw_state=\"failed\"} == 1\n        for: 1m",
         "expr: hw_status{hw_state=\"failed\"} == 1\n        for: 10m",
-        1,
     );
-    assert_ne!(broken, rules, "the rule moved: update this test");
-    std::fs::write(dir.join("gpu-agent-alerts.yaml"), broken).unwrap();
-    std::fs::copy(
-        root().join(UNIT_TESTS),
-        dir.join("gpu-agent-alerts.test.yaml"),
-    )
-    .unwrap();
-    let (ok, text) = promtool_test(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(!ok && text.contains("alertname: GpuLost"), "{text}");
-}
-
-fn rules(groups: &Value) -> Vec<&Value> {
-    groups["groups"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["rules"].as_sequence().unwrap())
-        .collect()
 }
 
 #[test]

@@ -1,51 +1,13 @@
 //! The recording rules for rightsizing under deploy/: `promtool check rules`, promtool's unit
 //! tests (input series whose answers are known), and every series they read one the agent
-//! emits (tests/tests/alerts.rs holds the PrometheusRule to the rules files). promtool is Debian's (`cargo xtask
-//! test` installs it).
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::Command,
-};
+//! emits (tests/tests/alerts.rs holds the PrometheusRule to the rules files). promtool is
+//! Debian's (`cargo xtask test` installs it).
+use std::collections::BTreeSet;
 
-use serde_yaml::Value;
-use tests::{prom::which, random_hex};
+use tests::rules::{promtool, root, rules, test_broken, yaml};
 
 const RULES: &str = "deploy/prometheus/gpu-agent-rightsizing.yaml";
 const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-rightsizing.test.yaml";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn yaml(rel: &str) -> Value {
-    let text = std::fs::read_to_string(root().join(rel)).unwrap();
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
-
-fn rules(groups: &Value) -> Vec<&Value> {
-    groups["groups"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["rules"].as_sequence().unwrap())
-        .collect()
-}
-
-/// promtool with `args` in `dir`: (passed, what it printed).
-fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(which("promtool"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("running promtool");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
 
 #[test]
 fn the_rules_pass_promtool_check_and_every_rule_has_a_unit_test() {
@@ -83,23 +45,12 @@ fn the_rules_pass_promtool_check_and_every_rule_has_a_unit_test() {
 /// (not by holding none) is no longer idle.
 #[test]
 fn the_unit_tests_catch_a_broken_rule() {
-    let dir = std::env::temp_dir().join(format!("rightsizing-rules-{}", random_hex(8)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let rules = std::fs::read_to_string(root().join(RULES)).unwrap();
-    let broken = rules.replacen(
+    let (ok, text) = test_broken(
+        "gpu-agent-rightsizing.yaml",
+        "gpu-agent-rightsizing.test.yaml",
         "unless ignoring (model, mig_profile) (container_gpu_memory_peak_bytes > 0)",
         "unless ignoring (model, mig_profile) (container_gpu_memory_peak_bytes >= 0)",
-        1,
     );
-    assert_ne!(broken, rules, "the rule moved: update this test");
-    std::fs::write(dir.join("gpu-agent-rightsizing.yaml"), broken).unwrap();
-    std::fs::copy(
-        root().join(UNIT_TESTS),
-        dir.join("gpu-agent-rightsizing.test.yaml"),
-    )
-    .unwrap();
-    let (ok, text) = promtool(&dir, &["test", "rules", "gpu-agent-rightsizing.test.yaml"]);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         !ok && text.contains("workload_model:container_gpu_share_idle:sum"),
         "{text}"
