@@ -151,11 +151,7 @@ async fn http_logs(
     if logs.refusing() {
         return (axum::http::StatusCode::SERVICE_UNAVAILABLE, vec![]);
     }
-    let ct = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if ct != "application/x-protobuf" {
+    if !is_protobuf(&headers) {
         return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, vec![]);
     }
     let Ok(req) = ExportLogsServiceRequest::decode(body) else {
@@ -363,11 +359,7 @@ async fn http_metrics(
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> (axum::http::StatusCode, Vec<u8>) {
-    let ct = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if ct != "application/x-protobuf" {
+    if !is_protobuf(&headers) {
         return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, vec![]);
     }
     let Some(body) = decoded(&headers, body) else {
@@ -455,4 +447,10 @@ pub fn value(p: &NumberDataPoint) -> f64 {
         Some(Value::AsInt(i)) => i as f64,
         None => f64::NAN,
     }
+}
+
+/// Whether an HTTP request's body is OTLP's protobuf.
+fn is_protobuf(headers: &axum::http::HeaderMap) -> bool {
+    let ct = headers.get("content-type").and_then(|v| v.to_str().ok());
+    ct == Some("application/x-protobuf")
 }

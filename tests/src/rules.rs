@@ -44,6 +44,12 @@ pub fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// promtool with `args` in `dir` succeeds and says SUCCESS; panics with what it printed.
+pub fn assert_promtool(dir: &Path, args: &[&str]) {
+    let (ok, text) = promtool(dir, args);
+    assert!(ok && text.contains("SUCCESS"), "promtool {args:?}:\n{text}");
+}
+
 /// `promtool test rules` of deploy/prometheus's `tests` file (beside `rules`), with `from`
 /// replaced by `to` once in the rules: (passed, what it printed).
 pub fn test_broken(rules: &str, tests: &str, from: &str, to: &str) -> (bool, String) {

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use serde_yaml::Value;
-use tests::rules::{promtool, root, rules, test_broken, yaml};
+use tests::rules::{assert_promtool, root, rules, test_broken, yaml};
 
 const RULES: &str = "deploy/prometheus/gpu-agent-alerts.yaml";
 const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-alerts.test.yaml";
@@ -13,11 +13,7 @@ const OPERATOR: &str = "deploy/kubernetes/components/prometheus/prometheusrule.y
 #[test]
 fn every_alert_rule_passes_its_promtool_unit_tests() {
     let dir = root().join("deploy/prometheus");
-    let (ok, text) = promtool(&dir, &["test", "rules", "gpu-agent-alerts.test.yaml"]);
-    assert!(
-        ok && text.contains("SUCCESS"),
-        "promtool test rules:\n{text}"
-    );
+    assert_promtool(&dir, &["test", "rules", "gpu-agent-alerts.test.yaml"]);
     // Every rule has a test that expects it to fire.
     let tests = yaml(UNIT_TESTS);
     let tested: BTreeSet<&str> = tests["tests"]

@@ -4,7 +4,7 @@
 //! Debian's (`cargo xtask test` installs it).
 use std::collections::BTreeSet;
 
-use tests::rules::{promtool, root, rules, test_broken, yaml};
+use tests::rules::{assert_promtool, root, rules, test_broken, yaml};
 
 const RULES: &str = "deploy/prometheus/gpu-agent-rightsizing.yaml";
 const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-rightsizing.test.yaml";
@@ -12,16 +12,8 @@ const UNIT_TESTS: &str = "deploy/prometheus/gpu-agent-rightsizing.test.yaml";
 #[test]
 fn the_rules_pass_promtool_check_and_every_rule_has_a_unit_test() {
     let dir = root().join("deploy/prometheus");
-    let (ok, text) = promtool(&dir, &["check", "rules", "gpu-agent-rightsizing.yaml"]);
-    assert!(
-        ok && text.contains("SUCCESS"),
-        "promtool check rules:\n{text}"
-    );
-    let (ok, text) = promtool(&dir, &["test", "rules", "gpu-agent-rightsizing.test.yaml"]);
-    assert!(
-        ok && text.contains("SUCCESS"),
-        "promtool test rules:\n{text}"
-    );
+    assert_promtool(&dir, &["check", "rules", "gpu-agent-rightsizing.yaml"]);
+    assert_promtool(&dir, &["test", "rules", "gpu-agent-rightsizing.test.yaml"]);
     // Every recorded series is expected, with samples, by some test.
     let tests = yaml(UNIT_TESTS);
     let tested: BTreeSet<&str> = tests["tests"]
