@@ -5,9 +5,7 @@
 //! facts of its device.
 use std::sync::Arc;
 
-use gpu_model::{
-    mig_compute_slices, ContainerUsage, DeviceSample, GpuSample, MigSample, Name, UsageRecord,
-};
+use gpu_model::{mig_compute_slices, ContainerUsage, GpuSample, Name, UsageRecord};
 
 use super::{
     counters::Counters,
@@ -100,35 +98,34 @@ fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> De
         false => gpu.and_then(|i| cy.names.mig(cy.sample, i, uuid)),
     };
     let mig_profile = mig.and_then(|m| m.profile.clone());
-    let part = match (&mig_profile, device) {
-        (Some(p), Some(d)) => mig_compute_slices(p) as f64 / gpu_slices(&d.name) as f64,
-        _ => 1.0,
-    };
+    // A MIG device's part of its GPU: its profile's compute slices over the GPU's.
+    let mig_part = (mig_profile.as_deref()).map(|p| {
+        let gpu = gpu_slices(device.map_or("", |d| &d.name));
+        mig_compute_slices(p) as f64 / gpu as f64
+    });
     DeviceFacts {
         model: device.map(|d| d.name.clone()),
         memory_bytes: device.and_then(|d| d.memory_total_bytes),
-        gpus_allocated: allocated_share(c, (uuid, gpu_uuid), device, mig, cy.metadata),
+        gpus_allocated: allocated_share(c, (uuid, gpu_uuid), mig_part, cy.metadata),
         mig_profile,
-        part,
+        part: mig_part.unwrap_or(1.0),
     }
 }
 
-/// 1 for a whole GPU, the replicas held over the GPU's for a time-sliced one, the MIG
-/// profile's compute slices over the GPU's; None where the device is not allocated to the
-/// container.
+/// 1 for a whole GPU, the replicas held over the GPU's for a time-sliced one, a MIG
+/// device's part (None where its profile is unknown); None where the device is not
+/// allocated to the container.
 fn allocated_share(
     c: &ContainerUsage,
     (uuid, gpu_uuid): (&Name, &Name),
-    device: Option<&DeviceSample>,
-    mig: Option<&MigSample>,
+    mig_part: Option<f64>,
     metadata: &Metadata,
 ) -> Option<f64> {
     if !c.allocated_gpus.iter().any(|a| **a == **uuid) {
         return None;
     }
     if !same(uuid, gpu_uuid) {
-        let slices = mig_compute_slices(mig?.profile.as_deref()?);
-        return Some(slices as f64 / gpu_slices(device.map_or("", |d| &d.name)) as f64);
+        return mig_part;
     }
     let replicas = metadata.replicas_of(gpu_uuid);
     if replicas < 2 {
