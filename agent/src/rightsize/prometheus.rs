@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::{
     profiles::Profiles,
-    usage::{Usage, Window, WorkloadKey},
+    usage::{max_opt, Usage, Window, WorkloadKey},
 };
 
 /// The rules' group, whose interval the sums are counted in.
@@ -96,10 +96,6 @@ struct Sums {
     sm: Option<f64>,
     sm_unknown: Option<f64>,
     mig: Option<(f64, String)>,
-}
-
-fn max_opt(a: Option<f64>, b: f64) -> Option<f64> {
-    Some(a.map_or(b, |a| a.max(b)))
 }
 
 impl Sums {
@@ -290,7 +286,7 @@ impl Client {
     async fn get(&self, path: &str, params: &[(&str, String)]) -> Result<Value, String> {
         let url = format!("{}{path}", self.base);
         let resp = (self.http.get(&url).query(params).send().await)
-            .map_err(|e| format!("{url}: {}", error_chain(&e)))?;
+            .map_err(|e| format!("{url}: {:#}", anyhow::Error::new(e)))?;
         let status = resp.status();
         let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
         let v: Value = serde_json::from_slice(&body).map_err(|_| {
@@ -348,18 +344,6 @@ fn sample(v: &Value) -> Option<(BTreeMap<String, String>, f64)> {
         .collect();
     let value = v["value"].get(1)?.as_str()?.parse().ok()?;
     Some((labels, value))
-}
-
-/// reqwest's error and its causes (the connection refused under the "error sending
-/// request").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        s.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -101,7 +101,8 @@ struct Sums {
     mig: Option<(f64, String)>,
 }
 
-fn max_opt(a: Option<f64>, b: f64) -> Option<f64> {
+/// The larger of `a` (where there is one) and `b`.
+pub(super) fn max_opt(a: Option<f64>, b: f64) -> Option<f64> {
     Some(a.map_or(b, |a| a.max(b)))
 }
 
