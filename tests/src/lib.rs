@@ -99,6 +99,11 @@ pub fn container<'a>(snap: &'a Value, id: &str) -> Option<&'a Value> {
         .find(|c| c["container_id"] == id)
 }
 
+/// The repository's root (the tests crate sits one below it).
+pub fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 pub fn random_hex(len: usize) -> String {
     let mut buf = vec![0u8; len.div_ceil(2)];
     std::fs::File::open("/dev/urandom")

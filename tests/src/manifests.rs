@@ -53,12 +53,7 @@ pub const CRD_API_GROUP: &str = "monitoring.coreos.com/";
 // ---------------------------------------------------------------------------------------
 // Rendering and reading
 
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+pub use crate::root;
 
 /// target/deploy-check/SUB: rendered YAML, scratch overlays, npm packages, the chart's
 /// renders.

@@ -1,17 +1,12 @@
 //! deploy/prometheus's rules files as the tests read them: parsed, their rules listed,
 //! promtool run on them, and a copy with one rule broken (to show a unit test catches it).
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
 use serde_yaml::Value;
 
 use crate::{prom::which, random_hex};
 
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+pub use crate::root;
 
 /// A YAML file of the repository, by its path from the root.
 pub fn yaml(rel: &str) -> Value {

@@ -17,12 +17,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .into()
-}
+use tests::root;
 
 fn is_ident(c: char) -> bool {
     c.is_alphanumeric() || c == '_'

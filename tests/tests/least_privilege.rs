@@ -25,17 +25,10 @@ use serde_json::{json, Value};
 use tests::{
     cgroups::{sleeper, systemd_container, Proc, TestCgroup},
     fake_node::{FakeContainer, FakeNode, World},
-    fake_nvml_lib, random_hex, random_uid, Agent, TempDir as Dir,
+    fake_nvml_lib, random_hex, random_uid, root, Agent, TempDir as Dir,
 };
 
 const GPU: &str = "GPU-00000000-1111-2222-3333-444444444444";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .into()
-}
 
 /// The capability numbers of the names the manifests use.
 fn cap_number(name: &str) -> u32 {

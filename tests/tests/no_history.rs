@@ -8,9 +8,10 @@
 //!
 //! This file's own examples of the bad forms are built at run time (`unmask`), so that the
 //! file is checked like any other.
-use std::{path::PathBuf, process::Command, sync::LazyLock};
+use std::{process::Command, sync::LazyLock};
 
 use regex::Regex;
+use tests::root;
 
 /// The kinds of file that speak for the project. The tracked protobuf definitions
 /// (node-api/proto, xtask/proto) are Kubernetes' text, not ours, and are not among them.
@@ -85,10 +86,6 @@ fn history_lines(text: &str) -> Vec<(usize, String)> {
         }
     }
     hits
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 #[test]

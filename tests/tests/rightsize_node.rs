@@ -233,7 +233,7 @@ fn the_known_node_gets_the_known_recommendations() {
 /// A Prometheus scraping the agent every second, with the shipped recording rules
 /// evaluated every 2 s instead of 5 minutes.
 fn prometheus_with_rules(agent: &str) -> Prometheus {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = tests::root();
     let rules = std::fs::read_to_string(root.join("deploy/prometheus/gpu-agent-rightsizing.yaml"));
     let rules = rules.unwrap();
     let fast = rules.replacen("    interval: 5m\n", "    interval: 2s\n", 1);
@@ -285,7 +285,7 @@ fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
 /// the chat namespace gives back its idle GPU and most of chat-api's (need 1.2 x 10 % SM),
 /// docs most of the L4 (need 1.2 x 6 GiB of 22.5); the idle allocation's GPU-hours.
 fn dashboard_row_renders(prom: &Prometheus) {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = tests::root();
     let text = std::fs::read_to_string(root.join("deploy/grafana/gpu-agent.json")).unwrap();
     let d: Value = serde_json::from_str(&text).unwrap();
     let panels = d["panels"].as_array().unwrap();
