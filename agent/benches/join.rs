@@ -1,5 +1,5 @@
 //! `cargo bench -p agent --bench join [CONTAINERS] [CYCLES]`: CPU of one join cycle (the
-//! pipeline's work per GPU sample: join, publish, refill the previous snapshot) on the large
+//! pipeline's work per GPU sample: join, billing, publish, refill the previous snapshot) on the large
 //! node's shape: CONTAINERS (default 2,000) containers with one GPU process each, spread
 //! over 8 GPUs with 7 MIG devices each, every process placed through the real process
 //! cache and cgroup registry. With `--named`, as on a Kubernetes node: every container has
@@ -9,6 +9,7 @@
 use std::{sync::Arc, time::Duration};
 
 use gpu_agent::{
+    billing::Billing,
     gpu::{join::Joiner, DeviceSample, GpuSample, MigSample, ProcessSample},
     metadata::{Allocation, ContainerNames, Metadata},
     process::{
@@ -198,9 +199,10 @@ fn main() {
         false => Metadata::default(),
     };
     let mut joiner = Joiner::default();
+    let mut billing = Billing::default();
     let mut published = Arc::new(gpu_model::Snapshot::default());
     let mut t = 1_700_000_000_000;
-    // Per cycle, the join and the publish (which hands the snapshot before last to the
+    // Per cycle, the join, billing and the publish (which hands the snapshot before last to the
     // join for its lists, as the pipeline does); the sample is built outside the measured
     // time, as NVML's thread makes it.
     let mut run = |n: u32, busy: u32| {
@@ -209,7 +211,8 @@ fn main() {
             t += 1000;
             let s = sample(containers, busy, t, &migs);
             let cpu = thread_cpu_ns();
-            let snap = joiner.join(&state, &metadata, &s, &SourceStatus::Ok, MAX_GAP, false);
+            let mut snap = joiner.join(&state, &metadata, &s, &SourceStatus::Ok, MAX_GAP, false);
+            billing.bill(&mut snap, &s, joiner.gpu_names(), &state, &metadata);
             let old = std::mem::replace(&mut published, Arc::new(snap));
             if let Ok(old) = Arc::try_unwrap(old) {
                 joiner.recycle(old);

@@ -5,11 +5,12 @@
 //! 1. `ebpf`: kernel events (programs, the PROCS map, decoded notifications);
 //! 2. `process`: process state (cache, cgroups, /proc), and `metadata`: names and GPU
 //!    allocations from the node's sockets;
-//! 3. `gpu`: NVML samples and the join;
-//! 4. `pipeline`: owns the state and the join, publishes each snapshot;
-//! 5. `sinks`: the HTTP endpoints, the OTLP push, `gpu-agent top`, usage records;
-//! 6. `rightsize`: `gpu-agent rightsize`, over the usage records (and NVML's MIG profiles);
-//! 7. `run`: the wiring.
+//! 3. `gpu`: NVML samples (`gpu::nvml`) and the join (`gpu::join`);
+//! 4. `billing`: what is owed, read from each snapshot (energy, stretches, usage records);
+//! 5. `pipeline`: owns the state, runs the join and billing, publishes each snapshot;
+//! 6. `sinks`: the HTTP endpoints, the OTLP push, `gpu-agent top`, usage records;
+//! 7. `rightsize`: `gpu-agent rightsize`, over the usage records (and NVML's MIG profiles);
+//! 8. `run`: the wiring.
 //!
 //! `config` and `stats` sit under all of them.
 pub mod config;
@@ -21,6 +22,8 @@ pub mod metadata;
 pub mod process;
 
 pub mod gpu;
+
+pub mod billing;
 
 pub mod pipeline;
 

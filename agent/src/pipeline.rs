@@ -1,6 +1,7 @@
-//! The pipeline: the one task that owns the process state and the join. It applies the
-//! kernel's notifications as they come, joins each GPU sample with the processes and the
-//! metadata, and publishes every snapshot on one watch channel that all sinks read.
+//! The pipeline: the one task that owns the process state, the join and billing. It
+//! applies the kernel's notifications as they come, joins each GPU sample with the
+//! processes and the metadata, bills the snapshot, and publishes every snapshot on one
+//! watch channel that all sinks read.
 use std::{
     sync::{atomic::Ordering::Relaxed, Arc, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -15,8 +16,9 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    billing::Billing,
     config::Config,
-    gpu::{join::Joiner, sampler::GpuMessage},
+    gpu::{join::Joiner, nvml::sampler::GpuMessage},
     metadata::{Metadata, NameRequests},
     process::Tracker,
     stats::{thread_cpu_ns, Stats},
@@ -33,6 +35,7 @@ pub type Published = watch::Receiver<Arc<Snapshot>>;
 pub struct Pipeline {
     pub tracker: Tracker,
     pub joiner: Joiner,
+    pub billing: Billing,
     /// The metadata source's latest names and allocations.
     pub metadata: Arc<RwLock<Arc<Metadata>>>,
     /// Asks the metadata source about containers it could not name (None: no metadata).
@@ -48,7 +51,12 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(tracker: Tracker, publish: watch::Sender<Arc<Snapshot>>, config: &Config) -> Self {
+    pub fn new(
+        tracker: Tracker,
+        billing: Billing,
+        publish: watch::Sender<Arc<Snapshot>>,
+        config: &Config,
+    ) -> Self {
         let poll_every = if tracker.is_ebpf() {
             Duration::from_millis(config.ebpf.poll_interval_ms)
         } else {
@@ -58,6 +66,7 @@ impl Pipeline {
             stats: tracker.stats(),
             tracker,
             joiner: Joiner::default(),
+            billing,
             metadata: Default::default(),
             names: None,
             publish,
@@ -67,9 +76,20 @@ impl Pipeline {
         }
     }
 
-    /// Runs until `stop`. `gpu` closes when NVML sampling is off.
+    /// Runs until `stop`. `gpu` closes when NVML sampling is off. The stretches still open
+    /// then are billed, however it stops.
     pub async fn run(
         mut self,
+        gpu: mpsc::Receiver<GpuMessage>,
+        stop: CancellationToken,
+    ) -> Result<()> {
+        let r = self.cycles(gpu, stop).await;
+        self.billing.finish();
+        r
+    }
+
+    async fn cycles(
+        &mut self,
         mut gpu: mpsc::Receiver<GpuMessage>,
         stop: CancellationToken,
     ) -> Result<()> {
@@ -131,9 +151,9 @@ impl Pipeline {
                 unresolved.store(cov.unresolved, Relaxed);
                 let md = self.metadata.read().unwrap().clone();
                 let state = self.tracker.state();
-                let snap =
-                    self.joiner
-                        .join(&*state, &md, &s, &nvml, self.max_gap, self.process_detail);
+                let j = &mut self.joiner;
+                let mut snap = j.join(&*state, &md, &s, &nvml, self.max_gap, self.process_detail);
+                (self.billing).bill(&mut snap, &s, j.gpu_names(), &*state, &md);
                 drop(state);
                 if let Some(r) = self.names.as_mut() {
                     r.ask(&snap);

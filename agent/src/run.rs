@@ -12,9 +12,10 @@ use tokio::{signal::unix::SignalKind, sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    billing::{Billing, Deliver},
     config::{Config, Loaded},
     ebpf::EbpfSource,
-    gpu::sampler,
+    gpu::nvml::sampler,
     metadata::{MetadataSource, NameRequests},
     pipeline::{now_ms, Pipeline, Published},
     process::{cgroup::Hierarchies, procfs::Procfs, State, Tracker},
@@ -99,14 +100,20 @@ impl Sources {
         stop: &CancellationToken,
     ) -> Result<Vec<JoinHandle<()>>> {
         let stats = self.handles.stats.clone();
-        let mut pipeline = Pipeline::new(self.tracker, self.publish, config);
-        // Exits the join notices go to the NVML thread, for their accounting stats.
-        let accounting = pipeline.joiner.sharing.configure(
-            &config.usage,
-            &config.cgroup.proc_root,
-            records,
-            stats.usage.clone(),
-        );
+        // Billing's usage records go to the usage sink, counted; a full or closed channel
+        // loses them, counted too.
+        let counters = stats.usage.clone();
+        let deliver = records.map(|tx| -> Deliver {
+            Box::new(move |r| {
+                counters.emitted.fetch_add(1, Ordering::Relaxed);
+                if tx.try_send(r).is_err() {
+                    counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        });
+        // Exits billing notices go to the NVML thread, for their accounting stats.
+        let (billing, accounting) = Billing::new(&config.usage, &config.cgroup.proc_root, deliver);
+        let mut pipeline = Pipeline::new(self.tracker, billing, self.publish, config);
         // NVML calls block: they run on a thread of their own and send samples here.
         let (gpu_tx, gpu_rx) = tokio::sync::mpsc::channel(2);
         if config.nvml.enabled {

@@ -1,7 +1,9 @@
 //! The data flows one way through agent/src: kernel events -> process state -> GPU sample
-//! and join -> pipeline (snapshots) -> sinks -> wiring. A module may use the ones below it,
-//! never one above or beside it, so the dependencies between the top-level modules have no
-//! cycle. This reads the sources and checks every `crate::` path against that order.
+//! and join -> billing -> pipeline (snapshots) -> sinks -> wiring. A module may use the
+//! ones below it, never one above or beside it, so the dependencies between the top-level
+//! modules have no cycle. This reads the sources and checks every `crate::` path against
+//! that order, the sink crate (`otel`) against the modules that may use it, and the files
+//! of gpu/nvml, gpu/join and billing against each other.
 use std::{
     collections::BTreeSet,
     fs,
@@ -14,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["ebpf"],
     &["process", "metadata"],
     &["gpu"],
+    &["billing"],
     &["pipeline"],
     &["sinks"],
     &["rightsize"],
@@ -140,12 +143,18 @@ fn the_check_sees_grouped_and_nested_paths() {
     assert_eq!(got, ["gpu", "pipeline", "stats"]);
 }
 
-/// The files of agent/src/gpu/ and the siblings each one uses (`super::x`,
-/// `crate::gpu::x`), mod.rs left out: it only declares them.
-fn gpu_graph() -> std::collections::BTreeMap<String, BTreeSet<String>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/gpu");
+/// The files of one folder of agent/src (`dir`, as a `crate::` path `module`) and the
+/// siblings each one uses (`super::x`, `crate::module::x`), mod.rs left out: it only
+/// declares them.
+fn folder_graph(dir: &str, module: &str) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
     let mut files = vec![];
-    rust_files(&dir, &mut files);
+    for entry in fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
     let name = |f: &Path| f.file_stem().unwrap().to_string_lossy().to_string();
     let siblings: BTreeSet<String> = files.iter().map(|f| name(f)).collect();
     let mut graph = std::collections::BTreeMap::new();
@@ -156,7 +165,7 @@ fn gpu_graph() -> std::collections::BTreeMap<String, BTreeSet<String>> {
         }
         let text = fs::read_to_string(f).unwrap();
         let mut uses = paths_after(&text, "super::");
-        uses.extend(paths_after(&text, "crate::gpu::"));
+        uses.extend(paths_after(&text, &format!("crate::{module}::")));
         uses.retain(|u| siblings.contains(u) && *u != me && u != "mod");
         graph.insert(me, uses);
     }
@@ -195,15 +204,103 @@ fn find_cycle(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> O
         .find_map(|n| visit(n, graph, &mut vec![], &mut done))
 }
 
-/// gpu/ file by file: the types the join, the account pass, the naming and the sharing all
-/// use sit in files of their own below them, so no file reaches back up.
+/// gpu/nvml, gpu/join and billing file by file: the types each folder's files all use sit
+/// in files of their own below them, so no file reaches back up.
 #[test]
-fn no_file_of_gpu_uses_one_that_uses_it() {
-    let graph = gpu_graph();
-    assert!(graph.contains_key("join") && graph["join"].contains("account"));
-    if let Some(cycle) = find_cycle(&graph) {
-        panic!("gpu/ has an import circle: {}", cycle.join(" -> "));
+fn no_file_of_gpu_or_billing_uses_one_that_uses_it() {
+    let folders = [
+        ("gpu/nvml", "gpu::nvml", ("cycle", "readers")),
+        ("gpu/join", "gpu::join", ("joiner", "group")),
+        ("billing", "billing", ("account", "stretch")),
+    ];
+    for (dir, module, (user, used)) in folders {
+        let graph = folder_graph(dir, module);
+        assert!(graph[user].contains(used), "{dir}: {user} uses {used}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("{dir} has an import circle: {}", cycle.join(" -> "));
+        }
     }
+}
+
+/// The two halves of gpu/ know nothing of each other: the NVML side sends samples, the
+/// join reads them (gpu_model's types are all they share).
+#[test]
+fn the_nvml_side_and_the_join_import_nothing_of_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/gpu");
+    let mut problems = vec![];
+    for (dir, other) in [("nvml", "join"), ("join", "nvml")] {
+        let mut files = vec![];
+        rust_files(&src.join(dir), &mut files);
+        for f in files {
+            let text = fs::read_to_string(&f).unwrap();
+            let gpu = paths_after(&text, "crate::gpu::");
+            let up = paths_after(&text, "super::super::");
+            if gpu.contains(other) || up.contains(other) {
+                problems.push(format!("gpu/{dir}/{}: uses gpu::{other}", f.display()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The modules that may name the sink crate (`otel`): the sinks, the wiring, and the
+/// configuration and stats that carry the sinks' settings and counters. Sources, the join,
+/// billing and the pipeline hand data on and never reach a sink.
+const MAY_USE_OTEL: &[&str] = &["config", "stats", "sinks", "rightsize", "run"];
+
+#[test]
+fn only_sinks_and_wiring_import_the_sink_crate() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![];
+    rust_files(&src, &mut files);
+    let mut problems = vec![];
+    let mut checked = 0;
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = top.trim_end_matches(".rs");
+        if ["lib", "main"].contains(&module) || MAY_USE_OTEL.contains(&module) {
+            continue;
+        }
+        checked += 1;
+        if uses_crate(&fs::read_to_string(file).unwrap(), "otel") {
+            problems.push(format!("{}: {module} uses the otel crate", rel.display()));
+        }
+    }
+    assert!(checked > 40, "the sources were read ({checked} files)");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Whether `text` names crate `name` in code: `name::` at the start of a path (not
+/// `crate::name::`, `super::name::` or part of a longer identifier). Comments are skipped.
+fn uses_crate(text: &str, name: &str) -> bool {
+    let needle = format!("{name}::");
+    text.lines()
+        .map(|l| l.split("//").next().unwrap())
+        .any(|l| {
+            l.match_indices(&needle).any(|(i, _)| {
+                let before = l[..i].chars().next_back();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            })
+        })
+}
+
+#[test]
+fn the_crate_check_sees_a_path_and_not_a_module_of_the_same_name() {
+    assert!(uses_crate("use otel::usage::UsageCounters;", "otel"));
+    assert!(uses_crate(
+        "    pub usage: Arc<otel::usage::UsageCounters>,",
+        "otel"
+    ));
+    assert!(uses_crate("use {otel::x, y};", "otel"));
+    assert!(!uses_crate("use crate::sinks::otel::x;", "otel"));
+    assert!(!uses_crate("use hotel::x;", "otel"));
+    assert!(!uses_crate("// otel::usage is the sink's", "otel"));
 }
 
 #[test]

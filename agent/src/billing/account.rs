@@ -1,7 +1,7 @@
-//! What the join accounts to each container on each device besides its sampled use: its
+//! What billing accounts to each container on each device besides its sampled use: its
 //! share of the GPU's energy, its peak memory, its memory limit, NVML's accounting stats of
-//! its exited processes, and the usage record of each stretch of use. Pure, like the join:
-//! the carried state goes in and comes out in `Counters`.
+//! its exited processes, and the usage record of each stretch of use. The carried state
+//! goes in and comes out in `Books`.
 use std::collections::{HashMap, HashSet};
 
 use gpu_model::{
@@ -10,15 +10,18 @@ use gpu_model::{
 };
 
 use super::{
-    counters::Counters,
-    ledger::{device, position, Ledger, Ledgers, RecordNames, Slot},
-    naming,
-    owner::{same, DeviceNames, Owner},
+    ledger::{device, position, Books, Ledger, RecordNames, Slot},
     profile::SmSource,
-    spare::Spare,
     stretch::{self, Cycle},
+    Settings,
 };
-use crate::metadata::{hami::HamiLimits, Metadata};
+use crate::{
+    gpu::join::{
+        naming,
+        owner::{owner_key, same, DeviceNames, Owner, OwnerKey},
+    },
+    metadata::{hami::HamiLimits, Metadata},
+};
 
 /// An exited process's accounting stats, and whom to charge: its owner when it exited.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,28 +33,13 @@ pub struct Accounted {
     pub sample: AccountingSample,
 }
 
-/// What the account pass needs besides the join's own inputs.
+/// What the account pass reads besides the snapshot and the sample.
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
     /// HAMi limits of the sample's processes, by pid.
     pub hami: &'a HashMap<u32, HamiLimits>,
     pub accounted: &'a [Accounted],
-    /// The window of `memory_peak_bytes` (the export interval).
-    pub peak_window_ms: u64,
-    /// A stretch of use longer than this is cut into records (`usage.max_record_secs`).
-    pub max_record_ms: u64,
-}
-
-impl Default for Inputs<'_> {
-    fn default() -> Self {
-        static NONE: std::sync::OnceLock<HashMap<u32, HamiLimits>> = std::sync::OnceLock::new();
-        Inputs {
-            hami: NONE.get_or_init(HashMap::new),
-            accounted: &[],
-            peak_window_ms: 60_000,
-            max_record_ms: 3_600_000,
-        }
-    }
+    pub settings: &'a Settings,
 }
 
 /// What one cycle's pass reads: the sample, its devices' shared names (in the sample's
@@ -63,48 +51,86 @@ pub struct Pass<'a> {
     pub inputs: &'a Inputs<'a>,
 }
 
-/// The owner a snapshot entry stands for; None for an allocated container nobody can
-/// identify (no id: its names are all we have).
-pub fn owner_key(c: &ContainerUsage) -> Option<Owner> {
-    match (&c.container_id, &c.pod_uid) {
-        (Some(id), _) => Some(Owner::Container(id.clone())),
-        (None, Some(uid)) => Some(Owner::Pod(uid.clone())),
-        (None, None) if c.pod_name.is_some() => None,
-        (None, None) => Some(Owner::Host),
-    }
-}
-
 /// The ledger of (owner, device), made on first use; no key is built for a present one.
-fn ledger<'a>(counters: &'a mut Counters, owner: &Owner, uuid: &Name) -> &'a mut Ledger {
-    device(counters.ledgers.of(owner), uuid)
+fn ledger<'a>(books: &'a mut Books, owner: &Owner, uuid: &Name) -> &'a mut Ledger {
+    device(books.ledgers.of(owner), uuid)
 }
 
 /// Energy charged to a container this cycle: (its index, the device, joules). The device's
 /// name is borrowed (the sample's or the container's): no reference count per charge.
 type Charge<'a> = (usize, &'a Name, f64);
 
+/// A snapshot entry's owner (`owner_key`) and where its ledgers are: one row per entry, in
+/// the entries' order.
+#[derive(Debug, Clone)]
+struct Row {
+    owner: Option<Owner>,
+    slot: Option<Slot>,
+}
+
+/// How many entries ahead the passes ask for the ledgers they will read.
+const AHEAD: usize = 4;
+
+/// The entry's owner, borrowed: whether a container (else a pod) and its id; None for the
+/// host.
+fn owner_name(c: &ContainerUsage) -> Option<(bool, &Name)> {
+    match (&c.container_id, &c.pod_uid) {
+        (Some(id), _) => Some((true, id)),
+        (None, Some(uid)) => Some((false, uid)),
+        _ => None,
+    }
+}
+
+/// Each entry's row: its owner, and its slot, that of the entry at the same position the
+/// cycle before where it holds the very same name (no byte of the id read, no map
+/// probed), else the ledgers' lookup (made for a new owner).
+fn rows(containers: &[ContainerUsage], books: &mut Books) -> Vec<Row> {
+    let last = std::mem::take(&mut books.hints);
+    books.hints.reserve(containers.len());
+    let mut rows = Vec::with_capacity(containers.len());
+    for (i, c) in containers.iter().enumerate() {
+        if let Some(&s) = last.get(i + AHEAD) {
+            books.ledgers.prefetch(s, 0);
+        }
+        let owner = owner_key(c);
+        let slot = owner.as_ref().map(|o| {
+            let name = owner_name(c);
+            match last
+                .get(i)
+                .copied()
+                .filter(|&s| books.ledgers.holds(s, name))
+            {
+                Some(s) => s,
+                None => {
+                    let key = OwnerKey(name.map(|(c, n)| (c, &**n)));
+                    let s = books.ledgers.slot(&key, || o.clone());
+                    books.ledgers.adopt(s, name, || o.clone());
+                    s
+                }
+            }
+        });
+        books.hints.push(slot.unwrap_or(Slot::MAX));
+        rows.push(Row { owner, slot });
+    }
+    rows
+}
+
 /// The whole pass, in order: the energy split computed, then per container one pass over
-/// its devices (sessions opened at their first cycle's totals, energy charged, peaks and
-/// sessions advanced), accounting charged, ended sessions closed into records, and each
-/// container's `accounts` filled. `owners` are the containers' (`owner_key` of each),
-/// which the join already holds, and `slots` those of the first containers' owners.
+/// its devices (the join's totals taken, sessions opened at their first cycle's totals,
+/// energy charged, peaks and sessions advanced), accounting charged, ended sessions closed
+/// into records, and each container's `accounts` filled.
 pub fn account(
     containers: &mut Vec<ContainerUsage>,
-    owners: Vec<Option<Owner>>,
-    slots: Vec<Slot>,
-    counters: &mut Counters,
+    books: &mut Books,
     pass: &Pass,
 ) -> Vec<UsageRecord> {
-    debug_assert!(containers.iter().map(owner_key).eq(owners.iter().cloned()));
     let now = pass.sample.taken_at_ms;
-    let mut slots: Vec<Option<Slot>> = slots.into_iter().map(Some).collect();
-    slots_of(&mut slots, &owners, &mut counters.ledgers);
-    let users = DeviceUsers::of(containers, &owners, pass.names);
+    let mut rows = rows(containers, books);
+    let users = DeviceUsers::of(containers, &rows, pass.names);
     let mut split = Split::default();
     let mut index = None;
     for (i, d) in pass.sample.devices.iter().enumerate() {
-        let owners = (&owners[..], &mut index);
-        split_energy(d, &users, owners, i, counters, &mut split, now);
+        split_energy(d, &users, (&rows, &mut index), i, books, &mut split, now);
     }
     let Split { this_cycle, held } = split;
     let mut charges = this_cycle;
@@ -118,55 +144,41 @@ pub fn account(
         names: pass.names,
         metadata: pass.metadata,
         now,
-        max_record_ms: pass.inputs.max_record_ms,
+        max_record_ms: pass.inputs.settings.max_record_ms,
     };
     let mut records = vec![];
-    for (i, (c, slot)) in containers.iter().zip(&slots).enumerate() {
+    let window_ms = pass.inputs.settings.peak_window_ms;
+    for (i, (c, row)) in containers.iter().zip(&rows).enumerate() {
+        if let Some(s) = rows.get(i + AHEAD).and_then(|r| r.slot) {
+            books.ledgers.prefetch(s, 4);
+        }
         let n = rest.iter().take_while(|c| c.0 == i).count();
         let (mine, later) = rest.split_at(n);
         rest = later;
-        if let Some(slot) = slot {
-            let window_ms = pass.inputs.peak_window_ms;
+        if let Some(slot) = row.slot {
             let cy = (&users, &cycle);
-            advance(c, (*slot, mine), counters, cy, (window_ms, &mut records));
+            advance(c, (slot, mine), books, cy, (window_ms, &mut records));
         }
     }
-    records.extend(charge_accounting(containers, &owners, counters, pass, now));
-    records.extend(stretch::close_ended(counters, now));
-    let mut spare = counters.spare.take_accounts();
-    let accounted = accounted_devices(counters);
-    let added = accounted_owners(&owners, &accounted, pass.metadata);
-    let mut owners = owners;
-    owners.extend(added.iter().map(owner_key));
+    records.extend(charge_accounting(containers, &rows, books, pass, now));
+    records.extend(stretch::close_ended(&mut books.ledgers, now));
+    let accounted = accounted_devices(books);
+    let added = accounted_owners(&rows, &accounted, pass.metadata);
+    for c in &added {
+        // Charged accounting, so holding a ledger: their slots are there to find.
+        let owner = owner_key(c);
+        let slot = owner.as_ref().and_then(|o| books.ledgers.find(o));
+        rows.push(Row { owner, slot });
+    }
     containers.extend(added);
-    // Charged accounting, so holding a ledger: their slots are there to find.
-    let found = owners[slots.len()..].iter();
-    let found: Vec<_> = found.map(|o| counters.ledgers.find(o.as_ref()?)).collect();
-    slots.extend(found);
     // One list of each container's devices, reused (not a list made and freed per entry).
     let mut devices = vec![];
-    for ((c, owner), slot) in containers.iter_mut().zip(&owners).zip(&slots) {
-        if let (Some(owner), Some(slot)) = (owner, slot) {
-            fill_accounts(
-                c,
-                (owner, *slot),
-                counters,
-                &accounted,
-                pass,
-                &mut devices,
-                &mut spare,
-            );
+    for (c, row) in containers.iter_mut().zip(&rows) {
+        if let (Some(owner), Some(slot)) = (&row.owner, row.slot) {
+            fill_accounts(c, (owner, slot), books, &accounted, pass, &mut devices);
         }
     }
-    counters.spare.put_back(spare);
     records
-}
-
-/// The slots of the owners past those `slots` has, looked up (made for a new owner).
-fn slots_of(slots: &mut Vec<Option<Slot>>, owners: &[Option<Owner>], ledgers: &mut Ledgers) {
-    for o in &owners[slots.len()..] {
-        slots.push(o.as_ref().map(|o| ledgers.slot(o, || o.clone())));
-    }
 }
 
 /// The energy split's charges: this cycle's by borrowed names; those of the cycles an
@@ -194,13 +206,13 @@ struct DeviceUsers<'a> {
 impl<'a> DeviceUsers<'a> {
     fn of(
         containers: &'a [ContainerUsage],
-        owners: &[Option<Owner>],
+        rows: &[Row],
         names: &'a DeviceNames,
     ) -> DeviceUsers<'a> {
         let mut users = vec![vec![]; names.len()];
         let mut holders = vec![vec![]; names.len()];
-        for (i, (c, owner)) in containers.iter().zip(owners).enumerate() {
-            if owner.is_none() {
+        for (i, (c, row)) in containers.iter().zip(rows).enumerate() {
+            if row.owner.is_none() {
                 continue;
             }
             for g in &c.gpus {
@@ -222,9 +234,9 @@ impl<'a> DeviceUsers<'a> {
 /// The devices each owner was charged NVML accounting on.
 type ChargedDevices<'a> = rustc_hash::FxHashMap<&'a Owner, Vec<&'a Name>>;
 
-fn accounted_devices(counters: &Counters) -> ChargedDevices<'_> {
+fn accounted_devices(books: &Books) -> ChargedDevices<'_> {
     let mut out = ChargedDevices::default();
-    for (o, u, l) in counters.ledgers.iter() {
+    for (o, u, l) in books.ledgers.iter() {
         if l.accounted_processes > 0 {
             out.entry(o).or_default().push(u);
         }
@@ -236,14 +248,14 @@ fn accounted_devices(counters: &Counters) -> ChargedDevices<'_> {
 /// (a job shorter than a sample): an entry of their own, so that their accounting series
 /// go on, until their counters are forgotten.
 fn accounted_owners(
-    present: &[Option<Owner>],
+    present: &[Row],
     accounted: &ChargedDevices,
     metadata: &Metadata,
 ) -> Vec<ContainerUsage> {
     if accounted.is_empty() {
         return vec![];
     }
-    let present: HashSet<&Owner> = present.iter().flatten().collect();
+    let present: HashSet<&Owner> = present.iter().filter_map(|r| r.owner.as_ref()).collect();
     let mut added = vec![];
     let mut owners: Vec<&Owner> = accounted
         .keys()
@@ -283,47 +295,47 @@ type CycleShares<'a> = (Vec<(usize, &'a Name, f64)>, f64);
 fn split_energy<'a, 'o>(
     d: &DeviceSample,
     users: &DeviceUsers<'a>,
-    (owners, index): (&'o [Option<Owner>], &mut Option<OwnerIndex<'o>>),
+    (rows, index): (&'o [Row], &mut Option<OwnerIndex<'o>>),
     i: usize,
-    counters: &mut Counters,
+    books: &mut Books,
     charges: &mut Split<'a>,
     now: u64,
 ) {
     if !d.status.is_ok() {
         // Not read (stalled, lost): what it drew meanwhile is charged to nobody, and its
         // next reading starts the count again.
-        counters.energy_mj.remove(&d.uuid);
-        counters.energy_shares.remove(&d.uuid);
+        books.energy_mj.remove(&d.uuid);
+        books.energy_shares.remove(&d.uuid);
         return;
     }
     let Some(e) = d.energy_mj else {
         return;
     };
     // The map holds the last sample's values: the one replaced is "before".
-    let before = counters.energy_mj.insert(d.uuid.clone(), e);
-    counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0);
+    let before = books.energy_mj.insert(d.uuid.clone(), e);
+    books.idle_energy.entry(d.uuid.clone()).or_insert(0.0);
     let Some(before) = before.filter(|b| *b <= e) else {
         // First sample, or the counter restarted (driver reload): nothing to split.
-        counters.energy_shares.remove(&d.uuid);
+        books.energy_shares.remove(&d.uuid);
         return;
     };
     let (shares, idle) = cycle_shares(d, users, i);
     let delta = (e - before) as f64 / 1000.0;
     // Read last cycle too: this cycle's shares are the mean, and the containers are this
     // cycle's, so no map is kept or built (a read every cycle costs what it did before).
-    if e > before && !counters.energy_shares.contains_key(&d.uuid) {
+    if e > before && !books.energy_shares.contains_key(&d.uuid) {
         for (c, name, f) in shares {
             charges.this_cycle.push((c, name, delta * f));
         }
-        *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += delta * idle;
+        *books.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += delta * idle;
         return;
     }
-    let pending = counters.energy_shares.entry(d.uuid.clone()).or_default();
+    let pending = books.energy_shares.entry(d.uuid.clone()).or_default();
     pending.cycles += 1;
     pending.idle += idle;
     pending.owners.next = 0;
     for (c, name, f) in shares {
-        if let Some(owner) = &owners[c] {
+        if let Some(owner) = &rows[c].owner {
             pending.owners.add(owner, name, f);
         }
     }
@@ -331,23 +343,24 @@ fn split_energy<'a, 'o>(
         // Held, or no increase yet. A counter that never moves has nothing to split: its
         // shares are not kept beyond an hour of 1 s cycles.
         if pending.cycles > MAX_PENDING_CYCLES {
-            counters.energy_shares.remove(&d.uuid);
+            books.energy_shares.remove(&d.uuid);
         }
         return;
     }
-    let pending = counters.energy_shares.remove(&d.uuid).unwrap_or_default();
+    let pending = books.energy_shares.remove(&d.uuid).unwrap_or_default();
     let per_cycle = delta / pending.cycles.max(1) as f64;
-    *counters.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += per_cycle * pending.idle;
+    *books.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += per_cycle * pending.idle;
     // Made once a cycle, for the first GPU whose held energy moved.
     let index = index.get_or_insert_with(|| {
-        let owners = owners.iter().enumerate();
-        owners.filter_map(|(c, o)| Some((o.as_ref()?, c))).collect()
+        let rows = rows.iter().enumerate();
+        rows.filter_map(|(c, r)| Some((r.owner.as_ref()?, c)))
+            .collect()
     });
     for (owner, name, f) in pending.owners.entries {
         match index.get(&owner) {
             Some(c) => charges.held.push((*c, name, per_cycle * f)),
             // Gone since: its ledger is charged all the same.
-            None => charge_energy(ledger(counters, &owner, &name), per_cycle * f, now),
+            None => charge_energy(ledger(books, &owner, &name), per_cycle * f, now),
         }
     }
 }
@@ -388,8 +401,8 @@ fn charge_energy(l: &mut Ledger, j: f64, now: u64) {
 /// open on the GPU.
 fn charge_accounting(
     containers: &[ContainerUsage],
-    owners: &[Option<Owner>],
-    counters: &mut Counters,
+    rows: &[Row],
+    books: &mut Books,
     pass: &Pass,
     now: u64,
 ) -> Vec<UsageRecord> {
@@ -398,17 +411,18 @@ fn charge_accounting(
         let s = &a.sample;
         let gpu_s = s.gpu_util.unwrap_or(0) as f64 / 100.0 * s.time_ms as f64 / 1000.0;
         let max_mem = s.max_memory_bytes.unwrap_or(0);
-        let l = ledger(counters, &a.owner, &pass.names.name(&a.uuid));
+        let l = ledger(books, &a.owner, &pass.names.name(&a.uuid));
         l.accounted_processes += 1;
         l.accounted_gpu_seconds += gpu_s;
-        l.peak.push(now, max_mem, pass.inputs.peak_window_ms);
+        l.peak
+            .push(now, max_mem, pass.inputs.settings.peak_window_ms);
         l.last_charged_ms = now;
         if let Some(session) = &mut l.session {
             session.peak = session.peak.max(max_mem);
             continue;
         }
-        let using = containers.iter().zip(owners).any(|(c, o)| {
-            o.as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| *g.uuid == *a.uuid)
+        let using = containers.iter().zip(rows).any(|(c, r)| {
+            r.owner.as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| *g.uuid == *a.uuid)
         });
         if using {
             continue;
@@ -435,20 +449,22 @@ fn charge_accounting(
 fn advance(
     c: &ContainerUsage,
     (slot, charges): (Slot, &[Charge]),
-    counters: &mut Counters,
+    books: &mut Books,
     (users, cy): (&DeviceUsers, &Cycle),
     (window_ms, records): (u64, &mut Vec<UsageRecord>),
 ) {
     let now = cy.now;
-    let devices = counters.ledgers.at(slot);
+    let devices = books.ledgers.at(slot);
     for g in &c.gpus {
         let l = device(devices, &g.uuid);
+        l.last_used_ms = now;
+        let before = l.totals.take(g);
         let u = stretch::Use {
             sm: sm_sample(g, users, cy),
             memory_bytes: g.memory_used_bytes,
             used: true,
         };
-        stretch::advance(l, c, (&g.uuid, &g.gpu_uuid), u, cy);
+        stretch::advance(l, c, (&g.uuid, &g.gpu_uuid), (u, &before), cy);
         l.peak.push(now, g.memory_used_bytes, window_ms);
     }
     // Devices it holds and ran nothing on: a stretch of the allocation.
@@ -473,7 +489,8 @@ fn advance(
             memory_bytes: 0,
             used: false,
         };
-        stretch::advance(l, c, (&uuid, &gpu_uuid), u, cy);
+        let now_totals = l.totals.clone();
+        stretch::advance(l, c, (&uuid, &gpu_uuid), (u, &now_totals), cy);
     }
     for (_, uuid, j) in charges {
         charge_energy(device(devices, uuid), *j, now);
@@ -533,11 +550,10 @@ fn idle_sm(uuid: &Name, gpu_uuid: &Name, cy: &Cycle) -> Option<(u32, SmSource)> 
 fn fill_accounts(
     c: &mut ContainerUsage,
     (owner, slot): (&Owner, Slot),
-    counters: &Counters,
+    books: &Books,
     accounted: &ChargedDevices,
     pass: &Pass,
     uuids: &mut Vec<(Name, Name)>,
-    spare: &mut Spare,
 ) {
     uuids.clear();
     uuids.extend(c.gpus.iter().map(|g| (g.uuid.clone(), g.gpu_uuid.clone())));
@@ -553,8 +569,11 @@ fn fill_accounts(
             uuids.push((u, parent));
         }
     }
-    let mut accounts = spare.accounts(uuids.len());
-    let ledgers = counters.ledgers.read(slot);
+    // The entry's own list, empty: the join gave it the one of a recycled snapshot.
+    let mut accounts = std::mem::take(&mut c.accounts);
+    accounts.clear();
+    accounts.reserve_exact(uuids.len());
+    let ledgers = books.ledgers.read(slot);
     for (uuid, gpu_uuid) in uuids.drain(..) {
         let l = position(ledgers, &uuid).map(|i| &ledgers[i].1);
         let mut a = GpuAccount {

@@ -1,29 +1,18 @@
-//! What the join and the account pass carry per (owner, device) from one cycle to the
-//! next (`Ledger`: cumulative counters, energy, peaks, the open stretch of use), held by
-//! owner in `Ledgers`, and the pending energy shares per GPU (`EnergyShares`).
-use std::collections::VecDeque;
+//! What billing carries per (owner, device) from one cycle to the next (`Ledger`: the
+//! join's totals last seen, energy, peaks, accounting, the open stretch of use), held by
+//! owner in the join's kind of `Ledgers`, and the pending energy shares per GPU
+//! (`EnergyShares`).
+use std::collections::{HashMap, VecDeque};
 
-use gpu_model::{ContainerUsage, Name, UsageRecord, Workload};
+use gpu_model::{ContainerGpu, ContainerUsage, Name, UsageRecord, Workload};
 
-use super::{
-    owner::{same, KeyRef, Owner},
-    profile::Profile,
-};
+use super::profile::Profile;
+use crate::gpu::join::owner::{KeyRef, Owner};
 
-/// The cumulative counters of one (owner, device), in its ledger; forgotten (and started
-/// again) when the owner has not used the device for `FORGET_AFTER_MS`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Accumulated {
-    /// None until a cycle since `since_ms` knew the SM utilization: a MIG device never
-    /// does, and its GPU time is unknown rather than 0.
-    pub gpu_seconds: Option<f64>,
-    pub byte_seconds: f64,
-    /// First sample that saw it: when its counters started.
-    pub since_ms: u64,
-    /// The totals before the last credit (seconds, byte-seconds): where a session that
-    /// opened in that cycle starts.
-    pub before: (f64, f64),
-}
+pub use crate::gpu::join::ledger::{device, position, Slot};
+
+/// Billing's ledgers by owner, then by device.
+pub type Ledgers = crate::gpu::join::ledger::Ledgers<Ledger>;
 
 /// The largest value over a sliding window: a deque of decreasing values.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -165,12 +154,38 @@ pub struct Session {
     pub detail: Box<Detail>,
 }
 
-/// Per (owner, device): what this module carries across cycles, and the join's
-/// cumulative counters (`acc`: None until the owner used the device, and again once they
-/// were forgotten).
+/// The join's cumulative counters of a device as billing last saw them in a snapshot:
+/// where a stretch that opens starts, and where one that ends stops.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Totals {
+    /// When the join's counters started (`counters_since_ms`): another start means they
+    /// were forgotten and started again from zero.
+    pub since_ms: u64,
+    pub gpu_seconds: Option<f64>,
+    pub byte_seconds: f64,
+}
+
+impl Totals {
+    /// Takes the totals of an entry's device this cycle, and gives back those before this
+    /// cycle's credit: the last seen, or none where the join's counters started again.
+    pub fn take(&mut self, g: &ContainerGpu) -> Totals {
+        let fresh = Totals {
+            since_ms: g.counters_since_ms,
+            gpu_seconds: g.gpu_time_seconds,
+            byte_seconds: g.memory_byte_seconds,
+        };
+        let before = std::mem::replace(self, fresh);
+        match before.since_ms == self.since_ms {
+            true => before,
+            false => Totals::default(),
+        }
+    }
+}
+
+/// Per (owner, device): what billing carries across cycles.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
-    pub acc: Option<Accumulated>,
+    pub totals: Totals,
     pub energy_j: f64,
     pub energy_since_ms: u64,
     /// Last cycle that charged it anything (energy, accounting), ms.
@@ -185,179 +200,19 @@ pub struct Ledger {
     pub session: Option<Session>,
 }
 
-/// An owner's ledgers: one per device.
-pub type Devices = Vec<(Name, Ledger)>;
-
-/// Where an owner's ledgers sit in `Ledgers`: stable while the owner has any, so that
-/// each pass of a cycle reaches them without a lookup.
-pub type Slot = u32;
-
-/// Ledgers by owner, then by device: at most one hash lookup per owner a cycle (the
-/// grouping's, where its hint from the cycle before does not hold), which hands out the
-/// owner's `Slot`, and a short scan of its few devices. The counters were a map of their
-/// own, looked up per (owner, device) each cycle: 7 % of the large node's agent, each
-/// lookup a cache miss in memory gone cold since the cycle before.
-#[derive(Debug, Clone, Default)]
-pub struct Ledgers {
-    index: hashbrown::HashMap<Owner, Slot, rustc_hash::FxBuildHasher>,
-    /// (owner, its devices) by slot; a freed slot has neither and waits in `free`.
-    slots: Vec<(Option<Owner>, Devices)>,
-    free: Vec<Slot>,
-}
-
-/// The same ledgers of the same owners, wherever their slots are (an owner with none, just
-/// given its slot, counts as absent).
-impl PartialEq for Ledgers {
-    fn eq(&self, other: &Ledgers) -> bool {
-        let held = |l: &Ledgers| l.slots.iter().filter(|(_, v)| !v.is_empty()).count();
-        held(self) == held(other)
-            && self.index.iter().all(|(o, &s)| {
-                let mine = &self.slots[s as usize].1;
-                let theirs = other.index.get(o).map(|&t| &other.slots[t as usize].1);
-                mine.is_empty() || theirs == Some(mine)
-            })
-    }
-}
-
-impl Ledgers {
-    pub fn get(&self, owner: &Owner, uuid: &Name) -> Option<&Ledger> {
-        let devices = &self.slots[*self.index.get(owner)? as usize].1;
-        Some(&devices[position(devices, uuid)?].1)
-    }
-
-    pub fn get_mut(&mut self, owner: &Owner, uuid: &Name) -> Option<&mut Ledger> {
-        let devices = &mut self.slots[*self.index.get(owner)? as usize].1;
-        let i = position(devices, uuid)?;
-        Some(&mut devices[i].1)
-    }
-
-    /// Whether `slot` is that of the owner named (`join::owner_name`: a container, else a
-    /// pod, and its id; None for the host) by this very name, not an equal one.
-    pub fn holds(&self, slot: Slot, name: Option<(bool, &Name)>) -> bool {
-        let owner = self.slots.get(slot as usize).and_then(|(o, _)| o.as_ref());
-        match (owner, name) {
-            (Some(Owner::Container(a)), Some((true, b)))
-            | (Some(Owner::Pod(a)), Some((false, b))) => std::sync::Arc::ptr_eq(a, b),
-            (Some(Owner::Host), None) => true,
-            _ => false,
-        }
-    }
-
-    /// Makes `slot`'s owner this very name (`holds`), where it holds another copy of it:
-    /// `owner` makes it (a reference count).
-    pub fn adopt(
-        &mut self,
-        slot: Slot,
-        name: Option<(bool, &Name)>,
-        owner: impl FnOnce() -> Owner,
-    ) {
-        if !self.holds(slot, name) {
-            if let Some((o, _)) = self.slots.get_mut(slot as usize) {
-                *o = Some(owner());
-            }
-        }
-    }
-
-    /// The owner's slot, if it has one.
-    pub fn find(&self, owner: &Owner) -> Option<Slot> {
-        self.index.get(owner).copied()
-    }
-
-    /// The owner's slot, made on first use: `key` is the owner, borrowed, and `owner` makes
-    /// it (cloned, a reference count) only for a new one.
-    pub fn slot<Q>(&mut self, key: &Q, owner: impl FnOnce() -> Owner) -> Slot
-    where
-        Q: std::hash::Hash + hashbrown::Equivalent<Owner> + ?Sized,
-    {
-        if let Some(&s) = self.index.get(key) {
-            return s;
-        }
-        let owner = owner();
-        let s = match self.free.pop() {
-            Some(s) => {
-                self.slots[s as usize].0 = Some(owner.clone());
-                s
-            }
-            None => {
-                self.slots.push((Some(owner.clone()), vec![]));
-                (self.slots.len() - 1) as Slot
-            }
-        };
-        self.index.insert(owner, s);
-        s
-    }
-
-    /// The devices of the owner in `slot`.
-    pub fn at(&mut self, slot: Slot) -> &mut Devices {
-        &mut self.slots[slot as usize].1
-    }
-
-    /// The devices of the owner in `slot`, to read.
-    pub fn read(&self, slot: Slot) -> &[(Name, Ledger)] {
-        &self.slots[slot as usize].1
-    }
-
-    /// The owner's devices, made on first use.
-    pub fn of(&mut self, owner: &Owner) -> &mut Devices {
-        let s = self.slot(owner, || owner.clone());
-        self.at(s)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Name, &Ledger)> {
-        self.slots
-            .iter()
-            .filter_map(|(o, v)| Some((o.as_ref()?, v)))
-            .flat_map(|(o, v)| v.iter().map(move |(u, l)| (o, u, l)))
-    }
-
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&Owner, &Name, &mut Ledger)> {
-        self.slots
-            .iter_mut()
-            .filter_map(|(o, v)| Some((o.as_ref()?, v)))
-            .flat_map(|(o, v)| v.iter_mut().map(move |(u, l)| (o, &*u, l)))
-    }
-
-    pub fn len(&self) -> usize {
-        self.slots.iter().map(|(_, v)| v.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Keeps the ledgers `keep` says to (it may also change them); an owner left with none
-    /// gives its slot back.
-    pub fn retain(&mut self, mut keep: impl FnMut(&mut Ledger) -> bool) {
-        for (s, (owner, v)) in self.slots.iter_mut().enumerate() {
-            v.retain_mut(|(_, l)| keep(l));
-            if v.is_empty() {
-                if let Some(o) = owner.take() {
-                    self.index.remove(&o);
-                    *v = vec![];
-                    self.free.push(s as Slot);
-                }
-            }
-        }
-    }
-}
-
-/// Where the device's ledger is in an owner's list.
-pub(super) fn position(devices: &[(Name, Ledger)], uuid: &Name) -> Option<usize> {
-    devices.iter().position(|(u, _)| same(u, uuid))
-}
-
-/// The device's ledger in an owner's list, made on first use.
-pub fn device<'a>(devices: &'a mut Vec<(Name, Ledger)>, uuid: &Name) -> &'a mut Ledger {
-    let i = match position(devices, uuid) {
-        Some(i) => i,
-        None => {
-            // Most owners use one device: room for one, not the four (a KiB) a push makes.
-            devices.reserve_exact(1);
-            devices.push((uuid.clone(), Ledger::default()));
-            devices.len() - 1
-        }
-    };
-    &mut devices[i].1
+/// What billing carries from one cycle to the next, updated in place.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Books {
+    /// Per (owner, device): totals seen, energy, peaks, accounting and open stretches.
+    pub ledgers: Ledgers,
+    /// Per GPU uuid: its energy counter at the last sample, mJ.
+    pub energy_mj: HashMap<String, u64>,
+    /// Per GPU uuid: energy charged to nobody (idle, not allocated), J.
+    pub idle_energy: HashMap<String, f64>,
+    /// Per GPU uuid: the shares of the cycles since its energy counter last moved.
+    pub energy_shares: HashMap<String, EnergyShares>,
+    /// The slot of each snapshot entry's owner last cycle, by position.
+    pub hints: Vec<Slot>,
 }
 
 /// The shares of the cycles since a GPU's energy counter last moved: energy is read every
@@ -517,7 +372,7 @@ mod tests {
     /// A ledger is about 250 bytes, and a large node has 2,000 owners of one device each.
     #[test]
     fn an_owners_first_device_takes_room_for_one() {
-        let mut devices = vec![];
+        let mut devices: Vec<(Name, Ledger)> = vec![];
         let (a, b): (Name, Name) = ("GPU-a".into(), "GPU-b".into());
         device(&mut devices, &a).energy_j = 1.0;
         assert_eq!((devices.len(), devices.capacity()), (1, 1));

@@ -21,19 +21,6 @@ pub struct Spare {
     accounts: Vec<Vec<GpuAccount>>,
 }
 
-/// Room, not state: the counters that carry it compare and clone without it.
-impl PartialEq for Spare {
-    fn eq(&self, _: &Spare) -> bool {
-        true
-    }
-}
-
-impl Clone for Spare {
-    fn clone(&self) -> Spare {
-        Spare::default()
-    }
-}
-
 /// A kept list, and memory asked for the one that the next call hands out: the first write
 /// into a kept list waited on a miss (4 % of the large node's agent, the grouping's first
 /// write to each container's devices), as the lists were last written a cycle ago.
@@ -122,19 +109,6 @@ impl Spare {
             + self.gpus.len()
             + self.pids.len()
             + self.accounts.len()
-    }
-
-    /// The accounts' lists, taken out while the account pass borrows the counters.
-    pub fn take_accounts(&mut self) -> Spare {
-        Spare {
-            accounts: std::mem::take(&mut self.accounts),
-            ..Default::default()
-        }
-    }
-
-    /// The accounts' lists that `take_accounts` took and the pass did not use.
-    pub fn put_back(&mut self, taken: Spare) {
-        self.accounts = taken.accounts;
     }
 }
 

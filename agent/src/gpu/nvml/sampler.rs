@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    nvml::NvmlSampler,
+    cycle::NvmlSampler,
     reader::{track, Progress},
     GpuSample,
 };

@@ -1,7 +1,7 @@
 //! Who a GPU process is charged to (`Owner`), found from its placement in the process
 //! state, and the sample's device names (`DeviceNames`): the types that the join, the
 //! account pass, the naming and the sharing all use. Nothing here calls up into them.
-use gpu_model::{GpuSample, MigSample, Name, ProcessSample};
+use gpu_model::{ContainerUsage, GpuSample, MigSample, Name, ProcessSample};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::process::Placement;
@@ -62,7 +62,7 @@ impl std::hash::Hash for Owner {
 /// The grouping's key: the owner's kind (a container, else a pod) and id, borrowed; None
 /// for the host.
 #[derive(PartialEq, Eq)]
-pub(super) struct OwnerKey<'a>(pub(super) Option<(bool, &'a str)>);
+pub struct OwnerKey<'a>(pub Option<(bool, &'a str)>);
 
 impl std::hash::Hash for OwnerKey<'_> {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
@@ -123,7 +123,7 @@ impl From<&KeyRef<'_>> for (Owner, Name) {
 
 /// What the cgroup says about an owner: its container's id and pod's UID.
 #[derive(Debug, Clone, Default)]
-pub(super) struct OwnerMeta {
+pub struct OwnerMeta {
     pub container_id: Option<Name>,
     pub pod_uid: Option<Name>,
 }
@@ -150,7 +150,7 @@ pub struct DeviceNames {
 }
 
 impl DeviceNames {
-    pub(super) fn new(sample: &GpuSample, last: &FxHashSet<Name>) -> DeviceNames {
+    pub fn new(sample: &GpuSample, last: &FxHashSet<Name>) -> DeviceNames {
         // A MIG device's uuid is shared already (the NVML thread keeps it, and its
         // processes point to it); a GPU's is a string of the sample's.
         let name = |u: &str| last.get(u).cloned().unwrap_or_else(|| u.into());
@@ -235,7 +235,7 @@ impl DeviceNames {
 }
 
 /// Who a placed process is charged to, and what its cgroup says about that owner.
-pub(super) fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMeta>) {
+pub fn owner_of(placed: Option<Placement<'_>>) -> (Owner, Option<OwnerMeta>) {
     (owner(placed), placed.and_then(meta_of))
 }
 
@@ -274,6 +274,17 @@ pub(super) fn set_name(slot: &mut Option<Name>, name: Option<&Name>) {
         (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b) => {}
         (None, None) => {}
         _ => *slot = name.cloned(),
+    }
+}
+
+/// The owner a snapshot entry stands for; None for an allocated container nobody can
+/// identify (no id: its names are all we have).
+pub fn owner_key(c: &ContainerUsage) -> Option<Owner> {
+    match (&c.container_id, &c.pod_uid) {
+        (Some(id), _) => Some(Owner::Container(id.clone())),
+        (None, Some(uid)) => Some(Owner::Pod(uid.clone())),
+        (None, None) if c.pod_name.is_some() => None,
+        (None, None) => Some(Owner::Host),
     }
 }
 

@@ -1,11 +1,13 @@
 //! A sample's GPU processes grouped by owner: each process placed in the process state,
 //! its owner's ledger slot found (hinted from the cycle before), its use added to its
 //! owner's devices, and the groups put in their owners' order.
-use gpu_model::{ContainerGpu, ContainerUsage, GpuSample, Name, ProcessSample, ProcessUsage};
+use gpu_model::{
+    ContainerGpu, ContainerUsage, GpuAccount, GpuSample, Name, ProcessSample, ProcessUsage,
+};
 
 use super::{
     counters::{Counters, Order},
-    ledger::{Ledgers, Slot},
+    ledger::{Accumulated, Ledgers, Slot},
     owner::{is_mps_server, owner, owner_name, same, set_name, DeviceNames, Owner, OwnerKey},
     spare::Spare,
 };
@@ -84,7 +86,7 @@ fn meta_ref(pl: Placement<'_>) -> Option<MetaRef<'_>> {
 pub(super) fn fill_entry(
     c: &mut ContainerUsage,
     meta: Option<MetaRef<'_>>,
-    gpus: Vec<ContainerGpu>,
+    (gpus, accounts_list): (Vec<ContainerGpu>, Vec<GpuAccount>),
 ) {
     // Every field named: one added to the entry must be filled here or by the naming.
     let ContainerUsage {
@@ -111,7 +113,8 @@ pub(super) fn fill_entry(
     // Taken out when the snapshot was recycled.
     debug_assert!(old_gpus.is_empty() && accounts.is_empty());
     *old_gpus = gpus;
-    accounts.clear();
+    // An empty list for the billing stage's accounts.
+    *accounts = accounts_list;
 }
 
 /// Where an owner sorts, as far as its kind and the first 16 bytes of its id tell: owners
@@ -194,11 +197,10 @@ pub(super) fn group_processes<'a>(
     sample: &GpuSample,
     names: &DeviceNames,
     process_detail: bool,
-    counters: &mut Counters,
+    (counters, spare): (&mut Counters, &mut Spare),
 ) -> Grouped<'a> {
     let Counters {
         ledgers,
-        spare,
         order,
         hints,
         ..
@@ -263,7 +265,11 @@ pub(super) fn group_processes<'a>(
 /// The slot of a placed process's owner: the slot of the process at the same position of
 /// the sample the cycle before, where it holds the very same name (no byte of the id read,
 /// no map probed: the lookup was 4 % of the large node's agent), else the ledgers' lookup.
-fn slot_of(ledgers: &mut Ledgers, hint: Option<Slot>, placed: Option<Placement<'_>>) -> Slot {
+fn slot_of(
+    ledgers: &mut Ledgers<Accumulated>,
+    hint: Option<Slot>,
+    placed: Option<Placement<'_>>,
+) -> Slot {
     let name = owner_name(placed);
     if let Some(s) = hint.filter(|&s| ledgers.holds(s, name)) {
         return s;

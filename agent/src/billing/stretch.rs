@@ -8,12 +8,13 @@ use std::sync::Arc;
 use gpu_model::{mig_compute_slices, ContainerUsage, GpuSample, Name, UsageRecord};
 
 use super::{
-    counters::Counters,
-    ledger::{Detail, DeviceFacts, Ledger, RecordNames, Session},
-    owner::{same, DeviceNames, Owner},
+    ledger::{Detail, DeviceFacts, Ledger, Ledgers, RecordNames, Session, Totals},
     profile::{Profile, SmSource},
 };
-use crate::metadata::Metadata;
+use crate::{
+    gpu::join::owner::{same, DeviceNames, Owner},
+    metadata::Metadata,
+};
 
 /// What a cycle's stretches read of it.
 #[derive(Clone, Copy)]
@@ -36,27 +37,22 @@ pub struct Use {
 }
 
 /// Advances the container's stretch on device `uuid` (of GPU `gpu_uuid`) by this cycle's
-/// use, opening it at the first: from the totals before this cycle's credit where the
-/// device was used this cycle (the accumulation ran), else from the totals now.
+/// use, opening it at the first from `totals`: the join's totals before this cycle's
+/// credit where the device was used this cycle, else the totals now.
 pub fn advance(
     l: &mut Ledger,
     c: &ContainerUsage,
     (uuid, gpu_uuid): (&Name, &Name),
-    u: Use,
+    (u, totals): (Use, &Totals),
     cy: &Cycle,
 ) {
     if l.session.is_none() {
-        let acc = l.acc.clone().unwrap_or_default();
-        let totals = match l.last_used_ms == cy.now {
-            true => acc.before,
-            false => (acc.gpu_seconds.unwrap_or(0.0), acc.byte_seconds),
-        };
         l.session = Some(Session {
             gpu_uuid: gpu_uuid.clone(),
             start_ms: cy.now,
             end_ms: cy.now,
-            gpu_seconds: totals.0,
-            byte_seconds: totals.1,
+            gpu_seconds: totals.gpu_seconds.unwrap_or(0.0),
+            byte_seconds: totals.byte_seconds,
             energy_j: l.energy_j,
             accounted_processes: l.accounted_processes,
             accounted_gpu_seconds: l.accounted_gpu_seconds,
@@ -149,7 +145,7 @@ pub fn gpu_slices(model: &str) -> u32 {
 
 /// Ends the stretch in `l` (on device `uuid`) and returns its record.
 pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
-    let acc = l.acc.clone().unwrap_or_default();
+    let acc = &l.totals;
     let s = l.session.take()?;
     // A stretch that never had a process ran nothing: no GPU time, known to be none.
     let gpu_seconds = match s.used {
@@ -188,7 +184,7 @@ pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
 /// next where it ended, from the totals now: nothing is counted twice.
 fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
     let s = l.session.as_ref()?;
-    let acc = l.acc.clone().unwrap_or_default();
+    let acc = &l.totals;
     let next = Session {
         gpu_uuid: s.gpu_uuid.clone(),
         start_ms: s.end_ms,
@@ -228,9 +224,9 @@ pub fn cut_due(devices: &mut [(Name, Ledger)], cy: &Cycle, records: &mut Vec<Usa
 }
 
 /// Stretches whose container neither used nor held the device this cycle end (`exited`).
-pub fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
+pub fn close_ended(ledgers: &mut Ledgers, now: u64) -> Vec<UsageRecord> {
     let mut records = vec![];
-    for (_, uuid, l) in counters.ledgers.iter_mut() {
+    for (_, uuid, l) in ledgers.iter_mut() {
         let ended = l.session.is_some() && l.last_used_ms != now && l.last_allocated_ms != now;
         if ended {
             records.extend(end(l, uuid, "exited"));
@@ -240,8 +236,8 @@ pub fn close_ended(counters: &mut Counters, now: u64) -> Vec<UsageRecord> {
 }
 
 /// Ends the stretch of `key` and returns its record.
-pub fn close(counters: &mut Counters, key: &(Owner, Name), reason: &str) -> Option<UsageRecord> {
-    let l = counters.ledgers.get_mut(&key.0, &key.1)?;
+pub fn close(ledgers: &mut Ledgers, key: &(Owner, Name), reason: &str) -> Option<UsageRecord> {
+    let l = ledgers.get_mut(&key.0, &key.1)?;
     end(l, &key.1, reason)
 }
 

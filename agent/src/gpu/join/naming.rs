@@ -228,7 +228,7 @@ fn devices_signature(devices: &[DeviceSample]) -> u64 {
 
 /// The names the runtime gave the entry's container, where the entry has none of its own
 /// (the cgroup's pod uid comes first).
-pub(super) fn name(c: &mut ContainerUsage, metadata: &Metadata) {
+pub fn name(c: &mut ContainerUsage, metadata: &Metadata) {
     if let Some(n) = c
         .container_id
         .as_deref()
