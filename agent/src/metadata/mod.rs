@@ -4,6 +4,7 @@
 //! The runtime's pod sandboxes name each pod's owner (`owners.rs`, `workload.rs`). Nothing needs
 //! cluster-wide RBAC, and unknown names never block export.
 pub mod cri;
+mod devices;
 pub mod docker;
 pub mod hami;
 pub mod owners;
@@ -25,6 +26,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::{config::MetadataConfig, stats::Stats};
+
+pub use devices::{is_gpu_resource, parse_device_id, DeviceRef};
 
 /// What the runtime says about one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -59,7 +62,7 @@ impl Allocation {
     /// The devices as the join can match them.
     pub fn device_refs(&self) -> impl Iterator<Item = DeviceRef> + '_ {
         self.device_ids.iter().filter_map(|id| match self.claim {
-            Some(_) => podresources::parse_dra_device(id),
+            Some(_) => devices::parse_dra_device(id),
             None => parse_device_id(id),
         })
     }
@@ -271,35 +274,6 @@ fn container_key(namespace: &str, pod: &str, container: &str) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     (namespace, pod, container).hash(&mut h);
     h.finish()
-}
-
-/// Is this an NVIDIA GPU resource (whole GPUs, MIG profiles, shared replicas)?
-pub fn is_gpu_resource(name: &str) -> bool {
-    name.starts_with("nvidia.com/")
-}
-
-/// A device id as the join can match it: a UUID (`GPU-…`/`MIG-…`), an NVML index, or the
-/// minor number (/dev/nvidiaN) the NVIDIA DRA driver names GPUs by.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceRef {
-    Uuid(Name),
-    Index(u32),
-    Minor(u32),
-}
-
-/// Normalises a device plugin's id: strips the `::N` time-slicing suffix, maps an index or
-/// GKE's `nvidia0/gi0` to the GPU index.
-pub fn parse_device_id(id: &str) -> Option<DeviceRef> {
-    let id = id.split("::").next().unwrap_or(id).trim();
-    if id.starts_with("GPU-") || id.starts_with("MIG-") {
-        return Some(DeviceRef::Uuid(id.into()));
-    }
-    if let Ok(i) = id.parse() {
-        return Some(DeviceRef::Index(i));
-    }
-    let gke = id.strip_prefix("nvidia")?;
-    let idx = gke.split('/').next()?;
-    idx.parse().ok().map(DeviceRef::Index)
 }
 
 pub const CRI_CANDIDATES: [&str; 6] = [
@@ -997,25 +971,5 @@ mod tests {
         assert!(devices(&next, "p1", "main").is_empty());
         assert_eq!(devices(&next, "p3", "main"), ["GPU-1"]);
         assert_eq!(devices(&md, "p1", "main"), ["GPU-1", "GPU-3"]);
-    }
-
-    #[test]
-    fn device_ids_of_every_plugin_shape() {
-        let u = "GPU-6663f2bc-da9f-4cff-88fe-d84cc95fe598";
-        assert_eq!(parse_device_id(u), Some(DeviceRef::Uuid(u.into())));
-        assert_eq!(
-            parse_device_id(&format!("{u}::3")),
-            Some(DeviceRef::Uuid(u.into()))
-        );
-        let m = "MIG-4f06c904-75ca-4d7d-a0bb-51f2b99055b2";
-        assert_eq!(parse_device_id(m), Some(DeviceRef::Uuid(m.into())));
-        assert_eq!(parse_device_id("2"), Some(DeviceRef::Index(2)));
-        assert_eq!(parse_device_id("1::0"), Some(DeviceRef::Index(1)));
-        assert_eq!(parse_device_id("nvidia0/gi0"), Some(DeviceRef::Index(0)));
-        assert_eq!(parse_device_id("nvidia3"), Some(DeviceRef::Index(3)));
-        assert_eq!(parse_device_id("tpu-7"), None);
-        assert!(is_gpu_resource("nvidia.com/gpu"));
-        assert!(is_gpu_resource("nvidia.com/mig-1g.10gb"));
-        assert!(!is_gpu_resource("cpu"));
     }
 }
