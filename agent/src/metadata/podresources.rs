@@ -8,7 +8,10 @@ use node_api::podresources::{
     ClaimResource, DynamicResource, ListPodResourcesRequest,
 };
 
-use super::{is_gpu_resource, parse_device_id, Allocation, DeviceRef};
+use super::{
+    devices::{is_gpu_resource, parse_device_id, parse_dra_minor, DeviceRef},
+    Allocation,
+};
 
 pub async fn list(socket: &Path) -> Result<Vec<Allocation>, String> {
     if !socket.exists() {
@@ -111,19 +114,6 @@ fn dra_device_id(r: &ClaimResource) -> Option<String> {
     }
 }
 
-/// `gpu-3` -> 3.
-pub fn parse_dra_minor(name: &str) -> Option<u32> {
-    name.strip_prefix("gpu-")?.parse().ok()
-}
-
-/// A DRA device id as stored in an allocation: a UUID or `gpu-<minor>`.
-pub fn parse_dra_device(id: &str) -> Option<DeviceRef> {
-    if id.starts_with("GPU-") || id.starts_with("MIG-") {
-        return Some(DeviceRef::Uuid(id.into()));
-    }
-    parse_dra_minor(id).map(DeviceRef::Minor)
-}
-
 /// Time-slicing replicas per GPU UUID, from the kubelet's allocatable devices
 /// (`GPU-<uuid>::0` … `::N-1`); GPUs not time-sliced are absent.
 pub async fn replicas(socket: &Path) -> Result<HashMap<String, u32>, String> {
@@ -152,6 +142,7 @@ mod tests {
     use node_api::podresources::CdiDevice;
 
     use super::*;
+    use crate::metadata::devices::parse_dra_device;
 
     const U: &str = "GPU-6663f2bc-da9f-4cff-88fe-d84cc95fe598";
 
