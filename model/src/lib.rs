@@ -736,9 +736,33 @@ pub fn mig_compute_slices(profile: &str) -> u32 {
     n(first, 'c').or_else(|| n(first, 'g')).unwrap_or(1).max(1)
 }
 
+/// A GPU's compute slices under MIG: 4 on the A30, 7 on every other MIG-capable GPU
+/// (NVIDIA's MIG user guide, "Supported GPUs").
+pub fn mig_gpu_slices(model: &str) -> u32 {
+    match model.contains("A30") {
+        true => 4,
+        false => 7,
+    }
+}
+
+/// The part of a whole GPU that a MIG device of `profile` holds on a GPU of
+/// `total_slices` compute slices: its slices over the GPU's. Stretches, usage records and
+/// rightsizing all count a MIG device's share this way.
+pub fn mig_part(profile: &str, total_slices: u32) -> f64 {
+    f64::from(mig_compute_slices(profile).min(total_slices)) / f64::from(total_slices.max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_has_seven_compute_slices_or_four_on_an_a30() {
+        assert_eq!(mig_gpu_slices("NVIDIA A30"), 4);
+        assert_eq!(mig_gpu_slices("NVIDIA H100 80GB HBM3"), 7);
+        assert_eq!(mig_part("3g.40gb", 7), 3.0 / 7.0);
+        assert_eq!(mig_part("2g.12gb", mig_gpu_slices("NVIDIA A30")), 0.5);
+    }
 
     #[test]
     fn a_mig_profile_names_its_compute_slices() {

@@ -640,7 +640,7 @@ fn device_limits(a: &mut GpuAccount, c: &ContainerUsage, pass: &Pass) {
     if !same(&a.uuid, &a.gpu_uuid) {
         let mig = gpu.and_then(|(i, _)| pass.names.mig(pass.sample, i, &a.uuid));
         // Set only where known: the `Option` assigned whole compiled into 8 KiB of bit
-        // shuffles, 14 % of the join's samples on the large node (`--bench join`).
+        // shuffles, a visible part of the join on the large node (`--bench join`).
         if let Some(total) = mig.and_then(|m| m.memory_total_bytes) {
             a.memory_limit_bytes = Some(total);
             a.memory_limit_source = Some(LimitSource::Mig);

@@ -147,7 +147,7 @@ pub struct Session {
     /// What Prometheus is shown of it (`container.gpu.share`, `.sm.share`): the part of a
     /// GPU it holds, and its last SM figure as a part of a whole GPU. Kept here, beside
     /// what the account pass reads, not in `detail`: a pointer chased per stretch a cycle
-    /// there cost the large node's join 6-10 %.
+    /// there cost the large node's join (docs/benchmarks.md).
     pub held: f64,
     pub sm_share: Option<f64>,
     /// Boxed: what only an open stretch needs stays out of every ledger.
@@ -231,7 +231,7 @@ pub struct EnergyShares {
 /// the order of the one before while the owners stay, so each is looked for first where the
 /// one before it was found, plus one: by pointer, in a list read in order. A map lookup per
 /// share and cycle (the energy is read every few cycles: the others only add up shares),
-/// in memory gone cold since, was 3 % of the large node's agent. The map finds the others.
+/// in memory gone cold since, was a visible part of the large node's agent. The map finds the others.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Shares {
     pub(super) entries: Vec<(Owner, Name, f64)>,

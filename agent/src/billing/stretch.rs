@@ -5,7 +5,7 @@
 //! facts of its device.
 use std::sync::Arc;
 
-use gpu_model::{mig_compute_slices, ContainerUsage, GpuSample, Name, UsageRecord};
+use gpu_model::{mig_gpu_slices, mig_part, ContainerUsage, GpuSample, Name, UsageRecord};
 
 use super::{
     ledger::{Detail, DeviceFacts, Ledger, Ledgers, RecordNames, Session, Totals},
@@ -95,10 +95,8 @@ fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> De
     };
     let mig_profile = mig.and_then(|m| m.profile.clone());
     // A MIG device's part of its GPU: its profile's compute slices over the GPU's.
-    let mig_part = (mig_profile.as_deref()).map(|p| {
-        let gpu = gpu_slices(device.map_or("", |d| &d.name));
-        mig_compute_slices(p) as f64 / gpu as f64
-    });
+    let mig_part = (mig_profile.as_deref())
+        .map(|p| mig_part(p, mig_gpu_slices(device.map_or("", |d| &d.name))));
     DeviceFacts {
         model: device.map(|d| d.name.clone()),
         memory_bytes: device.and_then(|d| d.memory_total_bytes),
@@ -132,15 +130,6 @@ fn allocated_share(
     };
     let held = metadata.replicas_held(ns, pod, name, gpu_uuid);
     Some(held.clamp(1, replicas) as f64 / replicas as f64)
-}
-
-/// A GPU's compute slices under MIG: 4 on the A30, 7 on every other MIG-capable GPU
-/// (NVIDIA's MIG user guide, "Supported GPUs").
-pub fn gpu_slices(model: &str) -> u32 {
-    match model.contains("A30") {
-        true => 4,
-        false => 7,
-    }
 }
 
 /// Ends the stretch in `l` (on device `uuid`) and returns its record.
@@ -239,15 +228,4 @@ pub fn close_ended(ledgers: &mut Ledgers, now: u64) -> Vec<UsageRecord> {
 pub fn close(ledgers: &mut Ledgers, key: &(Owner, Name), reason: &str) -> Option<UsageRecord> {
     let l = ledgers.get_mut(&key.0, &key.1)?;
     end(l, &key.1, reason)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_gpu_has_seven_compute_slices_or_four_on_an_a30() {
-        assert_eq!(gpu_slices("NVIDIA A30"), 4);
-        assert_eq!(gpu_slices("NVIDIA H100 80GB HBM3"), 7);
-    }
 }

@@ -22,16 +22,16 @@ pub struct NameRequests {
     tx: tokio::sync::mpsc::Sender<NameRequest>,
     /// By the snapshot's shared ids, hashed with Fx and compared by pointer first: on a
     /// node no runtime names, every container is looked up here every cycle (with SipHash
-    /// over 64-character ids, 1.8 % of the large node's agent; comparing the ids' text,
-    /// each a cache miss a cycle later, 2.5 %).
+    /// over 64-character ids; comparing the ids' text,
+    /// each a cache miss a cycle later, cost more).
     asked: hashbrown::HashMap<Name, Instant, rustc_hash::FxBuildHasher>,
     /// When the ids asked about more than a minute ago were last let go: a walk of all of
-    /// them every cycle was 1 % of that node's agent, and an id is asked again once its
+    /// them every cycle cost that node's agent measurably, and an id is asked again once its
     /// minute is up whether or not it was let go.
     swept: Option<Instant>,
     /// The last cycle's unnamed ids in the snapshot's order, with when each was asked
     /// about: an id found at its place, the very same name, skips `asked`, whose buckets,
-    /// 2,000 random reads a cycle, were 5 % of the large node's agent. Each holds its
+    /// 2,000 random reads a cycle, were a visible part of the large node's agent. Each holds its
     /// name, so no other name takes its address while it is here.
     last: Vec<(Name, Instant)>,
 }

@@ -45,7 +45,7 @@ impl Resolver for State {
     /// misses (a table's control bytes, then its slot) in memory gone cold since the cycle
     /// before: in a loop of one kind of lookup the CPU overlaps the chains of several pids,
     /// where a loop of both waited for each cgroup's lookup behind its process's (the
-    /// cgroup slot's miss was 3.4 % of the large node's agent).
+    /// cgroup slot's miss was a visible part of the large node's agent).
     fn place_all<'a>(
         &'a self,
         pids: impl Iterator<Item = u32>,

@@ -3,7 +3,6 @@
 //! model neither knows is taken as not MIG-capable.
 use std::fmt;
 
-use gpu_model::mig_compute_slices;
 use serde::Serialize;
 
 use super::mig_table;
@@ -174,18 +173,19 @@ impl Profiles {
     }
 
     /// The part of a whole GPU a MIG device of profile `profile` (`1g.10gb`, or a compute
-    /// instance's `1c.2g.20gb`) holds: its compute slices over the model's (7 where the
-    /// model is unknown).
+    /// instance's `1c.2g.20gb`) holds: its compute slices over the model's (from its
+    /// table, else `gpu_model::mig_gpu_slices`).
     pub fn mig_fraction(
         &self,
         device_model: &str,
         device_memory: Option<u64>,
         profile: &str,
     ) -> f64 {
-        let total = self
-            .for_model(device_model, device_memory)
-            .map_or(7, |m| m.total_slices);
-        f64::from(mig_compute_slices(profile).min(total)) / f64::from(total.max(1))
+        let total = self.for_model(device_model, device_memory).map_or_else(
+            || gpu_model::mig_gpu_slices(device_model),
+            |m| m.total_slices,
+        );
+        gpu_model::mig_part(profile, total)
     }
 }
 

@@ -264,7 +264,7 @@ pub(super) fn group_processes<'a>(
 
 /// The slot of a placed process's owner: the slot of the process at the same position of
 /// the sample the cycle before, where it holds the very same name (no byte of the id read,
-/// no map probed: the lookup was 4 % of the large node's agent), else the ledgers' lookup.
+/// no map probed: the lookup was a visible part of the large node's agent), else the ledgers' lookup.
 fn slot_of(
     ledgers: &mut Ledgers<Accumulated>,
     hint: Option<Slot>,
@@ -279,7 +279,7 @@ fn slot_of(
     // Found by content: the slot was made for another copy of the id (an allocated
     // container's, from the metadata, before its first GPU process: on a Kubernetes node,
     // most). It takes this one, the cgroup's, so that the next cycle's hint holds; else
-    // every cycle read each such id whole in memory gone cold (2 % of the named large
+    // every cycle read each such id whole in memory gone cold (a visible part of the named large
     // node's agent).
     ledgers.adopt(s, name, || owner(placed));
     s
@@ -288,7 +288,7 @@ fn slot_of(
 /// The groups in their owners' order. The groups come in the order of the sample's
 /// processes, the same from one cycle to the next while they stay: then the order of the
 /// cycle before is taken again, and the groups (about 140 bytes each) are moved once, not
-/// at every step of a sort (3 % of the large node's agent).
+/// at every step of a sort.
 fn sort_groups<'a>(groups: Vec<Group<'a>>, order: &mut Order) -> Vec<Group<'a>> {
     let same = groups.len() == order.came.len()
         && groups

@@ -30,7 +30,7 @@ pub type Slot = u32;
 /// Ledgers by owner, then by device: at most one hash lookup per owner a cycle (the
 /// grouping's, where its hint from the cycle before does not hold), which hands out the
 /// owner's `Slot`, and a short scan of its few devices. The counters were a map of their
-/// own, looked up per (owner, device) each cycle: 7 % of the large node's agent, each
+/// own, looked up per (owner, device) each cycle, each
 /// lookup a cache miss in memory gone cold since the cycle before.
 #[derive(Debug, Clone)]
 pub struct Ledgers<L> {

@@ -196,7 +196,7 @@ impl Naming {
     }
 
     /// The allocated-but-idle entries, named: those `find` gave last while the names
-    /// present and the metadata are those it saw (its set of the names present cost 3 % of
+    /// present and the metadata are those it saw (its set of the names present cost a part of
     /// a named node's agent every cycle), else `find`'s anew.
     pub(super) fn idle(
         &mut self,

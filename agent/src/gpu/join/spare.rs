@@ -2,7 +2,7 @@
 //! Each cycle made a list of devices, of PIDs and of accounts per container and freed the
 //! last cycle's: on the large node 6,000 mallocs and as many frees a cycle, each free a
 //! cache miss in memory gone cold since the last cycle, and the frees of the large lists
-//! made malloc consolidate its free chunks (together about 7 % of the agent's CPU).
+//! made malloc consolidate its free chunks (docs/benchmarks.md, "Kept").
 use gpu_model::{ContainerGpu, ContainerUsage, GpuAccount, Snapshot};
 
 /// A list is kept only while it has room for this many at most: one that grew for a
@@ -22,7 +22,7 @@ pub struct Spare {
 }
 
 /// A kept list, and memory asked for the one that the next call hands out: the first write
-/// into a kept list waited on a miss (4 % of the large node's agent, the grouping's first
+/// into a kept list waited on a miss (in the large node's agent, the grouping's first
 /// write to each container's devices), as the lists were last written a cycle ago.
 fn take<T>(kept: &mut Vec<Vec<T>>) -> Vec<T> {
     let v = kept.pop().unwrap_or_default();
