@@ -8,31 +8,9 @@ use super::{agent, agent_config, get, keys, mounted_config, port_of, s, seq, Ren
 /// otlp.endpoint; on the node's address through a hostPort), and k8sattributes associates the
 /// agent's resources by container.id and k8s.pod.uid.
 pub fn collector_problems(agent_r: &Rendered, col: &Rendered) -> Vec<String> {
-    let (_, pod, c) = agent(agent_r).expect("the base has the gpu-agent DaemonSet");
-    let cfg = match agent_config(agent_r, pod, c) {
-        Ok((_, cfg)) => cfg,
+    let (endpoint, proto, port) = match agent_endpoint(agent_r) {
+        Ok(e) => e,
         Err(e) => return vec![e],
-    };
-    let env = |k: &str| {
-        seq(&c["env"])
-            .iter()
-            .find(|e| e["name"] == k)
-            .and_then(|e| e["value"].as_str())
-    };
-    let endpoint = env("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .or(get(&cfg, "otlp", "endpoint"))
-        .unwrap_or("");
-    let protocol = env("OTEL_EXPORTER_OTLP_PROTOCOL").or(get(&cfg, "otlp", "protocol"));
-    let proto = if protocol == Some("grpc") {
-        "grpc"
-    } else {
-        "http"
-    };
-    let Some(port) = port_of(endpoint) else {
-        return vec![format!(
-            "{}: the agent's OTLP endpoint {endpoint:?} has no port",
-            agent_r.name
-        )];
     };
     let ds = col
         .of_kind("DaemonSet")
@@ -115,4 +93,32 @@ pub fn collector_problems(agent_r: &Rendered, col: &Rendered) -> Vec<String> {
         }
     }
     p
+}
+
+/// Where and how the agent sends: (endpoint, "grpc" or "http", the endpoint's port).
+fn agent_endpoint(agent_r: &Rendered) -> Result<(String, &'static str, u64), String> {
+    let (_, pod, c) = agent(agent_r).expect("the base has the gpu-agent DaemonSet");
+    let (_, cfg) = agent_config(agent_r, pod, c)?;
+    let env = |k: &str| {
+        seq(&c["env"])
+            .iter()
+            .find(|e| e["name"] == k)
+            .and_then(|e| e["value"].as_str())
+    };
+    let endpoint = env("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .or(get(&cfg, "otlp", "endpoint"))
+        .unwrap_or("");
+    let protocol = env("OTEL_EXPORTER_OTLP_PROTOCOL").or(get(&cfg, "otlp", "protocol"));
+    let proto = if protocol == Some("grpc") {
+        "grpc"
+    } else {
+        "http"
+    };
+    let Some(port) = port_of(endpoint) else {
+        return Err(format!(
+            "{}: the agent's OTLP endpoint {endpoint:?} has no port",
+            agent_r.name
+        ));
+    };
+    Ok((endpoint.to_string(), proto, port))
 }
