@@ -2,11 +2,11 @@
 //! (`mps_processes`, `accounting_mode`, `accounting` in docs/fake-nvml.md).
 use std::ffi::{c_uint, c_ulonglong};
 
+use crate::processes::{process_info, put_processes, ProcessInfo};
 use crate::scenario::{AccountingSpec, Feature, ProcessSpec};
 use crate::{
-    guard, now_us, process_info, put, put_processes, resolve, resolve_gpu, with_loaded, Device,
-    ProcessInfo, Ret, INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED,
-    NVML_VALUE_NOT_AVAILABLE,
+    guard, now_us, put, resolve, resolve_gpu, with_loaded, Device, Ret, INSUFFICIENT_SIZE,
+    INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, NVML_VALUE_NOT_AVAILABLE,
 };
 
 /// `nvmlAccountingStats_t` (nvml.h): 56 bytes.

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use tests::otlp_receiver::{attr_str, metric, points, value};
 
+use super::manifest::AgentSpec;
+
 /// One sample of the Prometheus text format.
 #[derive(Debug, Clone)]
 pub struct Sample {
@@ -229,6 +231,138 @@ pub fn cap_names(mask: u64) -> Vec<String> {
         .filter(|b| mask & (1u64 << b) != 0)
         .map(|b| NAMES.get(b).map_or(format!("CAP_{b}"), |n| n.to_string()))
         .collect()
+}
+
+/// The agent process's privileges as the kernel sees them, against the manifest.
+pub fn privileges(spec: &AgentSpec, pid: u32, not_here: &[String]) -> Result<(), String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}:")))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut wrong = vec![];
+    let mut want: Vec<String> = if spec.cap_drop.iter().any(|c| c == "ALL") {
+        let mut w = spec.cap_add.clone();
+        w.retain(|c| !not_here.contains(c));
+        w
+    } else {
+        return Err("the harness checks capabilities only for drop: [ALL]".into());
+    };
+    want.sort();
+    for set in ["CapEff", "CapPrm", "CapBnd"] {
+        let mask = u64::from_str_radix(&field(set), 16).unwrap_or(u64::MAX);
+        let mut got = cap_names(mask);
+        got.sort();
+        if got != want {
+            wrong.push(format!("{set} {got:?} (want {want:?})"));
+        }
+    }
+    if field("CapAmb") != "0000000000000000" {
+        wrong.push(format!("CapAmb {}", field("CapAmb")));
+    }
+    if let Some(u) = spec.run_as_user {
+        let uids: Vec<String> = field("Uid").split_whitespace().map(String::from).collect();
+        if uids.iter().any(|x| x != &u.to_string()) {
+            wrong.push(format!("Uid {uids:?} (want {u})"));
+        }
+    }
+    let nnp = if spec.allow_privilege_escalation == Some(false) {
+        "1"
+    } else {
+        "0"
+    };
+    if field("NoNewPrivs") != nnp {
+        wrong.push(format!("NoNewPrivs {} (want {nnp})", field("NoNewPrivs")));
+    }
+    if spec.seccomp.as_deref() == Some("RuntimeDefault") && field("Seccomp") != "2" {
+        wrong.push(format!(
+            "Seccomp {} (want 2: the runtime's filter)",
+            field("Seccomp")
+        ));
+    }
+    // The host's: dockerd's, which is the harness's own.
+    let ns = |p: &str| std::fs::read_link(p).ok();
+    if spec.host_pid && ns(&format!("/proc/{pid}/ns/pid")) != ns("/proc/self/ns/pid") {
+        wrong.push("not in the host's PID namespace".into());
+    }
+    wrong.extend(read_only_mounts(spec, pid));
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+/// The root filesystem and every readOnly volume, read-only in the agent's mount table;
+/// HostToContainer volumes slaves of the host's.
+fn read_only_mounts(spec: &AgentSpec, pid: u32) -> Vec<String> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    // (mount point, per-mount options, optional fields)
+    let rows: Vec<(String, String, String)> = info
+        .lines()
+        .filter_map(|l| {
+            let (pre, _) = l.split_once(" - ")?;
+            let f: Vec<&str> = pre.split(' ').collect();
+            Some((
+                f.get(4)?.to_string(),
+                f.get(5)?.to_string(),
+                f[6..].join(" "),
+            ))
+        })
+        .collect();
+    let ro = |mp: &str| {
+        rows.iter()
+            .any(|(m, o, _)| m == mp && o.split(',').any(|x| x == "ro"))
+    };
+    let mut wrong = vec![];
+    if spec.read_only_root && !ro("/") {
+        wrong.push("root filesystem not read-only".into());
+    }
+    for m in &spec.mounts {
+        if m.read_only && !ro(&m.mount_path) {
+            wrong.push(format!("{} not read-only", m.mount_path));
+        }
+        if m.propagation.as_deref() == Some("HostToContainer")
+            && !rows
+                .iter()
+                .any(|(mp, _, opt)| mp == &m.mount_path && opt.contains("master:"))
+        {
+            wrong.push(format!(
+                "{} not a slave of the host's mount (HostToContainer)",
+                m.mount_path
+            ));
+        }
+    }
+    wrong
+}
+
+/// The host process: charged to the node, `owner="host"`, no container id.
+pub fn check_host(samples: &[Sample], e: &Expect) -> Result<(), String> {
+    let host: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.name == "container_gpu_memory_usage_bytes")
+        .filter(|s| s.labels.get("owner").map(String::as_str) == Some("host"))
+        .collect();
+    match host.as_slice() {
+        [s] if s.value == e.memory_bytes as f64
+            && s.labels.get("container_id").is_none_or(|v| v.is_empty()) =>
+        {
+            Ok(())
+        }
+        [] => Err("no series with owner=\"host\"".into()),
+        other => Err(format!(
+            "host series {:?}, want one of {} bytes",
+            other
+                .iter()
+                .map(|s| (&s.labels, s.value))
+                .collect::<Vec<_>>(),
+            e.memory_bytes
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -290,3 +290,74 @@ pub fn remove_cgroup_dirs(dirs: &[PathBuf]) {
         }
     }
 }
+
+/// tracefs on the host's /sys/kernel/tracing, as systemd mounts it at boot on a node: the
+/// DaemonSet mounts that path read-only and no longer carries CAP_SYS_ADMIN to mount it
+/// itself (components/tracefs-mount does). Mounted here only when missing, and unmounted
+/// after.
+pub struct HostTracefs {
+    mounted_here: bool,
+}
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+impl HostTracefs {
+    pub fn ensure() -> Result<HostTracefs> {
+        let mounted = std::fs::read_to_string("/proc/self/mountinfo")?
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(TRACEFS) && l.contains(" - tracefs "));
+        if mounted {
+            return Ok(HostTracefs {
+                mounted_here: false,
+            });
+        }
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tracefs", "tracefs", TRACEFS])
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "mount -t tracefs tracefs {TRACEFS} failed");
+        eprintln!("e2e: mounted tracefs on {TRACEFS} (as systemd does on a node); unmounted after");
+        Ok(HostTracefs { mounted_here: true })
+    }
+
+    pub fn restore(self) {
+        if self.mounted_here {
+            let _ = std::process::Command::new("umount").arg(TRACEFS).status();
+        }
+    }
+}
+
+/// After cleanup: no container cgroup, mount, process or directory of the run is left.
+pub fn nothing_left(work: &Path, cgroups: &[PathBuf]) -> Result<(), String> {
+    let mut left = vec![];
+    if work.exists() {
+        left.push(format!("{} still exists", work.display()));
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let w = work.to_string_lossy();
+    if info.lines().any(|l| l.contains(&*w)) {
+        left.push(format!("mounts under {w} remain"));
+    }
+    for p in cgroups {
+        if p.exists() {
+            left.push(format!("cgroup {}", p.display()));
+        }
+    }
+    // Daemons and shims whose command line names the work directory.
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&*w) {
+                left.push(format!(
+                    "process {} still runs",
+                    e.file_name().to_string_lossy()
+                ));
+            }
+        }
+    }
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(left.join("; "))
+    }
+}
