@@ -3,7 +3,7 @@
 //! what is specific to gpu-agent, each with a test that it fails on a broken copy; the
 //! generic schemas are left to kubernetes-validate, promtool and tsc with @grafana/schema.
 //! Tools come from PATH; a missing one fails its test with one line naming it. The checks
-//! themselves live in tests/src/manifests.rs, shared with the Helm chart's tests
+//! themselves live in tests/src/manifests/, shared with the Helm chart's tests
 //! (tests/tests/helm.rs). docs/deploy.md, "What CI checks". `cargo xtask check-deploy` runs
 //! this file.
 use std::{collections::BTreeSet, fs, path::PathBuf, process::Command};
@@ -67,7 +67,7 @@ fn is_ident(c: u8) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------
-// What is specific to gpu-agent (tests/src/manifests.rs)
+// What is specific to gpu-agent (tests/src/manifests/)
 
 #[test]
 fn every_rendered_object_has_its_kustomizations_namespace() {

@@ -3,7 +3,7 @@
 //! (`cargo xtask test` puts its venv first). The chart is rendered with its defaults, with
 //! each switch on alone, and with all of them on; every render is linted (--strict),
 //! validated by kubernetes-validate, and put through the same gpu-agent checks as the
-//! kustomizations (tests/src/manifests.rs). The default render must be the kustomize base,
+//! kustomizations (tests/src/manifests/). The default render must be the kustomize base,
 //! field by field; the chart's rules and dashboard must be deploy/'s files, byte for byte;
 //! bad values must be refused at install time, naming the key. docs/deploy.md, "What CI
 //! checks".
