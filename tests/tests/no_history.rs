@@ -37,7 +37,7 @@ static PROSE: LazyLock<Regex> = LazyLock::new(|| {
 
 /// In identifiers (a test's name), where words are joined by `_`. Only the ordinals no
 /// usage record would count to: "first_session" or "last_session" can name a container's
-/// own sessions (agent/src/gpu/account.rs).
+/// own sessions (agent/src/billing/account.rs).
 static IDENTIFIER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?ix)

@@ -116,8 +116,8 @@ fn rows(containers: &[ContainerUsage], books: &mut Books) -> Vec<Row> {
 }
 
 /// The whole pass, in order: the energy split computed, then per container one pass over
-/// its devices (the join's totals taken, sessions opened at their first cycle's totals,
-/// energy charged, peaks and sessions advanced), accounting charged, ended sessions closed
+/// its devices (the join's totals taken, stretches opened at their first cycle's totals,
+/// energy charged, peaks and stretches advanced), accounting charged, ended stretches closed
 /// into records, and each container's `accounts` filled.
 pub fn account(
     containers: &mut Vec<ContainerUsage>,
@@ -397,7 +397,7 @@ fn charge_energy(l: &mut Ledger, j: f64, now: u64) {
 }
 
 /// Charges each exited process's accounting stats to its owner. A process no sample ever
-/// caught (it lived between two) gets a record of its own when its owner has no session
+/// caught (it lived between two) gets a record of its own when its owner has no stretch
 /// open on the GPU.
 fn charge_accounting(
     containers: &[ContainerUsage],
@@ -417,8 +417,8 @@ fn charge_accounting(
         l.peak
             .push(now, max_mem, pass.inputs.settings.peak_window_ms);
         l.last_charged_ms = now;
-        if let Some(session) = &mut l.session {
-            session.peak = session.peak.max(max_mem);
+        if let Some(stretch) = &mut l.stretch {
+            stretch.peak = stretch.peak.max(max_mem);
             continue;
         }
         let using = containers.iter().zip(rows).any(|(c, r)| {
@@ -587,7 +587,7 @@ fn fill_accounts(
             a.memory_peak_bytes = l.peak.max();
             a.accounted_processes = l.accounted_processes;
             a.accounted_gpu_seconds = l.accounted_gpu_seconds;
-            if let Some(s) = &l.session {
+            if let Some(s) = &l.stretch {
                 (a.gpus_held, a.sm_share) = (Some(s.held), s.sm_share);
             }
         }

@@ -35,7 +35,7 @@ impl PeakWindow {
     }
 }
 
-/// Who a record names: the container's identity and names when the session last saw it.
+/// Who a record names: the container's identity and names when the stretch last saw it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RecordNames {
     pub container_id: Option<Name>,
@@ -130,7 +130,7 @@ pub struct Detail {
 /// first cycle the device was allocated to it, to the last of either. The totals at its
 /// start, to subtract at its end.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Session {
+pub struct Stretch {
     /// The physical GPU of the device.
     pub gpu_uuid: Name,
     pub start_ms: u64,
@@ -197,7 +197,7 @@ pub struct Ledger {
     pub accounted_processes: u64,
     pub accounted_gpu_seconds: f64,
     pub peak: PeakWindow,
-    pub session: Option<Session>,
+    pub stretch: Option<Stretch>,
 }
 
 /// What billing carries from one cycle to the next, updated in place.

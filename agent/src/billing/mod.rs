@@ -139,7 +139,7 @@ impl Billing {
     /// usage; the rest comes in a later record. Called once, when the pipeline stops.
     pub fn finish(&mut self) {
         let open: Vec<(Owner, Name)> = (self.books.ledgers.iter())
-            .filter(|(_, _, l)| l.session.is_some())
+            .filter(|(_, _, l)| l.stretch.is_some())
             .map(|(o, u, _)| (o.clone(), u.clone()))
             .collect();
         let records = open
@@ -195,10 +195,10 @@ const FORGET_AFTER_MS: u64 = crate::gpu::join::joiner::FORGET_AFTER_MS;
 fn forget(books: &mut ledger::Books, now: u64) {
     books.ledgers.retain(|l| {
         let seen = l.last_used_ms.max(l.last_allocated_ms);
-        if now.saturating_sub(seen) >= FORGET_AFTER_MS && l.session.is_none() {
+        if now.saturating_sub(seen) >= FORGET_AFTER_MS && l.stretch.is_none() {
             l.totals = ledger::Totals::default();
         }
-        l.session.is_some()
+        l.stretch.is_some()
             || now.saturating_sub(l.last_used_ms.max(l.last_charged_ms)) < FORGET_AFTER_MS
     });
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gpu_model::{mig_gpu_slices, mig_part, ContainerUsage, GpuSample, Name, UsageRecord};
 
 use super::{
-    ledger::{Detail, DeviceFacts, Ledger, Ledgers, RecordNames, Session, Totals},
+    ledger::{Detail, DeviceFacts, Ledger, Ledgers, RecordNames, Stretch, Totals},
     profile::{Profile, SmSource},
 };
 use crate::{
@@ -46,8 +46,8 @@ pub fn advance(
     (u, totals): (Use, &Totals),
     cy: &Cycle,
 ) {
-    if l.session.is_none() {
-        l.session = Some(Session {
+    if l.stretch.is_none() {
+        l.stretch = Some(Stretch {
             gpu_uuid: gpu_uuid.clone(),
             start_ms: cy.now,
             end_ms: cy.now,
@@ -65,7 +65,7 @@ pub fn advance(
             ..Default::default()
         });
     }
-    let Some(s) = &mut l.session else { return };
+    let Some(s) = &mut l.stretch else { return };
     s.end_ms = cy.now;
     s.peak = s.peak.max(u.memory_bytes);
     s.used |= u.used;
@@ -135,7 +135,7 @@ fn allocated_share(
 /// Ends the stretch in `l` (on device `uuid`) and returns its record.
 pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
     let acc = &l.totals;
-    let s = l.session.take()?;
+    let s = l.stretch.take()?;
     // A stretch that never had a process ran nothing: no GPU time, known to be none.
     let gpu_seconds = match s.used {
         true => acc.gpu_seconds.map(|g| (g - s.gpu_seconds).max(0.0)),
@@ -172,9 +172,9 @@ pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
 /// Ends the stretch in `l` at its last cycle into a `checkpoint` record, and opens the
 /// next where it ended, from the totals now: nothing is counted twice.
 fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
-    let s = l.session.as_ref()?;
+    let s = l.stretch.as_ref()?;
     let acc = &l.totals;
-    let next = Session {
+    let next = Stretch {
         gpu_uuid: s.gpu_uuid.clone(),
         start_ms: s.end_ms,
         end_ms: s.end_ms,
@@ -195,7 +195,7 @@ fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
         }),
     };
     let record = end(l, uuid, "checkpoint");
-    l.session = Some(next);
+    l.stretch = Some(next);
     record
 }
 
@@ -203,7 +203,7 @@ fn checkpoint(l: &mut Ledger, uuid: &Name) -> Option<UsageRecord> {
 /// (`checkpoint`): after the cycle was credited and charged, while they are at hand.
 pub fn cut_due(devices: &mut [(Name, Ledger)], cy: &Cycle, records: &mut Vec<UsageRecord>) {
     for (uuid, l) in devices {
-        let due = l.session.as_ref().is_some_and(|s| {
+        let due = l.stretch.as_ref().is_some_and(|s| {
             s.end_ms == cy.now && cy.now.saturating_sub(s.start_ms) >= cy.max_record_ms
         });
         if due {
@@ -216,7 +216,7 @@ pub fn cut_due(devices: &mut [(Name, Ledger)], cy: &Cycle, records: &mut Vec<Usa
 pub fn close_ended(ledgers: &mut Ledgers, now: u64) -> Vec<UsageRecord> {
     let mut records = vec![];
     for (_, uuid, l) in ledgers.iter_mut() {
-        let ended = l.session.is_some() && l.last_used_ms != now && l.last_allocated_ms != now;
+        let ended = l.stretch.is_some() && l.last_used_ms != now && l.last_allocated_ms != now;
         if ended {
             records.extend(end(l, uuid, "exited"));
         }

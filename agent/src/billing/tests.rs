@@ -310,7 +310,7 @@ fn unused_counters_are_forgotten_and_an_allocated_owners_stay() {
     assert!(c.join.ledgers.get(&b, &gpu).is_some());
     let (_, c, _) = run(&md, &samples[..4], &Inputs::default());
     let la = c.books.ledgers.get(&a, &gpu).expect("allocated: kept");
-    assert!(c.join.ledgers.get(&a, &gpu).is_some() && la.session.is_some());
+    assert!(c.join.ledgers.get(&a, &gpu).is_some() && la.stretch.is_some());
     assert_eq!(c.books.ledgers.get(&b, &gpu), None);
     assert_eq!(c.join.ledgers.get(&b, &gpu), None);
     let (snap, _, _) = run(&md, &samples, &Inputs::default());

@@ -32,17 +32,27 @@ use crate::stats::thread_cpu_ns;
 /// What reads a GPU into its state: NVML, or a test's stand-in.
 pub(super) trait Source: Send + Sync + 'static {
     /// The GPU's sample; `due` reads the slow readings afresh.
-    fn read(&self, state: &mut State, due: bool, accounting: Vec<(String, u32)>) -> DeviceSample;
+    fn read(
+        &self,
+        state: &mut DeviceState,
+        due: bool,
+        accounting: Vec<(String, u32)>,
+    ) -> DeviceSample;
     /// Frees what the source allocated for the GPU.
-    fn release(&self, state: &mut State);
+    fn release(&self, state: &mut DeviceState);
 }
 
 impl Source for Nvml {
-    fn read(&self, state: &mut State, due: bool, accounting: Vec<(String, u32)>) -> DeviceSample {
+    fn read(
+        &self,
+        state: &mut DeviceState,
+        due: bool,
+        accounting: Vec<(String, u32)>,
+    ) -> DeviceSample {
         state.read(self, due, accounting)
     }
 
-    fn release(&self, state: &mut State) {
+    fn release(&self, state: &mut DeviceState) {
         state.extras.gpm.release(self);
     }
 }
@@ -50,7 +60,7 @@ impl Source for Nvml {
 /// One GPU's part of a cycle's request.
 struct Ask {
     index: u32,
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<DeviceState>>,
     /// Read the slow readings afresh rather than hold the last ones.
     due: bool,
     /// Accounting stats to read: (device uuid, pid) of processes that exited.
@@ -105,7 +115,7 @@ impl Job {
 }
 
 /// A reader thread, as the sampler sees it.
-struct Reader {
+struct ReaderThread {
     id: u64,
     /// Wakes it for a cycle, its asks in `job`.
     wake: mpsc::Sender<u64>,
@@ -122,12 +132,12 @@ pub(super) struct Readers<S: Source = Nvml> {
     xids: Arc<Mutex<Xids>>,
     settings: Settings,
     /// Per GPU index.
-    states: Vec<Arc<Mutex<State>>>,
+    states: Vec<Arc<Mutex<DeviceState>>>,
     /// Per GPU index: asked at, while a retired reader is stuck on it.
     stuck: Vec<Option<Instant>>,
     /// Per GPU index: its next read takes every reading afresh (it answered late).
     afresh: Vec<bool>,
-    reader: Option<Reader>,
+    reader: Option<ReaderThread>,
     readers_made: u64,
     /// Retired readers still in a call: the GPU each is stuck on, and its progress.
     retired: Vec<(u32, Arc<Progress>)>,
@@ -254,7 +264,7 @@ impl<S: Source> Readers<S> {
         self.afresh.resize(n, false);
         while self.states.len() < n {
             let index = self.states.len() as u32;
-            let state = State::new(index, self.xids.clone(), &self.settings);
+            let state = DeviceState::new(index, self.xids.clone(), &self.settings);
             self.states.push(Arc::new(Mutex::new(state)));
         }
     }
@@ -325,7 +335,7 @@ impl<S: Source> Readers<S> {
             .collect()
     }
 
-    fn spawn(&mut self) -> std::io::Result<Reader> {
+    fn spawn(&mut self) -> std::io::Result<ReaderThread> {
         let (wake, rx) = mpsc::channel::<u64>();
         let progress = Arc::new(Progress::default());
         let job = Arc::new(Mutex::new(Job::default()));
@@ -354,7 +364,7 @@ impl<S: Source> Readers<S> {
                     }
                 }
             })?;
-        Ok(Reader {
+        Ok(ReaderThread {
             id,
             wake,
             job,
@@ -391,7 +401,7 @@ fn read_one<S: Source>(source: &S, ask: Ask, cycle: u64) -> Option<Answer> {
 }
 
 /// One GPU's reading state, used by one reader at a time.
-pub(super) struct State {
+pub(super) struct DeviceState {
     index: u32,
     /// Its newest process-utilization timestamp seen (NVML's µs clock), by uuid.
     last_seen: HashMap<String, u64>,
@@ -405,9 +415,9 @@ pub(super) struct State {
     gpm_said: BTreeMap<String, SourceStatus>,
 }
 
-impl State {
-    fn new(index: u32, xids: Arc<Mutex<Xids>>, settings: &Settings) -> State {
-        State {
+impl DeviceState {
+    fn new(index: u32, xids: Arc<Mutex<Xids>>, settings: &Settings) -> DeviceState {
+        DeviceState {
             index,
             last_seen: HashMap::new(),
             fixed: Fixed::default(),
@@ -492,7 +502,7 @@ mod tests {
     }
 
     impl Source for Gpus {
-        fn read(&self, st: &mut State, due: bool, acc: Vec<(String, u32)>) -> DeviceSample {
+        fn read(&self, st: &mut DeviceState, due: bool, acc: Vec<(String, u32)>) -> DeviceSample {
             let index = st.index;
             self.reads.lock().unwrap().push((index, due));
             in_call(&"nvmlDeviceGetPowerUsage", || {
@@ -509,7 +519,7 @@ mod tests {
             }
         }
 
-        fn release(&self, _: &mut State) {}
+        fn release(&self, _: &mut DeviceState) {}
     }
 
     impl Gpus {
@@ -616,7 +626,7 @@ mod tests {
         let xids = Arc::new(Mutex::new(Xids::new(None)));
         Ask {
             index,
-            state: Arc::new(Mutex::new(State::new(index, xids, &settings))),
+            state: Arc::new(Mutex::new(DeviceState::new(index, xids, &settings))),
             due: false,
             accounting: vec![],
         }
