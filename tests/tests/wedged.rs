@@ -16,7 +16,7 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     dcgm_node::{scenario, uuid, DcgmNode, MIG_UUID},
-    http, read_json_lines, Agent,
+    http, read_json_lines, slow, Agent,
 };
 
 const NO_KMSG: &str = "[xid]\nkmsg = \"\"\n";
@@ -169,11 +169,12 @@ fn one_hung_gpu_is_stalled_while_the_other_seven_stay_fresh_and_it_recovers() {
         "{warned}"
     );
 
-    // Held for 30 s: the other seven are read every cycle all along.
+    // Held for 30 s and at least 25 checks (a loaded machine makes fewer a second): the
+    // other seven are read every cycle all along.
     let end = Instant::now() + Duration::from_secs(30);
     let mut last = snap["taken_at_ms"].as_u64().unwrap();
     let (mut fresh, mut oldest) = (0, 0);
-    while Instant::now() < end {
+    while Instant::now() < end || fresh < 25 {
         std::thread::sleep(Duration::from_millis(1000));
         let s = agent.json("/debug/snapshot");
         let t = s["taken_at_ms"].as_u64().unwrap();
@@ -190,7 +191,6 @@ fn one_hung_gpu_is_stalled_while_the_other_seven_stay_fresh_and_it_recovers() {
         let text = metrics(&agent);
         assert_eq!(series(&text, "hw_power_watts", 0).len(), 1, "{text}");
     }
-    assert!(fresh >= 25);
 
     // The call returns: fresh values within two cycles, and a log line that says how long
     // it had not answered.
@@ -210,8 +210,9 @@ fn one_hung_gpu_is_stalled_while_the_other_seven_stay_fresh_and_it_recovers() {
     }
     let took = back.elapsed();
     // Two cycles, fake-nvml's look at its file (every 100 ms, the blocked call every
-    // 25 ms), and room for a loaded 2-core machine.
-    let bound = CYCLE * 2 + Duration::from_millis(125 + 375);
+    // 25 ms), and room for a loaded 2-core machine; stretched as every wait is
+    // (`GPU_AGENT_TEST_TIME_SCALE`, which `cargo xtask test --under-load` sets).
+    let bound = slow(CYCLE * 2 + Duration::from_millis(125 + 375));
     assert!(took < bound, "recovered in {took:?}, more than {bound:?}");
     eprintln!(
         "wedged GPU: stalled reported {:.1} s after the hang (timeout 1 s, 200 ms cycles); \
@@ -221,9 +222,13 @@ fn one_hung_gpu_is_stalled_while_the_other_seven_stay_fresh_and_it_recovers() {
         took.as_millis()
     );
     assert_eq!(agent.stats()["nvml"], "ok");
+    // Whole seconds, truncated: the hang as the agent timed it, from its call to the
+    // answer, is `said` to `said + 1`. The test's own timing differs from it by the time
+    // the hang took to reach the call and the answer to reach the log.
     let said = logged_recovery_secs(&agent, 3) as f64;
+    let slack = slow(Duration::from_millis(500)).as_secs_f64();
     assert!(
-        (said - hang_secs).abs() <= 1.0,
+        said <= hang_secs + slack && said + 1.0 >= hang_secs - slack,
         "logged {said} s without an answer, the hang lasted {hang_secs:.1} s"
     );
     let text = metrics(&agent);
@@ -332,10 +337,12 @@ fn watch_samples(addr: &str, stop: &AtomicBool) -> BTreeMap<u64, bool> {
 fn the_gpus_after_one_that_hangs_at_times_are_in_every_sample() {
     let node = DcgmNode::start(false);
     let file = node.dir.join("usage.jsonl");
-    let agent = start_with(
-        &node,
-        &format!("{NO_KMSG}[usage]\nfile = \"{}\"\n", file.display()),
-    );
+    // Stalled only after 3 s: the hangs of 600 ms below stay well short of it on a loaded
+    // machine too, where lifting one can be late.
+    let config = format!("{NO_KMSG}[usage]\nfile = \"{}\"\n", file.display());
+    let args = ["--prometheus-compat", "dcgm"];
+    let agent = node.agent_nvml("stall_timeout_ms = 3000", &config, &args);
+    agent.wait_snapshot(Duration::from_secs(20), "8 GPUs answering", all_ok);
     // Every pod's allocation has its stretch open.
     agent.wait_snapshot(Duration::from_secs(10), "the pods' allocations", |s| {
         let held = |c: &&Value| {
@@ -353,7 +360,7 @@ fn the_gpus_after_one_that_hangs_at_times_are_in_every_sample() {
         let (addr, stop) = (agent.addr.clone(), stop.clone());
         std::thread::spawn(move || watch_samples(&addr, &stop))
     };
-    // GPU 0 blocks for 600 ms at a time, three cycles; lifted before it is stalled (1 s).
+    // GPU 0 blocks for 600 ms at a time, three cycles; lifted before it is stalled (3 s).
     for _ in 0..5 {
         hang(&node, json!([{"call": "*", "device": 0}]));
         std::thread::sleep(Duration::from_millis(600));

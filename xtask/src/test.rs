@@ -4,6 +4,10 @@
 //! Root-only tests are `#[ignore = "needs root: ..."]`. As root they run
 //! (`--include-ignored`); as another user they are left out, counted from libtest's own
 //! output, and the command that runs them is printed at the end.
+//!
+//! `GPU_AGENT_TEST_LOAD=1` runs the suite beside `stress-ng` (a CPU worker per core, one
+//! on I/O and one on memory), as a busy CI machine would, with the tests' waits stretched
+//! threefold (`GPU_AGENT_TEST_TIME_SCALE`, unless set): what they assert stays the same.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Write},
@@ -49,6 +53,10 @@ pub fn run(user_args: &[String]) -> Result<()> {
     let mut cmd = cargo_command();
     cmd.args(&args).stdout(Stdio::piped());
     tools.apply(&mut cmd);
+    let _load = match std::env::var_os("GPU_AGENT_TEST_LOAD").is_some_and(|v| v != "0") {
+        true => Some(Load::start(&mut cmd)?),
+        false => None,
+    };
     let mut child = cmd.spawn().context("running cargo test")?;
     let mut tally = Tally::default();
     // libtest's stdout passes through unchanged; its summary lines are counted on the way.
@@ -65,6 +73,34 @@ pub fn run(user_args: &[String]) -> Result<()> {
         bail!("cargo test failed ({status})");
     }
     Ok(())
+}
+
+/// `stress-ng` beside the tests, stopped when dropped.
+struct Load(std::process::Child);
+
+impl Load {
+    fn start(tests: &mut std::process::Command) -> Result<Load> {
+        crate::image::ensure_packages(&[("stress-ng", "stress-ng")])?;
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let child = std::process::Command::new("stress-ng")
+            .args(["--cpu", &cpus.to_string(), "--io", "1", "--vm", "1"])
+            .args(["--vm-bytes", "256M", "--timeout", "3h", "--quiet"])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting stress-ng")?;
+        if std::env::var_os("GPU_AGENT_TEST_TIME_SCALE").is_none() {
+            tests.env("GPU_AGENT_TEST_TIME_SCALE", "3");
+        }
+        eprintln!("xtask: the tests run beside stress-ng ({cpus} CPU workers, I/O, memory)");
+        Ok(Load(child))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `cargo test --workspace --exclude agent-ebpf --no-fail-fast [user cargo args] --

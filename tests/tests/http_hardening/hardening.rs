@@ -87,10 +87,15 @@ pub fn start_with(config: &str, args: &[&str], nofile: Option<u64>) -> Started {
     let metrics = if one_addr() {
         agent.addr.clone()
     } else {
-        let log = agent.log();
-        let line = log.lines().find(|l| l.contains("metrics server listening"));
-        let addr = line.and_then(|l| Some(l[l.find("addr=")? + 5..].trim().to_string()));
-        addr.unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
+        // The line may be written after /readyz answers: waited for, with a deadline.
+        let mut addr = None;
+        agent.wait_until("the metrics address in the log", Duration::from_secs(10), || {
+            let log = agent.log();
+            let line = log.lines().find(|l| l.contains("metrics server listening"));
+            addr = line.and_then(|l| Some(l[l.find("addr=")? + 5..].trim().to_string()));
+            addr.is_some()
+        });
+        addr.expect("waited for")
     };
     Started {
         agent,
