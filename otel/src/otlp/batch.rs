@@ -448,3 +448,74 @@ pub fn build_request(
     let bytes = encode_request(snap, stats, ctx, now_ms);
     ExportMetricsServiceRequest::decode(&bytes[..]).expect("the agent's own encoding decodes")
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use prost::Message;
+
+    use super::*;
+    use crate::otlp::fixtures::{ctx, snap};
+
+    #[test]
+    fn an_export_splits_into_requests_of_whole_resources_that_add_up_to_the_one() {
+        let mut sn = snap();
+        let c = sn.containers.iter().find(|c| !is_host(c)).unwrap().clone();
+        sn.containers = (0..60)
+            .map(|i| ContainerUsage {
+                container_id: Some(format!("{i:064x}").into()),
+                ..c.clone()
+            })
+            .collect();
+        let stats = AgentStats::default();
+        let whole = encode_request(&sn, &stats, &ctx(), 1);
+        let max = whole.len() / 5;
+        let parts: Vec<Vec<u8>> =
+            requests(&sn, &stats, &ctx(), 1, max, &mut Reuse::default()).collect();
+        assert!(parts.len() >= 5, "{} requests", parts.len());
+        assert_eq!(
+            parts.concat(),
+            whole,
+            "the same resources, in the same order"
+        );
+        let resources = |b: &[u8]| {
+            ExportMetricsServiceRequest::decode(b)
+                .unwrap()
+                .resource_metrics
+                .len()
+        };
+        assert_eq!(
+            parts.iter().map(|p| resources(p)).sum::<usize>(),
+            resources(&whole)
+        );
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.len() >= max));
+        assert!(
+            parts.iter().all(|p| p.len() < max + 4096),
+            "closed at max_bytes"
+        );
+        // Nothing to say: one empty request, as before.
+        let quiet = ExportContext {
+            groups: crate::Groups {
+                device: false,
+                container: false,
+                process: false,
+                self_metrics: false,
+                drop_attributes: vec![],
+            },
+            ..ctx()
+        };
+        let empty: Vec<Vec<u8>> = requests(
+            &Snapshot::default(),
+            &stats,
+            &quiet,
+            1,
+            max,
+            &mut Reuse::default(),
+        )
+        .collect();
+        assert_eq!(
+            empty,
+            [encode_request(&Snapshot::default(), &stats, &quiet, 1)]
+        );
+    }
+}

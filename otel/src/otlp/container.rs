@@ -208,3 +208,98 @@ pub(super) fn xids_of_gone_containers(
         write_resource(out, &attrs, m);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gpu_model::AgentStats;
+    use opentelemetry_proto::tonic::{
+        common::v1::{any_value, AnyValue},
+        metrics::v1::{metric::Data, ResourceMetrics},
+    };
+
+    use super::*;
+    use crate::otlp::{
+        build_request,
+        fixtures::{ctx, names, snap},
+    };
+
+    #[test]
+    fn one_resource_for_the_node_and_one_per_container() {
+        let stats = AgentStats {
+            started_ms: 500,
+            ..Default::default()
+        };
+        let r = build_request(&snap(), &stats, &ctx(), 0);
+        assert_eq!(r.resource_metrics.len(), 2);
+        let c = &r.resource_metrics[1];
+        let keys: Vec<&str> = c
+            .resource
+            .as_ref()
+            .unwrap()
+            .attributes
+            .iter()
+            .map(|k| k.key.as_str())
+            .collect();
+        assert!(
+            keys.contains(&"container.id")
+                && keys.contains(&"k8s.pod.uid")
+                && keys.contains(&"k8s.node.name")
+        );
+        let time = c.scope_metrics[0]
+            .metrics
+            .iter()
+            .find(|m| m.name == "container.gpu.memory.time")
+            .unwrap();
+        let Some(Data::Sum(s)) = &time.data else {
+            panic!()
+        };
+        assert_eq!(
+            s.data_points[0].start_time_unix_nano,
+            1_000 * MS,
+            "since the container was first seen"
+        );
+        assert_eq!(s.data_points[0].time_unix_nano, 2_000 * MS);
+        // MIG: charged to the MIG device, parent named.
+        let a = &s.data_points[0].attributes;
+        assert!(a.iter().any(|k| k.key == "hw.parent"));
+        // No utilization known, nor GPU time: no point rather than a zero.
+        assert!(!names(c).contains(&"container.gpu.utilization"));
+        assert!(!names(c).contains(&"container.gpu.time"));
+        assert!(names(&r.resource_metrics[0]).contains(&"hw.gpu.memory.usage"));
+    }
+
+    #[test]
+    fn energy_limits_and_the_idle_entry() {
+        let mut sn = snap();
+        sn.devices[0].sharing.idle_energy_joules = Some(40.0);
+        sn.containers[0].accounts = vec![gpu_model::GpuAccount {
+            uuid: "MIG-1".into(),
+            gpu_uuid: "GPU-a".into(),
+            energy_joules: 60.0,
+            energy_since_ms: 1_500,
+            memory_limit_bytes: Some(10),
+            memory_limit_source: Some(gpu_model::LimitSource::Mig),
+            ..Default::default()
+        }];
+        let r = build_request(&sn, &AgentStats::default(), &ctx(), 0);
+        let point = |rm: &ResourceMetrics, name: &str| {
+            let m = rm.scope_metrics[0].metrics.iter().find(|m| m.name == name);
+            match m.and_then(|m| m.data.clone()) {
+                Some(Data::Sum(s)) => s.data_points[0].clone(),
+                other => panic!("{name}: {other:?}"),
+            }
+        };
+        let e = point(&r.resource_metrics[1], "container.gpu.energy");
+        assert_eq!(e.start_time_unix_nano, 1_500 * MS);
+        assert!(e.attributes.iter().any(|k| k.key == "hw.parent"));
+        let l = point(&r.resource_metrics[1], "container.gpu.memory.limit");
+        assert!(l.attributes.iter().any(|k| k.key == "limit.source"));
+        // The idle entry is on the node resource, told apart by its owner.
+        let idle = point(&r.resource_metrics[0], "container.gpu.energy");
+        assert!(idle.attributes.iter().any(|k| k.key == "gpu_agent.owner"
+            && k.value
+                == Some(AnyValue {
+                    value: Some(any_value::Value::StringValue("idle".into()))
+                })));
+    }
+}

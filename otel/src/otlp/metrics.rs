@@ -352,3 +352,89 @@ pub(super) fn write_resource(out: &mut Vec<u8>, attrs: &[u8], m: &mut Metrics) {
     pb::len_header(out, 2, scope);
     m.write_scope(out);
 }
+
+#[cfg(test)]
+mod tests {
+    use gpu_model::AgentStats;
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use prost::Message;
+
+    use crate::otlp::{
+        encode_request,
+        fixtures::{ctx, snap},
+    };
+
+    /// The hand-written encoding is byte for byte what prost writes for the same message.
+    #[test]
+    fn the_encoding_is_what_prost_writes() {
+        use gpu_model::{ContainerXid, GpmMetrics, MigSample, XidCount};
+        let mut sn = snap();
+        let d = &mut sn.devices[0];
+        d.fields.xid_errors = Some(vec![XidCount { xid: 79, count: 2 }]);
+        d.fields.gpm = Some(GpmMetrics {
+            sm_active: Some(0.5),
+            ..Default::default()
+        });
+        d.throttle_reasons = Some(0x20);
+        d.sharing.idle_energy_joules = Some(4.0);
+        d.mig_devices = vec![MigSample {
+            uuid: "MIG-1".into(),
+            memory_used_bytes: Some(0),
+            ..Default::default()
+        }];
+        sn.containers[0].allocated_gpus = vec!["GPU-a".into()].into();
+        sn.containers[0].accounts = vec![gpu_model::GpuAccount {
+            uuid: "GPU-a".into(),
+            gpu_uuid: "GPU-a".into(),
+            energy_joules: 6.0,
+            energy_since_ms: 1_500,
+            ..Default::default()
+        }];
+        sn.container_xids = ["c1", "gone"]
+            .map(|id| ContainerXid {
+                container_id: Some(id.into()),
+                pod_uid: Some("p1".into()),
+                uuid: "GPU-a".into(),
+                gpu_uuid: "GPU-a".into(),
+                xid: 43,
+                count: 1,
+                ..Default::default()
+            })
+            .into();
+        sn.processes = vec![gpu_model::ProcessUsage {
+            pid: 7,
+            container_id: Some("c1".into()),
+            pod_uid: Some("p1".into()),
+            uuid: "GPU-a".into(),
+            comm: None,
+            used_memory_bytes: 1 << 20,
+            sm_util: Some(3),
+            mem_util: None,
+            enc_util: None,
+            dec_util: None,
+            exited: false,
+        }];
+        let mut cx = ctx();
+        cx.groups.process = true;
+        cx.resource_attributes = vec![("deployment.environment".into(), "prod".into())];
+        let stats = AgentStats {
+            started_ms: 5,
+            events_received: 3,
+            ..Default::default()
+        };
+        for drop in [
+            vec![],
+            vec!["hw.gpu.index".to_string(), "k8s.pod.uid".into()],
+        ] {
+            cx.groups.drop_attributes = drop;
+            let bytes = encode_request(&sn, &stats, &cx, 9);
+            let decoded = ExportMetricsServiceRequest::decode(&bytes[..]).unwrap();
+            assert_eq!(
+                decoded.resource_metrics.len(),
+                3,
+                "the node (with the host entry), c1, gone"
+            );
+            assert_eq!(decoded.encode_to_vec(), bytes);
+        }
+    }
+}

@@ -19,8 +19,6 @@ mod metrics;
 mod node;
 mod resource;
 mod reuse;
-#[cfg(test)]
-mod tests;
 
 pub use batch::{build_request, encode_request, requests, Requests};
 pub use resource::container_attributes;
@@ -47,3 +45,6 @@ pub fn kv(key: &str, value: impl Into<String>) -> KeyValue {
 }
 
 const MS: u64 = 1_000_000;
+
+#[cfg(test)]
+mod fixtures;

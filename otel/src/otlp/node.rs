@@ -271,3 +271,136 @@ pub(super) fn self_metrics(m: &mut Metrics, st: &AgentStats) {
     let mode = m.attrs([s(Attr::Mode, st.mode.as_str())]);
     m.point(M::Mode, 1.0, mode);
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::{
+        common::v1::any_value,
+        metrics::v1::{metric::Data, number_data_point, ResourceMetrics},
+    };
+
+    use super::*;
+    use crate::otlp::{
+        build_request,
+        fixtures::{ctx, snap},
+    };
+
+    /// The health, profiling and XID values reach OTLP under their semantic-convention
+    /// style names, and an XID charged to a container that is gone keeps a resource.
+    #[test]
+    fn health_profiling_and_xids_in_otlp() {
+        use gpu_model::{ContainerXid, GpmMetrics, XidCount};
+        let mut sn = snap();
+        let f = &mut sn.devices[0].fields;
+        f.pcie_replay = Some(4);
+        f.xid_errors = Some(vec![XidCount { xid: 79, count: 2 }]);
+        f.gpm = Some(GpmMetrics {
+            sm_active: Some(0.5),
+            pcie_tx_mibps: Some(2.0),
+            ..Default::default()
+        });
+        sn.devices[0].throttle_reasons = Some(0x20);
+        sn.container_xids = vec![ContainerXid {
+            container_id: Some("gone".into()),
+            pod_uid: Some("p9".into()),
+            uuid: "GPU-a".into(),
+            gpu_uuid: "GPU-a".into(),
+            xid: 43,
+            count: 1,
+            ..Default::default()
+        }];
+        let r = build_request(&sn, &AgentStats::default(), &ctx(), 0);
+        let points = |rm: &ResourceMetrics, name: &str| -> Vec<(Vec<(String, String)>, f64)> {
+            let m = rm.scope_metrics[0].metrics.iter().find(|m| m.name == name);
+            let pts = match m.and_then(|m| m.data.as_ref()) {
+                Some(Data::Gauge(g)) => &g.data_points,
+                Some(Data::Sum(s)) => &s.data_points,
+                _ => return vec![],
+            };
+            pts.iter()
+                .map(|p| {
+                    let a = p.attributes.iter().map(|kv| {
+                        let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(any_value::Value::StringValue(s)) => s.clone(),
+                            Some(any_value::Value::IntValue(i)) => i.to_string(),
+                            _ => String::new(),
+                        };
+                        (kv.key.clone(), v)
+                    });
+                    let v = match p.value {
+                        Some(number_data_point::Value::AsDouble(v)) => v,
+                        _ => f64::NAN,
+                    };
+                    (a.collect(), v)
+                })
+                .collect()
+        };
+        let node = &r.resource_metrics[0];
+        let has = |pts: &[(Vec<(String, String)>, f64)], kv: (&str, &str), v: f64| {
+            pts.iter()
+                .any(|(a, x)| *x == v && a.iter().any(|(k, val)| k == kv.0 && val == kv.1))
+        };
+        let errors = points(node, "hw.errors");
+        assert!(
+            has(&errors, ("error.type", "pcie_replay"), 4.0),
+            "{errors:?}"
+        );
+        assert!(has(&errors, ("xid", "79"), 2.0), "{errors:?}");
+        let activity = points(node, "hw.gpu.activity");
+        assert!(has(&activity, ("hw.gpu.engine", "sm"), 0.5), "{activity:?}");
+        assert_eq!(
+            activity.len(),
+            1,
+            "unknown activities have no point: {activity:?}"
+        );
+        let bw = points(node, "hw.gpu.bandwidth");
+        assert!(
+            has(&bw, ("network.io.direction", "transmit"), 2.0 * 1_048_576.0),
+            "{bw:?}"
+        );
+        let throttled = points(node, "hw.gpu.clock.throttled");
+        assert!(has(
+            &throttled,
+            ("hw.gpu.throttle_reason", "sw_thermal_slowdown"),
+            1.0
+        ));
+        assert!(has(&throttled, ("hw.gpu.throttle_reason", "gpu_idle"), 0.0));
+        // The gone container: a resource of its own with its XID count.
+        let gone = r
+            .resource_metrics
+            .iter()
+            .find(|rm| {
+                rm.resource.as_ref().unwrap().attributes.iter().any(|kv| {
+                    kv.key == "container.id"
+                        && kv.value.as_ref().and_then(|v| v.value.as_ref())
+                            == Some(&any_value::Value::StringValue("gone".into()))
+                })
+            })
+            .expect("a resource for the gone container");
+        assert!(has(
+            &points(gone, "container.gpu.errors"),
+            ("xid", "43"),
+            1.0
+        ));
+        // A stalled GPU (the sampler sends it without readings): said stalled and failed;
+        // the same GPU answering says 0.
+        assert!(has(
+            &points(node, "gpu_agent.nvml.stalled"),
+            ("hw.id", "GPU-a"),
+            0.0
+        ));
+        let mut sn = snap();
+        sn.devices[0].status = gpu_model::DeviceStatus::Stalled {
+            call: "nvmlDeviceGetPowerUsage".into(),
+            secs: 7,
+        };
+        let r = build_request(&sn, &AgentStats::default(), &ctx(), 0);
+        let node = &r.resource_metrics[0];
+        assert!(has(
+            &points(node, "gpu_agent.nvml.stalled"),
+            ("hw.id", "GPU-a"),
+            1.0
+        ));
+        assert!(has(&points(node, "hw.status"), ("hw.state", "failed"), 1.0));
+    }
+}

@@ -111,3 +111,99 @@ pub fn container_attributes(ctx: &ExportContext, c: &ContainerUsage) -> Vec<KeyV
         .expect("the agent's own encoding decodes")
         .attributes
 }
+
+#[cfg(test)]
+mod tests {
+    use gpu_model::AgentStats;
+    use opentelemetry_proto::tonic::{common::v1::any_value, metrics::v1::metric::Data};
+
+    use super::*;
+    use crate::otlp::{
+        build_request,
+        fixtures::{ctx, deployment, names, snap},
+    };
+
+    #[test]
+    fn groups_and_dropped_attributes_apply() {
+        let mut cx = ctx();
+        cx.groups.device = false;
+        cx.groups.drop_attributes = vec!["k8s.node.name".into(), "hw.parent".into()];
+        let r = build_request(&snap(), &AgentStats::default(), &cx, 0);
+        assert!(!names(&r.resource_metrics[0]).contains(&"hw.gpu.memory.usage"));
+        for rm in &r.resource_metrics {
+            assert!(rm
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes
+                .iter()
+                .all(|k| k.key != "k8s.node.name"));
+            for m in &rm.scope_metrics[0].metrics {
+                let pts = match &m.data {
+                    Some(Data::Gauge(g)) => &g.data_points,
+                    Some(Data::Sum(s)) => &s.data_points,
+                    _ => continue,
+                };
+                assert!(pts
+                    .iter()
+                    .all(|p| p.attributes.iter().all(|k| k.key != "hw.parent")));
+            }
+        }
+    }
+
+    #[test]
+    fn a_containers_resource_names_its_pods_owner_in_the_semantic_conventions() {
+        let of = |kind, rs: Option<&str>, job: Option<&str>| {
+            let c = ContainerUsage {
+                container_id: Some("c".into()),
+                workload: Some(std::sync::Arc::new(Workload {
+                    kind,
+                    name: "w".into(),
+                    replicaset: rs.map(Into::into),
+                    job: job.map(Into::into),
+                })),
+                ..Default::default()
+            };
+            let attrs = container_attributes(&ctx(), &c);
+            let k8s = attrs
+                .iter()
+                .filter(|kv| kv.key.starts_with("k8s.") && kv.key != "k8s.node.name");
+            let text = |kv: &KeyValue| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(any_value::Value::StringValue(v)) => format!("{}={v}", kv.key),
+                v => panic!("{v:?}"),
+            };
+            k8s.map(text).collect::<Vec<_>>()
+        };
+        use WorkloadKind::*;
+        assert_eq!(
+            of(Deployment, Some("w-5d8f"), None),
+            ["k8s.deployment.name=w", "k8s.replicaset.name=w-5d8f"]
+        );
+        assert_eq!(of(ReplicaSet, None, None), ["k8s.replicaset.name=w"]);
+        assert_eq!(of(StatefulSet, None, None), ["k8s.statefulset.name=w"]);
+        assert_eq!(of(DaemonSet, None, None), ["k8s.daemonset.name=w"]);
+        assert_eq!(of(Job, None, None), ["k8s.job.name=w"]);
+        assert_eq!(
+            of(CronJob, None, Some("w-28948930")),
+            ["k8s.cronjob.name=w", "k8s.job.name=w-28948930"]
+        );
+        assert!(
+            of(Pod, None, None).is_empty(),
+            "a bare pod has no owner to name"
+        );
+        // An attribute dropped by the config goes from every resource.
+        let mut cx = ctx();
+        cx.groups.drop_attributes = vec!["k8s.replicaset.name".into()];
+        let c = ContainerUsage {
+            container_id: Some("c".into()),
+            workload: Some(deployment("w", "w-5d8f")),
+            ..Default::default()
+        };
+        let keys: Vec<String> = container_attributes(&cx, &c)
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        assert!(keys.contains(&"k8s.deployment.name".into()), "{keys:?}");
+        assert!(!keys.contains(&"k8s.replicaset.name".into()), "{keys:?}");
+    }
+}
