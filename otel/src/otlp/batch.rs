@@ -2,8 +2,6 @@
 //! requests of at most `max_bytes` (whole resources), each patched in place from the last
 //! export's request at the same place where its containers are unchanged but for their
 //! numbers (`reuse`).
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
 use gpu_model::{AgentStats, ContainerUsage, Snapshot};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use prost::Message;
@@ -18,12 +16,9 @@ use super::{
     reuse, ExportContext, Reuse, MS,
 };
 
-/// The size of the previous whole export: a request's buffer is made that big at once, or
-/// as big as a request may grow when that is less.
-static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
-
 /// Encodes the request for one export, all of it in one (`requests` splits it). `now_ms`
-/// stamps it when the snapshot has no time yet.
+/// stamps it when the snapshot has no time yet. Its buffer grows as it is written: there is
+/// no last export's size to make it at once (`requests` has one, in its `Reuse`).
 pub fn encode_request(
     snap: &Snapshot,
     stats: &AgentStats,
@@ -62,7 +57,7 @@ fn encode<'a>(
     ctx: &'a ExportContext,
     now_ms: u64,
     max_bytes: usize,
-    reuse: Option<&'a mut Reuse>,
+    mut reuse: Option<&'a mut Reuse>,
 ) -> Requests<'a> {
     let t = if snap.taken_at_ms > 0 {
         snap.taken_at_ms
@@ -88,8 +83,11 @@ fn encode<'a>(
     }
     let node_attrs = node_resource_bytes(ctx, drop);
     // Per-process detail is not kept: its processes come and go too often.
-    let mut reuse = reuse.filter(|r| r.is_on() && ctx.groups.container && !ctx.groups.process);
-    let last = reuse.as_deref_mut().map(|r| r.start(&node_attrs, drop));
+    let keep =
+        reuse.as_ref().is_some_and(|r| r.is_on()) && ctx.groups.container && !ctx.groups.process;
+    let last = (reuse.as_deref_mut())
+        .filter(|_| keep)
+        .map(|r| r.start(&node_attrs, drop));
     let mut node_bytes = vec![];
     if !node.is_empty() {
         write_resource(&mut node_bytes, &node_attrs, &mut node);
@@ -107,6 +105,7 @@ fn encode<'a>(
         hint: 0,
         lookup: reuse::Lookup::new(),
         entries: vec![],
+        last_len: reuse.as_ref().map_or(0, |r| r.last_len),
     };
     let out = kept.begin(&node_bytes, max_bytes);
     Requests {
@@ -123,6 +122,7 @@ fn encode<'a>(
         max_bytes,
         state: Batching::Filling,
         reuse,
+        keep,
         kept,
     }
 }
@@ -130,15 +130,16 @@ fn encode<'a>(
 /// A request's buffer. The requests of one export, and of one export after another, get the
 /// same size (that of the last export, or the most a request may hold), so that malloc
 /// hands back the space the last one freed (a size above the last freed one is mapped
-/// afresh, its pages faulted in: 1.5 ms a cycle on the large node).
-fn buffer(max_bytes: usize) -> Vec<u8> {
+/// afresh, its pages faulted in: 1.5 ms a cycle on the large node). `last_len` is the last
+/// export's size, 0 where none is known.
+fn buffer(max_bytes: usize, last_len: usize) -> Vec<u8> {
     // Room for the resource that takes a request past its size.
     let over = if max_bytes == usize::MAX {
         4096
     } else {
         64 << 10
     };
-    Vec::with_capacity(LAST_LEN.load(Relaxed).min(max_bytes) + over)
+    Vec::with_capacity(last_len.min(max_bytes) + over)
 }
 
 pub(super) fn is_host(c: &ContainerUsage) -> bool {
@@ -161,7 +162,11 @@ pub struct Requests<'a> {
     sent_bytes: usize,
     max_bytes: usize,
     state: Batching,
+    /// What the export loop keeps from one export to the next: the last export's size,
+    /// and its requests where `keep`.
     reuse: Option<&'a mut Reuse>,
+    /// Whether this export's requests are kept for the next, and the last one's patched.
+    keep: bool,
     kept: Kept,
 }
 
@@ -195,6 +200,9 @@ struct Kept {
     lookup: reuse::Lookup,
     /// This request's resources.
     entries: Vec<Option<reuse::Entry>>,
+    /// The last export's size (`Reuse`'s), 0 where none is known: what a buffer is made
+    /// for.
+    last_len: usize,
 }
 
 #[derive(PartialEq)]
@@ -246,18 +254,16 @@ impl Kept {
                 old
             }
             _ => {
-                let mut out = buffer(max_bytes);
+                let mut out = buffer(max_bytes, self.last_len);
                 out.extend_from_slice(head);
                 out
             }
         }
     }
 
-    /// Keeps what request `out` is made of for the next export, where exports are kept.
-    fn end(&mut self, out: &[u8], reuse: Option<&mut Reuse>) {
-        if let Some(r) = reuse {
-            r.keep(out, self.node_len, std::mem::take(&mut self.entries));
-        }
+    /// Keeps what request `out` is made of for the next export, in `reuse`.
+    fn end(&mut self, out: &[u8], reuse: &mut Reuse) {
+        reuse.keep(out, self.node_len, std::mem::take(&mut self.entries));
     }
 
     /// The next container's entry is likely the one after this one's: its lists arrive
@@ -275,7 +281,7 @@ impl Kept {
 impl Requests<'_> {
     /// Encodes one container's resource, or patches the last request's.
     fn container(&mut self, c: &ContainerUsage) {
-        let keep = self.reuse.is_some() && !self.by.has_xids(c);
+        let keep = self.keep && !self.by.has_xids(c);
         if keep && !self.kept.old_entries.is_empty() {
             let k = &mut self.kept;
             if let Some((i, e)) = k.lookup.find(&mut k.old_entries, k.hint, c) {
@@ -380,7 +386,7 @@ impl Requests<'_> {
             self.close_in_place();
             // Room for the rest at once, as `buffer` makes it: grown by doubling, the kept
             // buffer would stay twice the request's size.
-            let room = LAST_LEN.load(Relaxed).min(self.max_bytes) + (64 << 10);
+            let room = self.kept.last_len.min(self.max_bytes) + (64 << 10);
             self.out.reserve_exact(room.saturating_sub(self.out.len()));
         }
     }
@@ -412,7 +418,9 @@ impl Iterator for Requests<'_> {
             };
             if len >= self.max_bytes {
                 self.close_in_place();
-                self.kept.end(&self.out, self.reuse.as_deref_mut());
+                if let Some(r) = self.reuse.as_deref_mut().filter(|_| self.keep) {
+                    self.kept.end(&self.out, r);
+                }
                 self.state = Batching::Sent;
                 self.sent_bytes += self.out.len();
                 let next = self.kept.begin(&[], self.max_bytes);
@@ -426,12 +434,14 @@ impl Iterator for Requests<'_> {
         }
         let first = self.state == Batching::Filling;
         self.state = Batching::Done;
-        LAST_LEN.store(self.sent_bytes + self.out.len(), Relaxed);
+        if let Some(r) = self.reuse.as_deref_mut() {
+            r.last_len = self.sent_bytes + self.out.len();
+        }
         if self.out.is_empty() && !first {
             return None;
         }
-        self.kept.end(&self.out, self.reuse.as_deref_mut());
-        if let Some(r) = &mut self.reuse {
+        if let Some(r) = self.reuse.as_deref_mut().filter(|_| self.keep) {
+            self.kept.end(&self.out, r);
             r.patched = self.kept.patched;
         }
         Some(std::mem::take(&mut self.out))

@@ -39,6 +39,9 @@ pub struct Reuse {
     context: (Vec<u8>, Dropped),
     /// How many resources the last export patched from the one before (the tests read it).
     pub(super) patched: usize,
+    /// The last export's size, all its requests together: the next one's buffers are made
+    /// that big at once (`batch::buffer`). Kept also when `off`: a number, not a buffer.
+    pub(super) last_len: usize,
     /// Keeps nothing (`off`).
     off: bool,
 }
