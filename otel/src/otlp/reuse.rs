@@ -39,6 +39,9 @@ pub struct Reuse {
     context: (Vec<u8>, Dropped),
     /// How many resources the last export patched from the one before (the tests read it).
     pub(super) patched: usize,
+    /// The last export's size, all its requests together: the next one's buffers are made
+    /// that big at once (`batch::buffer`). Kept also when `off`: a number, not a buffer.
+    pub(super) last_len: usize,
     /// Keeps nothing (`off`).
     off: bool,
 }
@@ -343,4 +346,355 @@ pub(super) fn patch(
         put(buf, at, value.to_bits());
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_model::{AgentStats, ContainerGpu, ContainerXid, Snapshot};
+
+    use super::*;
+    use crate::otlp::{
+        batch::{is_host, MAX_MOVES},
+        encode_request,
+        fixtures::{ctx, deployment, snap},
+        requests,
+    };
+
+    /// A container of the kept-request test: `i` picks its devices and figures.
+    fn kept_container(i: u32, names: &[gpu_model::Name]) -> ContainerUsage {
+        use gpu_model::{GpuAccount, LimitSource};
+        let n = |k: usize| names[k % names.len()].clone();
+        let mig = !i.is_multiple_of(3);
+        let (uuid, gpu) = if mig { (n(1), n(0)) } else { (n(0), n(0)) };
+        ContainerUsage {
+            container_id: Some(format!("{i:064x}").into()),
+            pod_uid: Some(format!("pod-{i}").into()),
+            pod_name: (!i.is_multiple_of(4)).then(|| format!("trainer-{i}").into()),
+            namespace: Some(n(2)),
+            container_name: Some(n(3)),
+            runtime: Some("containerd"),
+            gpus: vec![ContainerGpu {
+                uuid: uuid.clone(),
+                gpu_uuid: gpu.clone(),
+                memory_used_bytes: 1 << 30,
+                sm_util: Some(10),
+                mem_util: (i.is_multiple_of(2)).then_some(5),
+                enc_util: None,
+                dec_util: None,
+                pids: vec![i, i + 1],
+                gpu_time_seconds: Some(1.0),
+                memory_byte_seconds: 2.0,
+                counters_since_ms: 1_000 + i as u64,
+            }],
+            allocated_gpus: if i.is_multiple_of(5) {
+                vec![uuid.clone()].into()
+            } else {
+                Default::default()
+            },
+            accounts: vec![GpuAccount {
+                uuid,
+                gpu_uuid: gpu,
+                energy_joules: 3.0,
+                energy_since_ms: if i.is_multiple_of(2) { 900 } else { 0 },
+                memory_peak_bytes: Some(1 << 31),
+                memory_limit_bytes: (i % 3 == 1).then_some(10 << 30),
+                memory_limit_source: (i % 3 == 1).then_some(LimitSource::Mig),
+                sm_limit_percent: None,
+                accounted_processes: 0,
+                accounted_gpu_seconds: 0.0,
+                gpus_held: Some(1.0),
+                sm_share: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// `n` containers of the kept-request tests, the names they share, and the stats.
+    fn kept_snapshot(n: u32) -> (Snapshot, Vec<gpu_model::Name>, AgentStats) {
+        let names: Vec<gpu_model::Name> = ["GPU-a", "MIG-b", "ml", "main"]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        let mut sn = snap();
+        sn.containers = (0..n).map(|i| kept_container(i, &names)).collect();
+        let stats = AgentStats {
+            started_ms: 5,
+            ..Default::default()
+        };
+        (sn, names, stats)
+    }
+
+    /// An XID charged to `c`.
+    fn xid_of(c: &ContainerUsage) -> ContainerXid {
+        ContainerXid {
+            container_id: c.container_id.as_deref().map(Into::into),
+            pod_uid: c.pod_uid.as_deref().map(Into::into),
+            uuid: "MIG-b".into(),
+            gpu_uuid: "GPU-a".into(),
+            xid: 79,
+            count: 1,
+            ..Default::default()
+        }
+    }
+
+    /// An export of `sn` through `reuse`, in requests of `max` bytes, checked against a
+    /// fresh encoding and handed back: its requests' addresses, and how many resources it
+    /// patched.
+    fn export_kept(
+        sn: &Snapshot,
+        stats: &AgentStats,
+        max: usize,
+        reuse: &mut Reuse,
+        what: &str,
+    ) -> (Vec<usize>, usize) {
+        let all: Vec<Vec<u8>> = requests(sn, stats, &ctx(), 1, max, reuse).collect();
+        let want = encode_request(sn, stats, &ctx(), 1);
+        assert!(
+            all.concat() == want,
+            "{what}: the requests are what a fresh encoding writes"
+        );
+        let n = all.len();
+        let ptrs = all.iter().map(|r| r.as_ptr() as usize).collect();
+        for r in all {
+            reuse.give_back(r);
+        }
+        assert_eq!(reuse.holds(), n, "{what}: every request is taken back");
+        (ptrs, reuse.patched)
+    }
+
+    #[test]
+    fn a_request_patched_from_the_last_is_what_a_fresh_encoding_writes() {
+        patched_through_changes(false);
+    }
+
+    #[test]
+    fn an_export_of_several_requests_patches_each_from_the_last_export_s() {
+        patched_through_changes(true);
+    }
+
+    #[test]
+    fn reuse_off_keeps_no_request_and_patches_nothing() {
+        let (sn, _, stats) = kept_snapshot(12);
+        let want = encode_request(&sn, &stats, &ctx(), 1);
+        let mut reuse = Reuse::off();
+        for round in 0..3 {
+            let all: Vec<Vec<u8>> =
+                requests(&sn, &stats, &ctx(), 1, want.len() / 3, &mut reuse).collect();
+            assert!(all.len() > 1, "round {round}: {} requests", all.len());
+            assert!(all.concat() == want, "round {round}: a fresh encoding");
+            for r in all {
+                reuse.give_back(r);
+            }
+            assert_eq!(reuse.holds(), 0, "round {round}: nothing kept");
+            assert_eq!(reuse.patched, 0, "round {round}: nothing patched");
+        }
+        assert!(!reuse.is_on() && Reuse::default().is_on());
+    }
+
+    /// Seventeen changes in turn, each export checked (`export_kept`): in one request, or
+    /// (`split`) in requests of about three containers each.
+    fn patched_through_changes(split: bool) {
+        use gpu_model::LimitSource;
+        let (mut sn, _, stats) = kept_snapshot(12);
+        sn.containers.insert(3, ContainerUsage::default());
+        let one = encode_request(&sn, &stats, &ctx(), 1).len();
+        let max = if split { one / 4 } else { 8 << 20 };
+        let mut reuse = Reuse::default();
+        let (mut last, none) = export_kept(&sn, &stats, max, &mut reuse, "first");
+        assert_eq!(none, 0);
+        assert_eq!(last.len() > 3, split, "{} requests", last.len());
+        // Each change, and the request after it: the last one patched, in its buffer (past
+        // more changes than are moved in place, the rest of it is encoded afresh).
+        type Change = fn(&mut Snapshot);
+        let changes: [(&str, Change); 20] = [
+            ("numbers", |s| {
+                s.taken_at_ms += 1_000;
+                for (k, c) in s.containers.iter_mut().enumerate() {
+                    for g in &mut c.gpus {
+                        g.memory_used_bytes += k as u64;
+                        g.sm_util = Some(g.sm_util.unwrap_or(0) + 1);
+                        *g.gpu_time_seconds.get_or_insert(0.0) += 0.5;
+                        g.counters_since_ms += 1;
+                        g.pids.push(7);
+                    }
+                    for a in &mut c.accounts {
+                        a.energy_joules += 1.0;
+                        a.memory_peak_bytes = Some(k as u64);
+                    }
+                }
+            }),
+            ("a name the same, in another string", |s| {
+                s.containers[5].namespace = Some("ml".into());
+            }),
+            ("a utilization now known", |s| {
+                s.containers[2].gpus[0].enc_util = Some(1)
+            }),
+            ("a GPU time unknown (a MIG device's)", |s| {
+                s.containers[4].gpus[0].gpu_time_seconds = None
+            }),
+            ("that GPU time known", |s| {
+                s.containers[4].gpus[0].gpu_time_seconds = Some(3.0)
+            }),
+            (
+                "a GPU time gone as a utilization came: as many points",
+                |s| {
+                    let g = &mut s.containers[4].gpus[0];
+                    (g.gpu_time_seconds, g.dec_util) = (None, Some(2));
+                },
+            ),
+            ("a pod named", |s| {
+                s.containers[5].pod_name = Some("named".into())
+            }),
+            ("a pod's owner known", |s| {
+                s.containers[5].workload = Some(deployment("web", "web-5d8f"))
+            }),
+            ("the same owner, in another Arc", |s| {
+                s.containers[5].workload = Some(deployment("web", "web-5d8f"))
+            }),
+            ("another owner", |s| {
+                s.containers[5].workload = Some(deployment("web", "web-7c9d"))
+            }),
+            ("a limit from another source", |s| {
+                s.containers[2].accounts[0].memory_limit_bytes = Some(1);
+                s.containers[2].accounts[0].memory_limit_source = Some(LimitSource::Hami);
+            }),
+            ("a container gone", |s| {
+                s.containers.remove(6);
+            }),
+            ("nothing", |_| {}),
+            ("a container come", |s| {
+                let names = ["GPU-a", "MIG-b", "ml", "main"].map(Into::into);
+                s.containers.insert(1, kept_container(40, &names));
+            }),
+            ("an allocation", |s| {
+                s.containers[9].allocated_gpus = vec!["GPU-z".into()].into()
+            }),
+            ("the same two containers swapped", |s| {
+                s.containers.swap(10, 11)
+            }),
+            ("the last container gone", |s| {
+                s.containers.pop();
+            }),
+            ("an XID charged", |s| {
+                let x = xid_of(&s.containers[8]);
+                s.container_xids.push(x);
+            }),
+            ("most containers changed", |s| {
+                for c in &mut s.containers {
+                    for g in &mut c.gpus {
+                        g.dec_util = Some(g.dec_util.unwrap_or(0) + 1);
+                    }
+                }
+            }),
+            ("nothing", |_| {}),
+        ];
+        for (what, change) in changes {
+            change(&mut sn);
+            let (now, patched) = export_kept(&sn, &stats, max, &mut reuse, what);
+            // Each change touches two containers at most, but the last one's; the last
+            // one, encoded afresh past the first ones, gets room for it (it may move).
+            // Split, a request that closes a container earlier or later than it did
+            // moves one container across the border to the next.
+            let kept = sn.containers.iter().filter(|c| !is_host(c)).count();
+            let slack = if split { 2 + now.len() } else { 2 };
+            match what {
+                "most containers changed" if !split => {
+                    assert!(patched < MAX_MOVES as usize, "{what}")
+                }
+                "most containers changed" => {}
+                _ => {
+                    assert!(
+                        patched + slack >= kept,
+                        "{what}: {patched} of {kept} patched"
+                    );
+                    let n = now.len().min(last.len());
+                    assert_eq!(now[..n], last[..n], "{what}: the same buffers");
+                }
+            }
+            last = now;
+        }
+    }
+
+    #[test]
+    fn requests_patched_through_random_changes_are_what_fresh_encodings_write() {
+        random_changes(false);
+    }
+
+    #[test]
+    fn split_requests_patched_through_random_changes_are_what_fresh_encodings_write() {
+        random_changes(true);
+    }
+
+    /// 300 rounds of up to three random changes each, every export checked
+    /// (`export_kept`): in one request, or (`split`) in requests of about six containers.
+    fn random_changes(split: bool) {
+        let (mut sn, names, stats) = kept_snapshot(30);
+        let one = encode_request(&sn, &stats, &ctx(), 1).len();
+        let max = if split { one / 5 } else { 8 << 20 };
+        let mut reuse = Reuse::default();
+        let mut patched = 0;
+        // xorshift: the same sequence every run.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n.max(1) as u64) as usize
+        };
+        let mut next_id = 100;
+        for round in 0..300 {
+            sn.taken_at_ms += 1_000;
+            for c in &mut sn.containers {
+                for g in &mut c.gpus {
+                    g.memory_used_bytes += 1;
+                    if let Some(t) = &mut g.gpu_time_seconds {
+                        *t += 0.25;
+                    }
+                }
+            }
+            for _ in 0..rand(4) {
+                let n = sn.containers.len();
+                let i = rand(n);
+                match rand(7) {
+                    0 if n > 2 => drop(sn.containers.remove(i)),
+                    1 => {
+                        next_id += 1;
+                        sn.containers.insert(i, kept_container(next_id, &names));
+                    }
+                    2 => sn.containers.swap(i, rand(n)),
+                    3 => {
+                        let g = &mut sn.containers[i].gpus[0];
+                        g.enc_util = g.enc_util.xor(Some(3));
+                        // Its GPU time unknown, or known again.
+                        g.gpu_time_seconds = g.gpu_time_seconds.xor(Some(1.0));
+                    }
+                    4 => {
+                        let c = &mut sn.containers[i];
+                        c.pod_name = Some(format!("p{round}").into());
+                        let rs = format!("p-{}", round % 3);
+                        c.workload = (round % 2 == 1).then(|| deployment("p", &rs));
+                    }
+                    5 => {
+                        let a = &mut sn.containers[i].accounts[0];
+                        a.sm_limit_percent = a.sm_limit_percent.xor(Some(50));
+                    }
+                    _ if sn.container_xids.is_empty() => {
+                        let x = xid_of(&sn.containers[i]);
+                        sn.container_xids.push(x);
+                    }
+                    _ => sn.container_xids.clear(),
+                }
+            }
+            let (ptrs, n) = export_kept(&sn, &stats, max, &mut reuse, &format!("{round}"));
+            assert_eq!(
+                ptrs.len() > 3,
+                split,
+                "round {round}: {} requests",
+                ptrs.len()
+            );
+            patched += n;
+        }
+        // Most of them are patched: about 30 containers and three changes a round.
+        assert!(patched > 300 * 20, "{patched} patched");
+    }
 }

@@ -1,13 +1,13 @@
 //! dcgm-exporter's layouts in the text: one series per device with the allocated pod's
 //! labels (`dcgm`), a series per pod (`dcgm-virtual-gpus`), and every field restating its
 //! gpu-agent source in dcgm-exporter's unit.
-use gpu_model::{ContainerXid, GpmMetrics, RemappedRows, XidCount};
+use gpu_model::{ContainerUsage, ContainerXid, GpmMetrics, RemappedRows, XidCount};
 
 use super::tests::{has, lines_of, opts, snapshot, stats, value_of, CID, GIB};
 use super::*;
 use crate::{
     catalogue::{Source, CATALOGUE},
-    dcgm::{Field, HostLabel},
+    dcgm::{Field, HostLabel, Mode},
 };
 
 const A: &str = r#"gpu="0",UUID="GPU-a",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-a",DCGM_FI_DRIVER_VERSION="580.159.04""#;
