@@ -35,7 +35,7 @@ pub struct Stats {
     pub nvml_samples: AtomicU64,
     /// CPU time (thread clock) of the NVML thread and its GPU readers, NVML's calls included.
     pub nvml_sample_cpu_ns: AtomicU64,
-    /// CPU time of joining samples and publishing snapshots.
+    /// CPU time of joining samples, billing and publishing snapshots.
     pub join_cpu_ns: AtomicU64,
     /// CPU time of the pipeline task: the join, applying kernel notifications, gc.
     pub pipeline_cpu_ns: AtomicU64,

@@ -38,6 +38,18 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// A file's path under `src`, and the top-level module it belongs to.
+fn top_module<'a>(src: &Path, file: &'a Path) -> (&'a Path, String) {
+    let rel = file.strip_prefix(src).unwrap();
+    let top = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
+    (rel, top.trim_end_matches(".rs").to_string())
+}
+
 /// The top-level module each `crate::` path in `text` names, with `crate::{a, b::c}`
 /// groups expanded. Comments are skipped.
 fn crate_paths(text: &str) -> BTreeSet<String> {
@@ -97,14 +109,7 @@ fn no_module_uses_one_above_or_beside_it() {
     let mut problems = vec![];
     let mut seen = BTreeSet::new();
     for file in &files {
-        let rel = file.strip_prefix(&src).unwrap();
-        let top = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let module = top.trim_end_matches(".rs").to_string();
+        let (rel, module) = top_module(&src, file);
         if module == "lib" || module == "main" {
             continue;
         }
@@ -256,14 +261,8 @@ fn only_sinks_and_wiring_import_the_sink_crate() {
     let mut problems = vec![];
     let mut checked = 0;
     for file in &files {
-        let rel = file.strip_prefix(&src).unwrap();
-        let top = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let module = top.trim_end_matches(".rs");
+        let (rel, module) = top_module(&src, file);
+        let module = module.as_str();
         if ["lib", "main"].contains(&module) || MAY_USE_OTEL.contains(&module) {
             continue;
         }

@@ -1,6 +1,6 @@
 //! One unary gRPC call of an already encoded OTLP request over tonic's `Channel` (its
 //! connection, TLS and timeout), without tonic's client, which copies the whole message into
-//! a buffer of its own first: 3-4 MB a second on a large node, and the room for that copy
+//! a buffer of its own first: megabytes a second on a large node, and the room for that copy
 //! kept in the heap. The body goes out as it is queued, after the 5-byte message prefix.
 use std::{
     convert::Infallible,

@@ -130,7 +130,7 @@ fn encode<'a>(
 /// A request's buffer. The requests of one export, and of one export after another, get the
 /// same size (that of the last export, or the most a request may hold), so that malloc
 /// hands back the space the last one freed (a size above the last freed one is mapped
-/// afresh, its pages faulted in: 1.5 ms a cycle on the large node). `last_len` is the last
+/// afresh, its pages faulted in, every cycle). `last_len` is the last
 /// export's size, 0 where none is known.
 fn buffer(max_bytes: usize, last_len: usize) -> Vec<u8> {
     // Room for the resource that takes a request past its size.
@@ -403,7 +403,7 @@ impl Iterator for Requests<'_> {
         while let Some(c) = snap.containers.get(self.next) {
             self.next += 1;
             // Its names and lists arrive while this one is encoded (the memory copies of
-            // the resource attributes, waiting on them, were a fifth of the encoding).
+            // the resource attributes waited on them otherwise).
             if let Some(after) = snap.containers.get(self.next) {
                 gpu_model::prefetch_container(after);
             }

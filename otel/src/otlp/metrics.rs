@@ -244,7 +244,7 @@ const NO_ATTRS: Attrs = Attrs {
 /// The encoding of `Metrics` as a `ScopeMetrics`. Lengths come first in protobuf, so each
 /// is computed from the points (cheap arithmetic) before the bytes are written: each
 /// metric's once, by `scope_len`, and kept for `write_scope` (computed again at every
-/// level, the lengths were a fifth of the encoding on the large node).
+/// level, the lengths were a large part of the encoding).
 impl Metrics {
     fn point_len(&self, p: &Point) -> usize {
         let fixed = |v: u64| if v != 0 { 9 } else { 0 };

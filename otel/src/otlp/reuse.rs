@@ -13,7 +13,7 @@
 //! A container that crosses a border (one before it grew or shrank) is encoded afresh in
 //! the request it now falls in, and taken out of the one it was in.
 //!
-//! On the large node (2,000 containers) encoding was a quarter of the agent's CPU. Debug
+//! Encoding afresh is most of an export on a large node (docs/benchmarks.md). Debug
 //! builds (the tests) encode every patched resource afresh too and compare the bytes.
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -130,7 +130,7 @@ pub(super) struct Last {
 
 /// One container's resource in the last request. Small, since each export moves its
 /// entries into the next one's list: unboxed, those moves of 200-byte layouts into memory
-/// gone cold were half of the patching's samples on the large node.
+/// gone cold were most of the patching's time on the large node.
 pub(super) struct Entry {
     pub start: usize,
     pub len: usize,

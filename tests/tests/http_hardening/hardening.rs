@@ -89,12 +89,16 @@ pub fn start_with(config: &str, args: &[&str], nofile: Option<u64>) -> Started {
     } else {
         // The line may be written after /readyz answers: waited for, with a deadline.
         let mut addr = None;
-        agent.wait_until("the metrics address in the log", Duration::from_secs(10), || {
-            let log = agent.log();
-            let line = log.lines().find(|l| l.contains("metrics server listening"));
-            addr = line.and_then(|l| Some(l[l.find("addr=")? + 5..].trim().to_string()));
-            addr.is_some()
-        });
+        agent.wait_until(
+            "the metrics address in the log",
+            Duration::from_secs(10),
+            || {
+                let log = agent.log();
+                let line = log.lines().find(|l| l.contains("metrics server listening"));
+                addr = line.and_then(|l| Some(l[l.find("addr=")? + 5..].trim().to_string()));
+                addr.is_some()
+            },
+        );
         addr.expect("waited for")
     };
     Started {
