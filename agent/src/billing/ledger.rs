@@ -182,6 +182,9 @@ impl Totals {
     }
 }
 
+/// Ledgers idle for this long are forgotten, as the join forgets its counters.
+const FORGET_AFTER_MS: u64 = crate::gpu::join::joiner::FORGET_AFTER_MS;
+
 /// Per (owner, device): what billing carries across cycles.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
@@ -198,6 +201,20 @@ pub struct Ledger {
     pub accounted_gpu_seconds: f64,
     pub peak: PeakWindow,
     pub stretch: Option<Stretch>,
+}
+
+impl Ledger {
+    /// Whether the ledger is kept at `now`. The totals of a device neither used nor held for
+    /// a while are forgotten, as the join forgets its counters; the ledger goes unless
+    /// charged lately (an allocated, idle GPU's energy) or in the middle of a stretch.
+    pub fn kept(&mut self, now: u64) -> bool {
+        let seen = self.last_used_ms.max(self.last_allocated_ms);
+        if now.saturating_sub(seen) >= FORGET_AFTER_MS && self.stretch.is_none() {
+            self.totals = Totals::default();
+        }
+        self.stretch.is_some()
+            || now.saturating_sub(self.last_used_ms.max(self.last_charged_ms)) < FORGET_AFTER_MS
+    }
 }
 
 /// What billing carries from one cycle to the next, updated in place.
@@ -323,7 +340,7 @@ mod tests {
         // Found by content too: an equal id in another allocation.
         let a2 = Owner::Container("a".into());
         assert_eq!(l.slot(&a2, || unreachable!("a has a slot")), sa);
-        l.retain(|x| x.energy_j > 1.5);
+        l.retain(|_, x| x.energy_j > 1.5);
         assert_eq!(l.get(&a, &gpu), None);
         assert_eq!((l.len(), l.iter().count()), (1, 1));
         assert_eq!(

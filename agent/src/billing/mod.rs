@@ -177,28 +177,9 @@ pub fn bill_snapshot(
         metadata,
         inputs,
     };
-    forget(books, sample.taken_at_ms);
     let records = account::account(&mut snap.containers, books, &pass);
     for d in &mut snap.devices {
         d.sharing.idle_energy_joules = books.idle_energy.get(&d.uuid).copied();
     }
     records
-}
-
-/// Ledgers idle for this long are forgotten, with the join's counters
-/// (`gpu::join::joiner::FORGET_AFTER_MS`).
-const FORGET_AFTER_MS: u64 = crate::gpu::join::joiner::FORGET_AFTER_MS;
-
-/// The totals of a device neither used nor held for a while are forgotten, as the join
-/// forgets its counters; a ledger goes unless charged lately (an allocated, idle GPU's
-/// energy) or in the middle of a stretch.
-fn forget(books: &mut ledger::Books, now: u64) {
-    books.ledgers.retain(|l| {
-        let seen = l.last_used_ms.max(l.last_allocated_ms);
-        if now.saturating_sub(seen) >= FORGET_AFTER_MS && l.stretch.is_none() {
-            l.totals = ledger::Totals::default();
-        }
-        l.stretch.is_some()
-            || now.saturating_sub(l.last_used_ms.max(l.last_charged_ms)) < FORGET_AFTER_MS
-    });
 }

@@ -212,15 +212,17 @@ pub fn cut_due(devices: &mut [(Name, Ledger)], cy: &Cycle, records: &mut Vec<Usa
     }
 }
 
-/// Stretches whose container neither used nor held the device this cycle end (`exited`).
+/// Stretches whose container neither used nor held the device this cycle end (`exited`),
+/// and the ledgers no longer kept (`Ledger::kept`) are forgotten, in one pass.
 pub fn close_ended(ledgers: &mut Ledgers, now: u64) -> Vec<UsageRecord> {
     let mut records = vec![];
-    for (_, uuid, l) in ledgers.iter_mut() {
+    ledgers.retain(|uuid, l| {
         let ended = l.stretch.is_some() && l.last_used_ms != now && l.last_allocated_ms != now;
         if ended {
             records.extend(end(l, uuid, "exited"));
         }
-    }
+        l.kept(now)
+    });
     records
 }
 

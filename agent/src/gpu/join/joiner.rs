@@ -263,7 +263,7 @@ fn join_in_place(
     // Counters neither used nor held for a while are forgotten; an owner left with none
     // gives its slot back.
     let now = sample.taken_at_ms;
-    (counters.ledgers).retain(|a| now.saturating_sub(a.last_seen_ms) < FORGET_AFTER_MS);
+    (counters.ledgers).retain(|_, a| now.saturating_sub(a.last_seen_ms) < FORGET_AFTER_MS);
     let devices = sample
         .devices
         .iter()

@@ -111,6 +111,10 @@ impl<L> Ledgers<L> {
             return;
         };
         gpu_model::prefetch(entry);
+        // The list's address is in the entry: read only where its lines are asked for.
+        if lines == 0 {
+            return;
+        }
         if let Some(d) = entry.1.first() {
             let p: *const u8 = (d as *const (Name, L)).cast();
             for line in 0..lines {
@@ -186,11 +190,12 @@ impl<L> Ledgers<L> {
         self.len() == 0
     }
 
-    /// Keeps the ledgers `keep` says to (it may also change them); an owner left with none
+    /// Keeps the ledgers `keep` says to (given each one's device; it may also change them);
+    /// an owner left with none
     /// gives its slot back.
-    pub fn retain(&mut self, mut keep: impl FnMut(&mut L) -> bool) {
+    pub fn retain(&mut self, mut keep: impl FnMut(&Name, &mut L) -> bool) {
         for (s, (owner, v)) in self.slots.iter_mut().enumerate() {
-            v.retain_mut(|(_, l)| keep(l));
+            v.retain_mut(|(n, l)| keep(n, l));
             if v.is_empty() {
                 if let Some(o) = owner.take() {
                     self.index.remove(&o);
