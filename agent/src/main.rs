@@ -114,6 +114,10 @@ struct RightsizeArgs {
     /// line, and exit.
     #[arg(long)]
     profiles: bool,
+    /// Plan a layout per GPU model (MIG devices packed under the placement rules,
+    /// time-slicing and MPS replicas per GPU) and say how many GPUs it frees.
+    #[arg(long)]
+    plan: bool,
 }
 
 /// The flags that choose and configure the sources: shared by `run` and `top`.
@@ -395,13 +399,17 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
         },
         by: args.by,
         format: args.format,
+        plan: args.plan,
     };
     match rightsize::run(&opts, &profiles) {
-        Ok((out, bad)) => {
-            if bad > 0 {
-                eprintln!("gpu-agent rightsize: {bad} unreadable lines skipped");
+        Ok(outcome) => {
+            if outcome.bad > 0 {
+                eprintln!(
+                    "gpu-agent rightsize: {} unreadable lines skipped",
+                    outcome.bad
+                );
             }
-            print!("{out}");
+            print!("{}", outcome.out);
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e, 1),

@@ -129,6 +129,7 @@ impl Sums {
             used: self.peak > 0.0 || self.sm.is_some_and(|s| s > 0.0),
             device_memory_bytes: memory,
             mig_profile: self.mig.map(|(_, p)| p),
+            containers: vec![],
         }
     }
 }

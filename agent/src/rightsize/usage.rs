@@ -49,6 +49,8 @@ pub struct Usage {
     pub device_memory_bytes: Option<u64>,
     /// The MIG profile of the largest MIG device it held, if it was on MIG.
     pub mig_profile: Option<String>,
+    /// Its containers' names, sorted (none where the source does not say them).
+    pub containers: Vec<String>,
 }
 
 /// The window, unix ms: records are clipped to [from_ms, to_ms].
@@ -99,6 +101,7 @@ struct Sums {
     used: bool,
     device_memory: Option<u64>,
     mig: Option<(f64, String)>,
+    containers: std::collections::BTreeSet<String>,
 }
 
 /// The larger of `a` (where there is one) and `b`.
@@ -143,6 +146,11 @@ impl Sums {
                 self.mig = Some((part, p.clone()));
             }
         }
+        if let Some(c) = &r.container_name {
+            if !self.containers.contains(c) {
+                self.containers.insert(c.clone());
+            }
+        }
     }
 
     fn finish(self, key: WorkloadKey) -> Usage {
@@ -164,6 +172,7 @@ impl Sums {
             used: self.used,
             device_memory_bytes: self.device_memory,
             mig_profile: self.mig.map(|(_, p)| p),
+            containers: self.containers.into_iter().collect(),
         }
     }
 }
