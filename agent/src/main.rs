@@ -118,6 +118,13 @@ struct RightsizeArgs {
     /// time-slicing and MPS replicas per GPU) and say how many GPUs it frees.
     #[arg(long)]
     plan: bool,
+    /// Write the files that apply the plan into this directory (implies --plan):
+    /// mig-parted.yaml, device-plugin-sharing.yaml, workloads/, dra/ and a README.md.
+    #[arg(long, value_name = "DIR")]
+    emit: Option<PathBuf>,
+    /// Write into a --emit directory that is not empty.
+    #[arg(long, requires = "emit")]
+    force: bool,
 }
 
 /// The flags that choose and configure the sources: shared by `run` and `top`.
@@ -362,6 +369,11 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
             2,
         );
     }
+    if let Some(dir) = &args.emit {
+        if let Err(e) = rightsize::emit::check_dir(dir, args.force) {
+            return fail(&e, 2);
+        }
+    }
     let nvml_lib = (args.nvml_lib.clone()).or_else(|| config.as_ref()?.nvml.lib_path.clone());
     let from = match (&args.prometheus, args.file.clone()) {
         (Some(url), _) => Some(rightsize::From::Prometheus(rightsize::prometheus::Source {
@@ -399,21 +411,30 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
         },
         by: args.by,
         format: args.format,
-        plan: args.plan,
+        plan: args.plan || args.emit.is_some(),
     };
-    match rightsize::run(&opts, &profiles) {
-        Ok(outcome) => {
-            if outcome.bad > 0 {
-                eprintln!(
-                    "gpu-agent rightsize: {} unreadable lines skipped",
-                    outcome.bad
-                );
-            }
-            print!("{}", outcome.out);
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(&e, 1),
+    let outcome = match rightsize::run(&opts, &profiles) {
+        Ok(o) => o,
+        Err(e) => return fail(&e, 1),
+    };
+    if outcome.bad > 0 {
+        eprintln!(
+            "gpu-agent rightsize: {} unreadable lines skipped",
+            outcome.bad
+        );
     }
+    print!("{}", outcome.out);
+    if let (Some(dir), Some(plan)) = (&args.emit, &outcome.plan) {
+        match rightsize::emit::emit(dir, args.force, plan) {
+            Ok(files) => eprintln!(
+                "gpu-agent rightsize: {} files written to {} (see its README.md)",
+                files.len(),
+                dir.display()
+            ),
+            Err(e) => return fail(&e, 1),
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn run(args: RunArgs) -> ExitCode {

@@ -15,6 +15,7 @@
 //!
 //! The MIG profiles come from profiles.rs: this node's NVML (nvml.rs) where it has the
 //! model, else the built-in table (mig_table.rs).
+pub mod emit;
 pub mod mig_table;
 pub mod nvml;
 pub mod plan;

@@ -103,6 +103,10 @@ pub struct WorkloadPlan {
     /// The containers its records name.
     pub containers: Vec<String>,
     pub target: Target,
+    /// The MIG profile it holds now, if it is on MIG.
+    pub mig_profile: Option<String>,
+    /// Its MPS limits (thread percentage, pinned memory bytes), under MPS.
+    pub mps_limits: Option<(u32, u64)>,
 }
 
 /// The whole plan.
@@ -169,11 +173,20 @@ pub fn plan(items: &[(&Usage, &Recommendation)], s: &Settings, profiles: &Profil
             ));
         }
         out.models.push(m);
-        for ((u, _), target) in items.iter().zip(targets) {
+        for ((u, r), target) in items.iter().zip(targets) {
+            let mps = matches!(
+                target,
+                Target::Shared {
+                    sharing: Sharing::Mps,
+                    ..
+                }
+            );
             out.workloads.push(WorkloadPlan {
                 key: u.key.clone(),
                 containers: u.containers.clone(),
                 target,
+                mig_profile: u.mig_profile.clone(),
+                mps_limits: (r.mps_thread_pct.zip(r.mps_mem_limit_bytes)).filter(|_| mps),
             });
         }
     }

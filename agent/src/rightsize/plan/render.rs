@@ -5,10 +5,7 @@ use super::{Cut, Layout, ModelPlan, Plan};
 
 /// `2 GPUs as 3g.40gb + 3g.40gb`, `1 GPU as time-slicing x3`, `3 GPUs whole`.
 pub fn describe(l: &Layout) -> String {
-    let gpus = match l.gpus {
-        1 => "1 GPU".to_string(),
-        n => format!("{n} GPUs"),
-    };
+    let gpus = gpus(l.gpus);
     match &l.cut {
         Cut::Mig { .. } => {
             let mut devices: Vec<(&String, &u32)> = l.mig_devices.iter().collect();
@@ -23,6 +20,14 @@ pub fn describe(l: &Layout) -> String {
             format!("{gpus} as {} x{replicas}", sharing.as_str())
         }
         Cut::Whole => format!("{gpus} whole"),
+    }
+}
+
+/// `1 GPU`, `2 GPUs`.
+pub fn gpus(n: u32) -> String {
+    match n {
+        1 => "1 GPU".to_string(),
+        n => format!("{n} GPUs"),
     }
 }
 
@@ -44,8 +49,11 @@ pub fn table(plan: &Plan) -> String {
     for m in &plan.models {
         let _ = writeln!(
             s,
-            "{}: {} GPUs held, {} needed, {} freed",
-            m.model, m.gpus_held, m.gpus_needed, m.gpus_freed
+            "{}: {} held, {} needed, {} freed",
+            m.model,
+            gpus(m.gpus_held),
+            m.gpus_needed,
+            m.gpus_freed
         );
         for l in &m.layouts {
             let names: Vec<String> = l.workloads.iter().map(|w| short(w)).collect();
