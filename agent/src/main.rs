@@ -330,20 +330,21 @@ fn report(args: ReportArgs) -> ExitCode {
         format: args.format,
         now_ms: gpu_agent::pipeline::now_ms(),
     };
-    let (records, bad) = match report::read_records(&opts.file) {
-        Ok(r) => r,
+    let mut summary = report::Summary::new(&opts);
+    let left = gpu_agent::sinks::usage::read::for_each_record(&opts.file, opts.now_ms, |r| {
+        summary.add(&r)
+    });
+    match left {
+        Ok(left) => left
+            .lines()
+            .iter()
+            .for_each(|l| eprintln!("gpu-agent report: {l}")),
         Err(e) => {
             eprintln!("gpu-agent report: {e}");
             return ExitCode::FAILURE;
         }
-    };
-    if bad > 0 {
-        eprintln!("gpu-agent report: {bad} unreadable lines skipped");
     }
-    print!(
-        "{}",
-        report::render(&report::summarize(&records, &opts), &opts)
-    );
+    print!("{}", report::render(&summary.finish(), &opts));
     ExitCode::SUCCESS
 }
 
@@ -417,11 +418,8 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
         Ok(o) => o,
         Err(e) => return fail(&e, 1),
     };
-    if outcome.bad > 0 {
-        eprintln!(
-            "gpu-agent rightsize: {} unreadable lines skipped",
-            outcome.bad
-        );
+    for l in &outcome.left_out {
+        eprintln!("gpu-agent rightsize: {l}");
     }
     print!("{}", outcome.out);
     if let (Some(dir), Some(plan)) = (&args.emit, &outcome.plan) {

@@ -539,3 +539,82 @@ fn check_claims(dir: &Path) {
         );
     }
 }
+
+/// The records a new user might edit or copy: each is left out, counted with its place on
+/// stderr, and the answers are those of the clean file, for `rightsize` and `report` alike.
+#[test]
+fn records_out_of_range_and_duplicates_are_left_out_and_counted() {
+    let dir = TempDir::new("rightsize-bad-records");
+    let clean = dir.0.join("clean.jsonl");
+    write_records(&clean);
+    let text = std::fs::read_to_string(&clean).unwrap();
+    let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let mut edited = vec![];
+    let mut big = first.clone();
+    big["gpus_allocated"] = json!(1e6);
+    big["start_ms"] = json!(first["start_ms"].as_u64().unwrap() - 1);
+    edited.push(big);
+    let mut backwards = first.clone();
+    backwards["end_ms"] = json!(first["start_ms"].as_u64().unwrap() - 60_000);
+    edited.push(backwards);
+    let mut hot = first.clone();
+    hot["sm_p95"] = json!(150);
+    hot["start_ms"] = json!(first["start_ms"].as_u64().unwrap() + 1);
+    edited.push(hot);
+    let dirty = dir.0.join("usage.jsonl");
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    lines.push(lines[0].clone());
+    lines.extend(edited.iter().map(|v| v.to_string()));
+    std::fs::write(&dirty, lines.join("\n") + "\n").unwrap();
+    let n = text.lines().count();
+
+    let args = [&ARGS[..], &["--plan"]].concat();
+    assert_eq!(
+        rightsize_json(&dirty, &args, &[]),
+        rightsize_json(&clean, &args, &[])
+    );
+    let f = dirty.to_str().unwrap();
+    let out = rightsize(
+        &[&["--file", f, "--format", "json"], &ARGS[..]].concat(),
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for want in [
+        format!("1 duplicate records left out (same container, device and start): usage.jsonl:{}", n + 1),
+        format!("3 records out of range left out: gpus_allocated 1000000 (one device: 0 to 1) at usage.jsonl:{}", n + 2),
+        format!("end_ms {} before start_ms", backwards_end(&first)),
+        format!("sm_p95 150 (a percentage) at usage.jsonl:{}", n + 4),
+    ] {
+        assert!(out.stderr.contains(&want), "{want:?} in:\n{}", out.stderr);
+    }
+
+    let report = |file: &Path| {
+        let out = Command::new(tests::agent_binary())
+            .args([
+                "report",
+                "--file",
+                file.to_str().unwrap(),
+                "--by",
+                "pod",
+                "--format",
+                "csv",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (text(&out.stdout), text(&out.stderr))
+    };
+    let ((dirty_out, dirty_err), (clean_out, clean_err)) = (report(&dirty), report(&clean));
+    assert_eq!(dirty_out, clean_out);
+    assert!(clean_err.is_empty(), "{clean_err}");
+    assert!(
+        dirty_err.contains("gpu-agent report: 3 records out of range left out: ")
+            && dirty_err.contains("gpu-agent report: 1 duplicate records left out"),
+        "{dirty_err}"
+    );
+}
+
+fn backwards_end(first: &Value) -> u64 {
+    first["start_ms"].as_u64().unwrap() - 60_000
+}

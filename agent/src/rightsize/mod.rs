@@ -30,9 +30,9 @@ use std::{fmt::Write as _, path::PathBuf, time::Duration};
 pub use profiles::{MigProfile, ModelProfiles, NvmlModel, Profiles, Source};
 pub use recommend::{recommend, Kind, Recommendation, Settings};
 pub use render::Line;
-pub use usage::{aggregate, Usage, Window, WorkloadKey};
+pub use usage::{aggregate, Aggregate, Usage, Window, WorkloadKey};
 
-use crate::sinks::usage::report::{self, Format};
+use crate::sinks::usage::{read, report::Format};
 
 /// What to sum the recommendations by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -65,8 +65,8 @@ pub struct Options {
 pub struct Outcome {
     pub out: String,
     pub plan: Option<plan::Plan>,
-    /// Lines of the files that could not be read.
-    pub bad: usize,
+    /// What was left out of the input, by reason, one line each (for stderr).
+    pub left_out: Vec<String>,
 }
 
 /// `--headroom`: a number from 0 to 10 (0.2 is 20 %).
@@ -86,14 +86,15 @@ pub fn run(o: &Options, profiles: &Profiles) -> Result<Outcome, String> {
         from_ms: o.now_ms.saturating_sub(o.since.as_millis() as u64),
         to_ms: o.now_ms,
     };
-    let (usages, bad, notes) = match &o.from {
+    let (usages, left_out, notes) = match &o.from {
         From::File(file) => {
-            let (records, bad) = report::read_records(file)?;
-            (aggregate(&records, window, profiles), bad, vec![])
+            let mut a = usage::Aggregate::new(window, profiles);
+            let left = read::for_each_record(file, o.now_ms, |r| a.add(&r))?;
+            (a.finish(), left.lines(), vec![])
         }
         From::Prometheus(src) => {
-            let (usages, notes) = prometheus::usages(src, window, profiles)?;
-            (usages, 0, notes)
+            let (usages, left, notes) = prometheus::usages(src, window, profiles)?;
+            (usages, left, notes)
         }
     };
     let recs: Vec<Recommendation> = (usages.iter())
@@ -122,7 +123,11 @@ pub fn run(o: &Options, profiles: &Profiles) -> Result<Outcome, String> {
         (Some(p), Format::Csv) => out += &format!("\n{}", plan::render::csv(p, render::csv_field)),
         _ => {}
     }
-    Ok(Outcome { out, plan, bad })
+    Ok(Outcome {
+        out,
+        plan,
+        left_out,
+    })
 }
 
 /// The settings, and where each GPU model's MIG profiles came from.

@@ -14,6 +14,7 @@ use super::{
     profiles::Profiles,
     usage::{max_opt, Usage, Window, WorkloadKey},
 };
+use crate::sinks::usage::read::{LeftOut, Reason};
 
 /// The rules' group, whose interval the sums are counted in.
 pub const GROUP: &str = "gpu-agent-rightsizing";
@@ -63,6 +64,25 @@ impl Q {
         Q::Sm,
         Q::SmUnknown,
     ];
+
+    /// What is wrong with a value of this query, as `read::check` says it of a record:
+    /// None when it is in its range (`to_s`: the window's end, unix seconds).
+    fn check(self, v: f64, to_s: f64) -> Option<&'static str> {
+        let range = match self {
+            Q::Count | Q::Held | Q::Peak => 0.0..=f64::MAX,
+            Q::First | Q::Last => 0.0..=to_s + 86_400.0,
+            // Parts of a GPU.
+            Q::Sm | Q::SmUnknown => 0.0..=1.0 + 1e-9,
+        };
+        (!(v.is_finite() && range.contains(&v))).then_some(match self {
+            Q::Count => "count",
+            Q::Held => "held share",
+            Q::First | Q::Last => "seen_at",
+            Q::Peak => "memory peak",
+            Q::Sm => "SM share p95 (a part of a GPU, 0 to 1)",
+            Q::SmUnknown => "unknown SM share (0 to 1)",
+        })
+    }
 
     /// Its PromQL over a window of `w` seconds.
     fn promql(self, w: u64) -> String {
@@ -137,13 +157,13 @@ impl Sums {
 /// The rules' answers by query: (labels, value) per series.
 type Answers = Vec<(Q, Vec<(BTreeMap<String, String>, f64)>)>;
 
-/// Each workload's `Usage` over `window`, and notes for the footer (where it read, the
-/// interval; series left out).
-pub fn usages(
-    src: &Source,
-    window: Window,
-    profiles: &Profiles,
-) -> Result<(Vec<Usage>, Vec<String>), String> {
+/// Each workload's `Usage`, what was left out (one line per reason), and notes for the
+/// footer.
+pub type Read = (Vec<Usage>, Vec<String>, Vec<String>);
+
+/// Each workload's `Usage` over `window`, what was left out (one line per reason), and
+/// notes for the footer (where it read, the interval; series without a workload).
+pub fn usages(src: &Source, window: Window, profiles: &Profiles) -> Result<Read, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -151,11 +171,7 @@ pub fn usages(
     rt.block_on(read(src, window, profiles))
 }
 
-async fn read(
-    src: &Source,
-    window: Window,
-    profiles: &Profiles,
-) -> Result<(Vec<Usage>, Vec<String>), String> {
+async fn read(src: &Source, window: Window, profiles: &Profiles) -> Result<Read, String> {
     let client = Client::new(src)?;
     let (step, whence) = match src.interval {
         Some(i) => (i.as_secs().max(1), "--rule-interval"),
@@ -180,7 +196,8 @@ async fn read(
         answers.push((q, t.await.map_err(|e| e.to_string())??));
     }
     let memory = memory.await.map_err(|e| e.to_string())??;
-    let (usages, unnamed) = assemble(&answers, &memory, step as f64, profiles);
+    let to_s = window.to_ms as f64 / 1000.0;
+    let (usages, unnamed, left) = assemble(&answers, &memory, step as f64, profiles, to_s);
     let mut notes = vec![format!(
         "read from {} (rules every {} s, from {whence})",
         src.url, step
@@ -195,21 +212,30 @@ async fn read(
             "no workload series in the window: are the rules of group {GROUP} loaded, and gpu-agent scraped?"
         ));
     }
-    Ok((usages, notes))
+    Ok((usages, left.lines(), notes))
 }
 
-/// The answers summed per workload and model; and how many series had no workload.
+/// The answers summed per workload and model; how many series had no workload; and the
+/// values out of their range, left out (`to_s`: the window's end, unix seconds).
 fn assemble(
     answers: &Answers,
     memory: &[(BTreeMap<String, String>, f64)],
     step: f64,
     profiles: &Profiles,
-) -> (Vec<Usage>, usize) {
+    to_s: f64,
+) -> (Vec<Usage>, usize, LeftOut) {
     let label = |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
     let mut sums: BTreeMap<WorkloadKey, Sums> = BTreeMap::new();
-    let mut unnamed = 0;
+    let (mut unnamed, mut left) = (0, LeftOut::default());
     for (q, series) in answers {
-        for (m, v) in series.iter().filter(|(_, v)| v.is_finite()) {
+        for (m, v) in series {
+            if let Some(what) = q.check(*v, to_s) {
+                left.add(Reason::OutOfRange, || {
+                    let (ns, w) = (label(m, "namespace"), label(m, "workload"));
+                    format!("{what} {v} of {ns}/{w} ({})", label(m, "model"))
+                });
+                continue;
+            }
             let key = WorkloadKey {
                 namespace: label(m, "namespace"),
                 workload_kind: label(m, "workload_kind"),
@@ -247,7 +273,7 @@ fn assemble(
             s.finish(k, step, memory)
         })
         .collect();
-    (usages, unnamed)
+    (usages, unnamed, left)
 }
 
 /// The HTTP API, with the source's headers on every request.
@@ -399,7 +425,8 @@ mod tests {
             (Q::SmUnknown, vec![(three.clone(), 3.0 / 7.0)]),
         ];
         let memory = vec![(labels(&[("model", H100)]), 85e9)];
-        let (u, unnamed) = assemble(&answers, &memory, 300.0, &Profiles::table());
+        let (u, unnamed, left) = assemble(&answers, &memory, 300.0, &Profiles::table(), 5000.0);
+        assert_eq!(left.total(), 0);
         assert_eq!((u.len(), unnamed), (1, 1));
         let u = &u[0];
         assert_eq!(u.key.workload, "chat");
@@ -436,7 +463,7 @@ mod tests {
             (Q::Peak, vec![(job.clone(), 0.0), (ghost, 5.0)]),
             (Q::Sm, vec![(job, 0.0)]),
         ];
-        let (u, _) = assemble(&answers, &[], 60.0, &Profiles::table());
+        let (u, _, _) = assemble(&answers, &[], 60.0, &Profiles::table(), 5000.0);
         assert_eq!(u.len(), 1);
         assert!(!u[0].used);
         assert_eq!((u[0].coverage_s, u[0].gpus_allocated), (240.0, 1.0));

@@ -181,19 +181,45 @@ impl Sums {
 /// straddles an edge counts the part of its time inside; its peaks count whole (they may
 /// fall either side: the larger is assumed). Host records are left out.
 pub fn aggregate(records: &[UsageRecord], window: Window, profiles: &Profiles) -> Vec<Usage> {
-    let mut sums: BTreeMap<WorkloadKey, Sums> = BTreeMap::new();
+    let mut a = Aggregate::new(window, profiles);
     for r in records {
+        a.add(r);
+    }
+    a.finish()
+}
+
+/// `aggregate` as the records stream by: memory grows with the workloads, not the records.
+pub struct Aggregate<'a> {
+    window: Window,
+    profiles: &'a Profiles,
+    sums: BTreeMap<WorkloadKey, Sums>,
+}
+
+impl<'a> Aggregate<'a> {
+    pub fn new(window: Window, profiles: &'a Profiles) -> Aggregate<'a> {
+        Aggregate {
+            window,
+            profiles,
+            sums: BTreeMap::new(),
+        }
+    }
+
+    pub fn add(&mut self, r: &UsageRecord) {
+        let window = self.window;
         let (start, end) = (r.start_ms, r.end_ms.max(r.start_ms));
         if end < window.from_ms || start > window.to_ms {
-            continue;
+            return;
         }
         let Some(key) = workload_key(r) else {
-            continue;
+            return;
         };
         let clipped = (start.max(window.from_ms), end.min(window.to_ms));
-        sums.entry(key).or_default().add(r, clipped, profiles);
+        (self.sums.entry(key).or_default()).add(r, clipped, self.profiles);
     }
-    sums.into_iter().map(|(k, s)| s.finish(k)).collect()
+
+    pub fn finish(self) -> Vec<Usage> {
+        self.sums.into_iter().map(|(k, s)| s.finish(k)).collect()
+    }
 }
 
 #[cfg(test)]
