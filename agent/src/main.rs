@@ -82,6 +82,10 @@ struct RightsizeArgs {
     /// `X-Scope-OrgID: <tenant>` for Mimir, `Authorization: Bearer <token>`.
     #[arg(long, value_name = "HEADER", value_parser = rightsize::prometheus::parse_header)]
     prometheus_header: Vec<(String, String)>,
+    /// How long each request to --prometheus may take: 10s, 2m (connecting: at most 5 s
+    /// of it).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = report::parse_duration)]
+    prometheus_timeout: Duration,
     /// The recording rules' evaluation interval, where the API does not serve
     /// /api/v1/rules [default: the group's interval from /api/v1/rules].
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
@@ -370,6 +374,12 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
             2,
         );
     }
+    if args.prometheus_timeout.is_zero() {
+        return fail(
+            &"--prometheus-timeout: give a duration above 0, e.g. 30s",
+            2,
+        );
+    }
     if let Some(dir) = &args.emit {
         if let Err(e) = rightsize::emit::check_dir(dir, args.force) {
             return fail(&e, 2);
@@ -381,7 +391,7 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
             url: url.clone(),
             headers: args.prometheus_header.clone(),
             interval: args.rule_interval.filter(|i| !i.is_zero()),
-            timeout: Duration::from_secs(120),
+            timeout: args.prometheus_timeout,
         })),
         (None, file) => file
             .or_else(|| config?.usage.file)

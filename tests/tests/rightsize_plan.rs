@@ -618,3 +618,46 @@ fn records_out_of_range_and_duplicates_are_left_out_and_counted() {
 fn backwards_end(first: &Value) -> u64 {
     first["start_ms"].as_u64().unwrap() - 60_000
 }
+
+/// A Prometheus that takes the connection and never answers: `--prometheus-timeout` ends
+/// the wait and says so; a timeout of 0 is refused naming the flag.
+#[test]
+fn a_prometheus_that_does_not_answer_fails_within_the_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let args = [
+        "--prometheus",
+        &url,
+        "--rule-interval",
+        "5m",
+        "--prometheus-timeout",
+        "2s",
+    ];
+    let out = rightsize(&args, &[]);
+    let took = started.elapsed();
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&url)
+            && out
+                .stderr
+                .contains("no answer within 2 s (--prometheus-timeout)"),
+        "{}",
+        out.stderr
+    );
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    let zero = rightsize(&["--prometheus", &url, "--prometheus-timeout", "0s"], &[]);
+    assert_eq!(zero.code, 2);
+    assert!(
+        zero.stderr.contains("--prometheus-timeout"),
+        "{}",
+        zero.stderr
+    );
+    let bad = rightsize(&["--prometheus", &url, "--prometheus-timeout", "soon"], &[]);
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("--prometheus-timeout"),
+        "{}",
+        bad.stderr
+    );
+}

@@ -29,8 +29,13 @@ pub struct Source {
     pub headers: Vec<(String, String)>,
     /// The group's evaluation interval; None: read from /api/v1/rules.
     pub interval: Option<Duration>,
+    /// Each request's (`--prometheus-timeout`); connecting takes at most `CONNECT_TIMEOUT`
+    /// of it.
     pub timeout: Duration,
 }
+
+/// How long connecting may take: a wrong address fails in seconds, whatever the timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `--prometheus-header`: `Name: value`.
 pub fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -281,6 +286,7 @@ fn assemble(
 struct Client {
     http: reqwest::Client,
     base: String,
+    timeout: Duration,
 }
 
 impl Client {
@@ -296,6 +302,7 @@ impl Client {
         let http = reqwest::Client::builder()
             .default_headers(headers)
             .timeout(src.timeout)
+            .connect_timeout(CONNECT_TIMEOUT.min(src.timeout))
             .user_agent(concat!(
                 "gpu-agent/",
                 env!("CARGO_PKG_VERSION"),
@@ -306,16 +313,27 @@ impl Client {
         Ok(Client {
             http,
             base: src.url.trim_end_matches('/').to_string(),
+            timeout: src.timeout,
         })
     }
 
     /// GET `path` with `params`: the answer's `data`, or what the API said was wrong.
     async fn get(&self, path: &str, params: &[(&str, String)]) -> Result<Value, String> {
         let url = format!("{}{path}", self.base);
-        let resp = (self.http.get(&url).query(params).send().await)
-            .map_err(|e| format!("{url}: {:#}", anyhow::Error::new(e)))?;
+        let failed = |e: reqwest::Error| match (e.is_timeout(), e.is_connect()) {
+            (true, true) => format!(
+                "{url}: could not connect within {} s",
+                CONNECT_TIMEOUT.min(self.timeout).as_secs_f64()
+            ),
+            (true, false) => format!(
+                "{url}: no answer within {} s (--prometheus-timeout)",
+                self.timeout.as_secs_f64()
+            ),
+            _ => format!("{url}: {:#}", anyhow::Error::new(e)),
+        };
+        let resp = (self.http.get(&url).query(params).send().await).map_err(failed)?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+        let body = resp.bytes().await.map_err(failed)?;
         let v: Value = serde_json::from_slice(&body).map_err(|_| {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             format!("{url}: HTTP {status}, not the Prometheus API: {text}")
@@ -467,6 +485,29 @@ mod tests {
         assert_eq!(u.len(), 1);
         assert!(!u[0].used);
         assert_eq!((u[0].coverage_s, u[0].gpus_allocated), (240.0, 1.0));
+    }
+
+    #[test]
+    fn values_out_of_their_range_are_left_out_and_counted() {
+        let job = labels(&[
+            ("namespace", "r"),
+            ("workload_kind", "Job"),
+            ("workload", "sweep"),
+            ("model", H100),
+        ]);
+        let answers: Answers = vec![
+            (Q::Count, vec![(job.clone(), 4.0)]),
+            (Q::Held, vec![(job.clone(), -1.0)]),
+            (Q::Peak, vec![(job.clone(), f64::NAN)]),
+            (Q::Sm, vec![(job, 1.5)]),
+        ];
+        let (u, _, left) = assemble(&answers, &[], 60.0, &Profiles::table(), 5000.0);
+        assert_eq!(left.out_of_range.count, 3);
+        assert_eq!(
+            left.out_of_range.examples[2],
+            "SM share p95 (a part of a GPU, 0 to 1) 1.5 of r/sweep (NVIDIA H100 80GB HBM3)"
+        );
+        assert_eq!((u[0].gpus_allocated, u[0].sm_p95), (0.0, None));
     }
 
     #[test]
