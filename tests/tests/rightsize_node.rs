@@ -244,18 +244,47 @@ fn prometheus_with_rules(agent: &str) -> Prometheus {
 }
 
 /// `rightsize --prometheus` over the rules' series gives the records' recommendations,
-/// workload for workload, and the same figures.
+/// workload for workload, and the same figures; and `--plan` the same plan, model for
+/// model: on the H100s chat-api's 1g.10gb and vectordb's 3g.40gb share one GPU, train-llm
+/// keeps its own and idle-api's comes back (4 held, 2 needed); the L4 stays one GPU, now
+/// cut into three time-slicing replicas.
 fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
-    let args = ["--since", "10m", "--min-coverage", "20s"];
+    let args = ["--since", "10m", "--min-coverage", "20s", "--plan"];
     let url = format!("http://{}", prom.addr);
+    let plans = |lines: &[Value]| -> BTreeMap<String, Value> {
+        (lines.iter())
+            .filter_map(|l| l.get("plan"))
+            .map(|p| (p["model"].as_str().unwrap().to_string(), p.clone()))
+            .collect()
+    };
     let by_workload = |lines: Vec<Value>| -> BTreeMap<String, Value> {
         (lines.into_iter())
-            .filter(|r| r["namespace"] != "-")
+            .filter(|r| r["namespace"] != "-" && r.get("plan").is_none())
             .map(|r| (r["workload"].as_str().unwrap().to_string(), r))
             .collect()
     };
-    let records = by_workload(rightsize_json(file, &args, &[]));
-    let rules = by_workload(rightsize_json_from(&["--prometheus", &url], &args, &[]));
+    let from_records = rightsize_json(file, &args, &[]);
+    let from_rules = rightsize_json_from(&["--prometheus", &url], &args, &[]);
+    let (plan, rules_plan) = (plans(&from_records), plans(&from_rules));
+    assert_eq!(plan, rules_plan, "records' plan, then the rules'");
+    let h100 = &plan[H100];
+    assert_eq!(
+        (
+            &h100["gpus_held"],
+            &h100["gpus_needed"],
+            &h100["gpus_freed"]
+        ),
+        (&json!(4), &json!(2), &json!(2)),
+        "{h100:#}"
+    );
+    assert_eq!(
+        h100["layouts"][0]["mig_devices"],
+        json!({"1g.10gb": 4, "3g.40gb": 1}),
+        "{h100:#}"
+    );
+    assert_eq!(plan[L4]["layouts"][0]["replicas"], 3);
+    let records = by_workload(from_records);
+    let rules = by_workload(from_rules);
     let same = [
         "namespace",
         "workload_kind",
