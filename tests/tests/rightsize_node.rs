@@ -15,7 +15,7 @@ use tests::{
     nvml::Scenario,
     prom::Prometheus,
     random_hex, random_uid, read_json_lines,
-    rightsize::{rightsize_json, rightsize_json_from},
+    rightsize::{rightsize, rightsize_json, rightsize_json_from},
     Agent, TempDir as Dir,
 };
 
@@ -283,6 +283,7 @@ fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
         "{h100:#}"
     );
     assert_eq!(plan[L4]["layouts"][0]["replicas"], 3);
+    same_files_from_prometheus(&url, file, &args);
     let records = by_workload(from_records);
     let rules = by_workload(from_rules);
     let same = [
@@ -308,6 +309,39 @@ fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
         let saved = |v: &Value| v["gpus_saved"].as_f64().unwrap();
         assert!((saved(r) - saved(p)).abs() < 1e-3, "{w}:\n{r}\n{p}");
     }
+}
+
+/// `--emit` from the records and from the rules writes the same files, the workloads'
+/// patches (their container names from the raw series) included.
+fn same_files_from_prometheus(url: &str, file: &std::path::Path, args: &[&str]) {
+    let dir = Dir::new("rightsize-emit");
+    let read = |from: &[&str], out: &std::path::Path| {
+        let all = [from, args, &["--emit", out.to_str().unwrap()]].concat();
+        let o = rightsize(&all, &[]);
+        assert_eq!(o.code, 0, "{all:?}: {}", o.stderr);
+        let mut files = BTreeMap::new();
+        let mut stack = vec![out.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                match p.is_dir() {
+                    true => stack.push(p),
+                    false => {
+                        let rel = p.strip_prefix(out).unwrap().display().to_string();
+                        files.insert(rel, std::fs::read_to_string(&p).unwrap());
+                    }
+                }
+            }
+        }
+        files
+    };
+    let records = read(&["--file", file.to_str().unwrap()], &dir.0.join("records"));
+    let rules = read(&["--prometheus", url], &dir.0.join("rules"));
+    assert!(
+        records.contains_key("workloads/chat-deployment-chat-api.yaml"),
+        "{records:#?}"
+    );
+    assert_eq!(records, rules);
 }
 
 /// The Grafana dashboard's rightsizing row, over the run, from the same rules:

@@ -196,13 +196,19 @@ async fn read(src: &Source, window: Window, profiles: &Profiles) -> Result<Read,
         let q = format!("max_over_time(model:hw_gpu_memory_limit_bytes:max[{w}s])");
         memory.query(&q, at).await
     });
+    let names = client.clone();
+    let names = tokio::spawn(async move { names.query(&containers_promql(w), at).await });
     let mut answers: Answers = vec![];
     for (q, t) in tasks {
         answers.push((q, t.await.map_err(|e| e.to_string())??));
     }
     let memory = memory.await.map_err(|e| e.to_string())??;
     let to_s = window.to_ms as f64 / 1000.0;
-    let (usages, unnamed, left) = assemble(&answers, &memory, step as f64, profiles, to_s);
+    let (mut usages, unnamed, left) = assemble(&answers, &memory, step as f64, profiles, to_s);
+    // Names for the patches only: a Prometheus that no longer has the raw series still
+    // gives the plan.
+    let names = names.await.map_err(|e| e.to_string())?.unwrap_or_default();
+    name_containers(&mut usages, &names);
     let mut notes = vec![format!(
         "read from {} (rules every {} s, from {whence})",
         src.url, step
@@ -218,6 +224,40 @@ async fn read(src: &Source, window: Window, profiles: &Profiles) -> Result<Read,
         ));
     }
     Ok((usages, left.lines(), notes))
+}
+
+/// The containers of each workload and model seen in the raw per-container series over
+/// the window's last day at most (their retention may be short, and a longer look costs a
+/// scan of every container's samples).
+fn containers_promql(w: u64) -> String {
+    let w = w.min(86_400);
+    format!(
+        "group by (namespace, workload_kind, workload, model, container) \
+         (last_over_time(container_gpu_share[{w}s]))"
+    )
+}
+
+/// Each usage's container names, from `containers_promql`'s answer.
+fn name_containers(usages: &mut [Usage], series: &[(BTreeMap<String, String>, f64)]) {
+    let label = |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
+    let mut by_key: BTreeMap<WorkloadKey, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for (m, _) in series {
+        let key = WorkloadKey {
+            namespace: label(m, "namespace"),
+            workload_kind: label(m, "workload_kind"),
+            workload: label(m, "workload"),
+            device_model: label(m, "model"),
+        };
+        let c = label(m, "container");
+        if !c.is_empty() {
+            by_key.entry(key).or_default().insert(c);
+        }
+    }
+    for u in usages {
+        if let Some(names) = by_key.remove(&u.key) {
+            u.containers = names.into_iter().collect();
+        }
+    }
 }
 
 /// The answers summed per workload and model; how many series had no workload; and the

@@ -34,8 +34,9 @@ pub fn render(plan: &Plan, files: &[&String], by_hand: &[&WorkloadPlan]) -> Stri
     s += STEPS;
     if !by_hand.is_empty() {
         s += "\n## Patches to write by hand\n\nThe source named no containers for these \
-              (Prometheus' series do not carry them): ask for the resource their claim \
-              file names, in each container that uses the GPU.\n\n";
+              (from Prometheus, none of theirs was in the raw per-container series of the \
+              window's last day): ask for the resource their claim file names, in each \
+              container that uses the GPU.\n\n";
         for w in by_hand {
             let file = workload_file(w).unwrap_or_default();
             let _ = writeln!(
