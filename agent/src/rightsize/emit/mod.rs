@@ -118,7 +118,6 @@ pub fn emit(dir: &Path, force: bool, plan: &Plan) -> Result<Vec<PathBuf>, String
 
 /// Every file, by its path relative to DIR.
 pub fn render(plan: &Plan) -> Result<BTreeMap<String, String>, String> {
-    let yaml = |v: &dyn erased::Yaml| v.to_yaml();
     let mut files = BTreeMap::new();
     if let Some(m) = mig_parted(plan) {
         files.insert("mig-parted.yaml".to_string(), yaml(&m)?);
@@ -214,15 +213,120 @@ fn plugin_configmap(plan: &Plan) -> Result<Option<kube::ConfigMap>, String> {
     Ok((!data.is_empty()).then(|| kube::ConfigMap::new(PLUGIN_CONFIGMAP, PLUGIN_NAMESPACE, data)))
 }
 
-/// YAML through serde, for any of the files' types.
-mod erased {
-    pub trait Yaml {
-        fn to_yaml(&self) -> Result<String, String>;
+/// YAML through serde.
+fn yaml<T: Serialize>(v: &T) -> Result<String, String> {
+    serde_yaml::to_string(v).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rightsize::{plan::Layout, usage::WorkloadKey};
+
+    fn workload(kind: &str, target: Target) -> WorkloadPlan {
+        WorkloadPlan {
+            key: WorkloadKey {
+                namespace: "ml".into(),
+                workload_kind: kind.into(),
+                workload: "serve".into(),
+                device_model: "NVIDIA L4".into(),
+            },
+            containers: vec!["main".into(), "sidecar".into()],
+            target,
+            mig_profile: None,
+            mps_limits: Some((12, 8602 << 20)),
+        }
     }
 
-    impl<T: serde::Serialize> Yaml for T {
-        fn to_yaml(&self) -> Result<String, String> {
-            serde_yaml::to_string(self).map_err(|e| e.to_string())
-        }
+    #[test]
+    fn mps_gets_its_plugin_config_and_its_limits_in_the_claim() {
+        let mps = Target::Shared {
+            sharing: Sharing::Mps,
+            replicas: 8,
+        };
+        let plan = Plan {
+            models: vec![crate::rightsize::plan::ModelPlan {
+                model: "NVIDIA L4".into(),
+                gpus_held: 1,
+                gpus_needed: 1,
+                gpus_freed: 0,
+                layouts: vec![Layout {
+                    gpus: 1,
+                    mig_devices: BTreeMap::new(),
+                    replicas: Some(8),
+                    workloads: vec!["ml/CronJob/serve".into()],
+                    cut: Cut::Shared {
+                        sharing: Sharing::Mps,
+                        replicas: 8,
+                    },
+                }],
+                exact: None,
+            }],
+            workloads: vec![workload("CronJob", mps)],
+            notes: vec![],
+        };
+        let files = render(&plan).unwrap();
+        let keys: Vec<&str> = files.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "README.md",
+                "device-plugin-sharing.yaml",
+                "dra/ml-cronjob-serve.yaml",
+                "workloads/ml-cronjob-serve.yaml"
+            ]
+        );
+        let cm: serde_yaml::Value =
+            serde_yaml::from_str(&files["device-plugin-sharing.yaml"]).unwrap();
+        let config: serde_yaml::Value =
+            serde_yaml::from_str(cm["data"]["mps-8"].as_str().unwrap()).unwrap();
+        assert_eq!(config["sharing"]["mps"]["resources"][0]["replicas"], 8);
+        assert!(config["sharing"].get("timeSlicing").is_none());
+        let claim: serde_yaml::Value =
+            serde_yaml::from_str(&files["dra/ml-cronjob-serve.yaml"]).unwrap();
+        let sharing =
+            &claim["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"];
+        assert_eq!(sharing["strategy"], "MPS");
+        assert_eq!(sharing["mpsConfig"]["defaultActiveThreadPercentage"], 12);
+        assert_eq!(
+            sharing["mpsConfig"]["defaultPinnedDeviceMemoryLimit"],
+            "8602Mi"
+        );
+        let patch: serde_yaml::Value =
+            serde_yaml::from_str(&files["workloads/ml-cronjob-serve.yaml"]).unwrap();
+        let pod = &patch["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(pod["containers"][1]["name"], "sidecar");
+        assert_eq!(pod["nodeSelector"][PLUGIN_CONFIG_LABEL], "mps-8");
+        assert!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"].is_null());
+    }
+
+    #[test]
+    fn release_removes_the_request_and_containers_outside_kubernetes_get_nothing() {
+        let p = kube::patch(&workload("Pod", Target::Release)).unwrap();
+        let limits = p["spec"]["containers"][0]["resources"]["limits"]
+            .as_object()
+            .unwrap();
+        assert_eq!(limits.len(), 1);
+        assert!(limits["nvidia.com/gpu"].is_null());
+        assert!(kube::claim_template(&workload("Pod", Target::Release)).is_none());
+        assert!(workload_file(&workload("Container", Target::Release)).is_none());
+        let mut unnamed = workload("Deployment", Target::Release);
+        unnamed.containers.clear();
+        assert!(kube::patch(&unnamed).is_none());
+    }
+
+    #[test]
+    fn a_directory_with_anything_in_it_is_refused_without_force() {
+        let dir = std::env::temp_dir().join(format!("emit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(check_dir(&dir, false).is_ok(), "empty");
+        std::fs::write(dir.join("x"), "").unwrap();
+        let e = check_dir(&dir, false).unwrap_err();
+        assert!(e.contains("--force") && e.contains("not empty"), "{e}");
+        assert!(check_dir(&dir, true).is_ok());
+        assert!(check_dir(&dir.join("x"), true)
+            .unwrap_err()
+            .contains("not a directory"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
