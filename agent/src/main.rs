@@ -82,6 +82,10 @@ struct RightsizeArgs {
     /// `X-Scope-OrgID: <tenant>` for Mimir, `Authorization: Bearer <token>`.
     #[arg(long, value_name = "HEADER", value_parser = rightsize::prometheus::parse_header)]
     prometheus_header: Vec<(String, String)>,
+    /// How long each request to --prometheus may take: 10s, 2m (connecting: at most 5 s
+    /// of it).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = report::parse_duration)]
+    prometheus_timeout: Duration,
     /// The recording rules' evaluation interval, where the API does not serve
     /// /api/v1/rules [default: the group's interval from /api/v1/rules].
     #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
@@ -114,6 +118,17 @@ struct RightsizeArgs {
     /// line, and exit.
     #[arg(long)]
     profiles: bool,
+    /// Plan a layout per GPU model (MIG devices packed under the placement rules,
+    /// time-slicing and MPS replicas per GPU) and say how many GPUs it frees.
+    #[arg(long)]
+    plan: bool,
+    /// Write the files that apply the plan into this directory (implies --plan):
+    /// mig-parted.yaml, device-plugin-sharing.yaml, workloads/, dra/ and a README.md.
+    #[arg(long, value_name = "DIR")]
+    emit: Option<PathBuf>,
+    /// Write into a --emit directory that is not empty.
+    #[arg(long, requires = "emit")]
+    force: bool,
 }
 
 /// The flags that choose and configure the sources: shared by `run` and `top`.
@@ -319,20 +334,21 @@ fn report(args: ReportArgs) -> ExitCode {
         format: args.format,
         now_ms: gpu_agent::pipeline::now_ms(),
     };
-    let (records, bad) = match report::read_records(&opts.file) {
-        Ok(r) => r,
+    let mut summary = report::Summary::new(&opts);
+    let left = gpu_agent::sinks::usage::read::for_each_record(&opts.file, opts.now_ms, |r| {
+        summary.add(&r)
+    });
+    match left {
+        Ok(left) => left
+            .lines()
+            .iter()
+            .for_each(|l| eprintln!("gpu-agent report: {l}")),
         Err(e) => {
             eprintln!("gpu-agent report: {e}");
             return ExitCode::FAILURE;
         }
-    };
-    if bad > 0 {
-        eprintln!("gpu-agent report: {bad} unreadable lines skipped");
     }
-    print!(
-        "{}",
-        report::render(&report::summarize(&records, &opts), &opts)
-    );
+    print!("{}", report::render(&summary.finish(), &opts));
     ExitCode::SUCCESS
 }
 
@@ -358,13 +374,24 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
             2,
         );
     }
+    if args.prometheus_timeout.is_zero() {
+        return fail(
+            &"--prometheus-timeout: give a duration above 0, e.g. 30s",
+            2,
+        );
+    }
+    if let Some(dir) = &args.emit {
+        if let Err(e) = rightsize::emit::check_dir(dir, args.force) {
+            return fail(&e, 2);
+        }
+    }
     let nvml_lib = (args.nvml_lib.clone()).or_else(|| config.as_ref()?.nvml.lib_path.clone());
     let from = match (&args.prometheus, args.file.clone()) {
         (Some(url), _) => Some(rightsize::From::Prometheus(rightsize::prometheus::Source {
             url: url.clone(),
             headers: args.prometheus_header.clone(),
             interval: args.rule_interval.filter(|i| !i.is_zero()),
-            timeout: Duration::from_secs(120),
+            timeout: args.prometheus_timeout,
         })),
         (None, file) => file
             .or_else(|| config?.usage.file)
@@ -395,17 +422,27 @@ fn rightsize(args: RightsizeArgs) -> ExitCode {
         },
         by: args.by,
         format: args.format,
+        plan: args.plan || args.emit.is_some(),
     };
-    match rightsize::run(&opts, &profiles) {
-        Ok((out, bad)) => {
-            if bad > 0 {
-                eprintln!("gpu-agent rightsize: {bad} unreadable lines skipped");
-            }
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(&e, 1),
+    let outcome = match rightsize::run(&opts, &profiles) {
+        Ok(o) => o,
+        Err(e) => return fail(&e, 1),
+    };
+    for l in &outcome.left_out {
+        eprintln!("gpu-agent rightsize: {l}");
     }
+    print!("{}", outcome.out);
+    if let (Some(dir), Some(plan)) = (&args.emit, &outcome.plan) {
+        match rightsize::emit::emit(dir, args.force, plan) {
+            Ok(files) => eprintln!(
+                "gpu-agent rightsize: {} files written to {} (see its README.md)",
+                files.len(),
+                dir.display()
+            ),
+            Err(e) => return fail(&e, 1),
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn run(args: RunArgs) -> ExitCode {

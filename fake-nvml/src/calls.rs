@@ -90,7 +90,7 @@ pub const NO_DEVICE: [&str; 17] = [
 
 /// The exported functions on one device: a handle, or (the handle look-ups) an index,
 /// UUID or bus id that names one. A `hang` entry's `"*"` blocks all of them.
-const PER_DEVICE: [&str; 49] = [
+const PER_DEVICE: [&str; 50] = [
     "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetHandleByIndex_v2",
     "nvmlDeviceGetHandleByUUID",
@@ -128,6 +128,7 @@ const PER_DEVICE: [&str; 49] = [
     "nvmlDeviceGetComputeInstanceId",
     "nvmlDeviceGetGpuInstanceProfileInfo",
     "nvmlDeviceGetGpuInstanceProfileInfoV",
+    "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
     "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization",
     "nvmlDeviceGetPcieReplayCounter",

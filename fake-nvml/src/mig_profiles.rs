@@ -1,12 +1,13 @@
 //! GPU instance profiles (the MIG profiles a GPU can be partitioned into), from a device's
 //! `mig_profiles` scenario key: `nvmlDeviceGetGpuInstanceProfileInfo` (v1 struct) and
-//! `nvmlDeviceGetGpuInstanceProfileInfoV` (the versioned struct, v2, with the name).
+//! `nvmlDeviceGetGpuInstanceProfileInfoV` (the versioned struct, v2, with the name), and where
+//! a profile's instances may be placed (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`).
 use std::ffi::{c_char, c_uint, c_ulonglong};
 
 use crate::scenario::{Feature, MigProfileSpec, PROFILE_COUNT};
 use crate::{
     fill_chars, put, resolve_gpu, with_loaded, Device, Ret, ARGUMENT_VERSION_MISMATCH,
-    INVALID_ARGUMENT, NOT_SUPPORTED,
+    INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_SUPPORTED,
 };
 
 /// nvmlGpuInstanceProfileInfo_t (v1): 48 bytes.
@@ -127,6 +128,60 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
                 name: fill_chars(&p.name),
             },
         )
+    })
+}
+
+/// nvmlGpuInstancePlacement_t: 8 bytes.
+#[repr(C)]
+pub struct Placement {
+    start: c_uint,
+    size: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<Placement>() == 8);
+
+/// The placements of the profile whose *id* is `profile_id` (not its index), as nvml.h
+/// has it: `placements` NULL asks for the count; a buffer of fewer than the count is
+/// INSUFFICIENT_SIZE with the count written; a GPU without MIG, or a profile id the GPU
+/// does not list or lists no placements for, NOT_SUPPORTED.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    device: Device,
+    profile_id: c_uint,
+    placements: *mut Placement,
+    count: *mut c_uint,
+) -> Ret {
+    counted!();
+    with_loaded(|l, _| {
+        let t = resolve_gpu(l, device, Some(Feature::Mig))?;
+        if count.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let spec = t.dev.mig_profiles.iter().find(|p| p.id == profile_id);
+        let list = &spec.ok_or(NOT_SUPPORTED)?.placements;
+        if list.is_empty() {
+            return Err(NOT_SUPPORTED);
+        }
+        let n = list.len() as c_uint;
+        // SAFETY: non-null; the caller passes a valid in/out count.
+        let room = unsafe { count.read() };
+        // SAFETY: as above.
+        unsafe { count.write(n) };
+        if placements.is_null() {
+            return Ok(());
+        }
+        if room < n {
+            return Err(INSUFFICIENT_SIZE);
+        }
+        for (i, [start, size]) in list.iter().enumerate() {
+            let p = Placement {
+                start: *start,
+                size: *size,
+            };
+            // SAFETY: the caller's buffer holds `room` >= n placements.
+            unsafe { placements.add(i).write(p) };
+        }
+        Ok(())
     })
 }
 

@@ -420,6 +420,11 @@ pub struct MigProfileSpec {
     pub memory_mib: u64,
     #[serde(default)]
     pub p2p: bool,
+    /// Where its GPU instances may start and how many memory slices each takes
+    /// (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`), as `[start, size]` pairs; empty:
+    /// the call answers NOT_SUPPORTED.
+    #[serde(default)]
+    pub placements: Vec<[u32; 2]>,
 }
 
 fn one() -> u32 {

@@ -852,3 +852,53 @@ fn gpu_instance_profiles_follow_nvml_h() {
     assert_eq!(profile_info_v(&nvml, &mig, 0, None).err(), Some(3));
     assert!(profile_info_v(&nvml, &parent, 0, None).is_ok());
 }
+
+/// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` as nvml.h has it: by profile *id*, a
+/// NULL buffer asks for the count, a short one is INSUFFICIENT_SIZE with the count.
+#[test]
+fn gpu_instance_placements_follow_nvml_h() {
+    use nvml_wrapper_sys::bindings::nvmlGpuInstancePlacement_t as Placement;
+    let _g = serial();
+    let sc = TempScenario::new(
+        "mig-placements",
+        &json!({"devices": [
+            {"uuid": "GPU-h100", "mig_profiles": [
+                {"profile": 2, "id": 9, "name": "MIG 3g.40gb", "slices": 3, "memory_mib": 40448,
+                 "placements": [[0, 4], [4, 4]]},
+                {"profile": 4, "id": 0, "name": "MIG 7g.80gb", "slices": 7, "memory_mib": 81152}]},
+            {"uuid": "GPU-l4", "name": "NVIDIA L4", "unsupported": ["mig"]}
+        ]}),
+    );
+    let nvml = init(&sc.0);
+    let f = nvml
+        .lib()
+        .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+        .as_ref()
+        .unwrap();
+    let h100 = nvml.device_by_index(0).unwrap();
+    // SAFETY: a live handle from this Nvml.
+    let h = unsafe { h100.handle() };
+    let mut count = 0u32;
+    // SAFETY: NULL placements asks for the count.
+    assert_eq!(unsafe { f(h, 9, std::ptr::null_mut(), &mut count) }, 0);
+    assert_eq!(count, 2);
+    let mut buf = vec![Placement { start: 9, size: 9 }; 2];
+    let mut short = 1u32;
+    // SAFETY: a buffer of 2, told 1.
+    assert_eq!(unsafe { f(h, 9, buf.as_mut_ptr(), &mut short) }, 7);
+    assert_eq!(short, 2);
+    // SAFETY: a buffer of `count`.
+    assert_eq!(unsafe { f(h, 9, buf.as_mut_ptr(), &mut count) }, 0);
+    let got: Vec<(u32, u32)> = buf.iter().map(|p| (p.start, p.size)).collect();
+    assert_eq!(got, [(0, 4), (4, 4)]);
+    // The profile index (2) is not its id; a profile without placements; no MIG.
+    for (dev, id) in [(&h100, 2), (&h100, 0)] {
+        // SAFETY: as above.
+        let ret = unsafe { f(dev.handle(), id, std::ptr::null_mut(), &mut count) };
+        assert_eq!(ret, 3, "id {id}");
+    }
+    let l4 = nvml.device_by_index(1).unwrap();
+    // SAFETY: as above.
+    let ret = unsafe { f(l4.handle(), 9, std::ptr::null_mut(), &mut count) };
+    assert_eq!(ret, 3);
+}

@@ -15,7 +15,7 @@ use tests::{
     nvml::Scenario,
     prom::Prometheus,
     random_hex, random_uid, read_json_lines,
-    rightsize::{rightsize_json, rightsize_json_from},
+    rightsize::{rightsize, rightsize_json, rightsize_json_from},
     Agent, TempDir as Dir,
 };
 
@@ -244,18 +244,48 @@ fn prometheus_with_rules(agent: &str) -> Prometheus {
 }
 
 /// `rightsize --prometheus` over the rules' series gives the records' recommendations,
-/// workload for workload, and the same figures.
+/// workload for workload, and the same figures; and `--plan` the same plan, model for
+/// model: on the H100s chat-api's 1g.10gb and vectordb's 3g.40gb share one GPU, train-llm
+/// keeps its own and idle-api's comes back (4 held, 2 needed); the L4 stays one GPU, now
+/// cut into three time-slicing replicas.
 fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
-    let args = ["--since", "10m", "--min-coverage", "20s"];
+    let args = ["--since", "10m", "--min-coverage", "20s", "--plan"];
     let url = format!("http://{}", prom.addr);
+    let plans = |lines: &[Value]| -> BTreeMap<String, Value> {
+        (lines.iter())
+            .filter_map(|l| l.get("plan"))
+            .map(|p| (p["model"].as_str().unwrap().to_string(), p.clone()))
+            .collect()
+    };
     let by_workload = |lines: Vec<Value>| -> BTreeMap<String, Value> {
         (lines.into_iter())
-            .filter(|r| r["namespace"] != "-")
+            .filter(|r| r["namespace"] != "-" && r.get("plan").is_none())
             .map(|r| (r["workload"].as_str().unwrap().to_string(), r))
             .collect()
     };
-    let records = by_workload(rightsize_json(file, &args, &[]));
-    let rules = by_workload(rightsize_json_from(&["--prometheus", &url], &args, &[]));
+    let from_records = rightsize_json(file, &args, &[]);
+    let from_rules = rightsize_json_from(&["--prometheus", &url], &args, &[]);
+    let (plan, rules_plan) = (plans(&from_records), plans(&from_rules));
+    assert_eq!(plan, rules_plan, "records' plan, then the rules'");
+    let h100 = &plan[H100];
+    assert_eq!(
+        (
+            &h100["gpus_held"],
+            &h100["gpus_needed"],
+            &h100["gpus_freed"]
+        ),
+        (&json!(4), &json!(2), &json!(2)),
+        "{h100:#}"
+    );
+    assert_eq!(
+        h100["layouts"][0]["mig_devices"],
+        json!({"1g.10gb": 4, "3g.40gb": 1}),
+        "{h100:#}"
+    );
+    assert_eq!(plan[L4]["layouts"][0]["replicas"], 3);
+    same_files_from_prometheus(&url, file, &args);
+    let records = by_workload(from_records);
+    let rules = by_workload(from_rules);
     let same = [
         "namespace",
         "workload_kind",
@@ -279,6 +309,39 @@ fn same_answer_from_prometheus(prom: &Prometheus, file: &std::path::Path) {
         let saved = |v: &Value| v["gpus_saved"].as_f64().unwrap();
         assert!((saved(r) - saved(p)).abs() < 1e-3, "{w}:\n{r}\n{p}");
     }
+}
+
+/// `--emit` from the records and from the rules writes the same files, the workloads'
+/// patches (their container names from the raw series) included.
+fn same_files_from_prometheus(url: &str, file: &std::path::Path, args: &[&str]) {
+    let dir = Dir::new("rightsize-emit");
+    let read = |from: &[&str], out: &std::path::Path| {
+        let all = [from, args, &["--emit", out.to_str().unwrap()]].concat();
+        let o = rightsize(&all, &[]);
+        assert_eq!(o.code, 0, "{all:?}: {}", o.stderr);
+        let mut files = BTreeMap::new();
+        let mut stack = vec![out.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                match p.is_dir() {
+                    true => stack.push(p),
+                    false => {
+                        let rel = p.strip_prefix(out).unwrap().display().to_string();
+                        files.insert(rel, std::fs::read_to_string(&p).unwrap());
+                    }
+                }
+            }
+        }
+        files
+    };
+    let records = read(&["--file", file.to_str().unwrap()], &dir.0.join("records"));
+    let rules = read(&["--prometheus", url], &dir.0.join("rules"));
+    assert!(
+        records.contains_key("workloads/chat-deployment-chat-api.yaml"),
+        "{records:#?}"
+    );
+    assert_eq!(records, rules);
 }
 
 /// The Grafana dashboard's rightsizing row, over the run, from the same rules:

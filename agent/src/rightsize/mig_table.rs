@@ -11,12 +11,34 @@
 //! size in the profile's name: the name rounds up, and every driver figure known is above
 //! 7/8 of it (the lowest, H200 1g.18gb, is 16 GiB of 18). A workload the table fits in a
 //! profile fits; it may fit a smaller one than the table says.
+//!
+//! Placements, in memory slices (8 on a 7-slice GPU, 4 on the A30): where a profile's GPU
+//! instance may start, and how many slices it takes, as `nvidia-smi mig -lgipp` prints them
+//! and the MIG User Guide's placement diagrams ("Supported MIG Profiles") draw them. Every
+//! 7-slice GPU shares one layout: the smallest 1g at any of 0-6, the 1g with two memory
+//! slices at 0, 2, 4 or 6, 2g at 0, 2 or 4, 3g at 0 or 4 (four slices each), 4g at 0 (four),
+//! 7g at 0 (eight). The A30: 1g at 0-3, 2g at 0 or 2, 4g at 0.
 
-/// One GPU model's profiles: (name, compute slices, memory MiB).
+/// Where a profile's instances may start and how many memory slices each takes.
+pub type Shape = (&'static [u32], u32);
+
+const P1: Shape = (&[0, 1, 2, 3, 4, 5, 6], 1);
+const P1_WIDE: Shape = (&[0, 2, 4, 6], 2);
+const P2: Shape = (&[0, 2, 4], 2);
+const P3: Shape = (&[0, 4], 4);
+const P4: Shape = (&[0], 4);
+const P7: Shape = (&[0], 8);
+
+/// One table profile: name, compute slices, memory MiB, placements.
+pub type TableProfile = (&'static str, u32, u64, Shape);
+
+/// One GPU model's profiles.
 pub struct TableModel {
     pub name: &'static str,
     pub total_slices: u32,
-    pub profiles: &'static [(&'static str, u32, u64)],
+    /// Memory slices of the whole GPU: what placements count in.
+    pub memory_slices: u32,
+    pub profiles: &'static [TableProfile],
 }
 
 /// 7/8 of `gib` GiB, in MiB.
@@ -28,106 +50,115 @@ pub const TABLE: &[TableModel] = &[
     TableModel {
         name: "A30 24GB",
         total_slices: 4,
+        memory_slices: 4,
         profiles: &[
-            ("1g.6gb", 1, 5836),
-            ("2g.12gb", 2, 11672),
-            ("4g.24gb", 4, 23344),
+            ("1g.6gb", 1, 5836, (&[0, 1, 2, 3], 1)),
+            ("2g.12gb", 2, 11672, (&[0, 2], 2)),
+            ("4g.24gb", 4, 23344, (&[0], 4)),
         ],
     },
     TableModel {
         name: "A100 40GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.5gb", 1, 4864),
-            ("1g.10gb", 1, 9856),
-            ("2g.10gb", 2, 9856),
-            ("3g.20gb", 3, 19968),
-            ("4g.20gb", 4, 19968),
-            ("7g.40gb", 7, 40192),
+            ("1g.5gb", 1, 4864, P1),
+            ("1g.10gb", 1, 9856, P1_WIDE),
+            ("2g.10gb", 2, 9856, P2),
+            ("3g.20gb", 3, 19968, P3),
+            ("4g.20gb", 4, 19968, P4),
+            ("7g.40gb", 7, 40192, P7),
         ],
     },
     TableModel {
         name: "A100 80GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.10gb", 1, 9856),
-            ("1g.20gb", 1, 19968),
-            ("2g.20gb", 2, 19968),
-            ("3g.40gb", 3, 40192),
-            ("4g.40gb", 4, 40192),
-            ("7g.80gb", 7, 80384),
+            ("1g.10gb", 1, 9856, P1),
+            ("1g.20gb", 1, 19968, P1_WIDE),
+            ("2g.20gb", 2, 19968, P2),
+            ("3g.40gb", 3, 40192, P3),
+            ("4g.40gb", 4, 40192, P4),
+            ("7g.80gb", 7, 80384, P7),
         ],
     },
     TableModel {
         name: "H100 80GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.10gb", 1, 9984),
-            ("1g.20gb", 1, 20096),
-            ("2g.20gb", 2, 20096),
-            ("3g.40gb", 3, 40448),
-            ("4g.40gb", 4, 40448),
-            ("7g.80gb", 7, 81152),
+            ("1g.10gb", 1, 9984, P1),
+            ("1g.20gb", 1, 20096, P1_WIDE),
+            ("2g.20gb", 2, 20096, P2),
+            ("3g.40gb", 3, 40448, P3),
+            ("4g.40gb", 4, 40448, P4),
+            ("7g.80gb", 7, 81152, P7),
         ],
     },
     TableModel {
         name: "H100 94GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.12gb", 1, est(12)),
-            ("1g.24gb", 1, est(24)),
-            ("2g.24gb", 2, est(24)),
-            ("3g.47gb", 3, est(47)),
-            ("4g.47gb", 4, est(47)),
-            ("7g.94gb", 7, est(94)),
+            ("1g.12gb", 1, est(12), P1),
+            ("1g.24gb", 1, est(24), P1_WIDE),
+            ("2g.24gb", 2, est(24), P2),
+            ("3g.47gb", 3, est(47), P3),
+            ("4g.47gb", 4, est(47), P4),
+            ("7g.94gb", 7, est(94), P7),
         ],
     },
     TableModel {
         name: "H200 141GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.18gb", 1, 16384),
-            ("1g.35gb", 1, 33280),
-            ("2g.35gb", 2, 33280),
-            ("3g.71gb", 3, 71424),
-            ("4g.71gb", 4, 71424),
-            ("7g.141gb", 7, 143360),
+            ("1g.18gb", 1, 16384, P1),
+            ("1g.35gb", 1, 33280, P1_WIDE),
+            ("2g.35gb", 2, 33280, P2),
+            ("3g.71gb", 3, 71424, P3),
+            ("4g.71gb", 4, 71424, P4),
+            ("7g.141gb", 7, 143360, P7),
         ],
     },
     TableModel {
         name: "GH200 96GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.12gb", 1, est(12)),
-            ("1g.24gb", 1, est(24)),
-            ("2g.24gb", 2, est(24)),
-            ("3g.48gb", 3, est(48)),
-            ("4g.48gb", 4, est(48)),
-            ("7g.96gb", 7, est(96)),
+            ("1g.12gb", 1, est(12), P1),
+            ("1g.24gb", 1, est(24), P1_WIDE),
+            ("2g.24gb", 2, est(24), P2),
+            ("3g.48gb", 3, est(48), P3),
+            ("4g.48gb", 4, est(48), P4),
+            ("7g.96gb", 7, est(96), P7),
         ],
     },
     TableModel {
         name: "GH200 144GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.18gb", 1, est(18)),
-            ("1g.36gb", 1, est(36)),
-            ("2g.36gb", 2, est(36)),
-            ("3g.72gb", 3, est(72)),
-            ("4g.72gb", 4, est(72)),
-            ("7g.144gb", 7, est(144)),
+            ("1g.18gb", 1, est(18), P1),
+            ("1g.36gb", 1, est(36), P1_WIDE),
+            ("2g.36gb", 2, est(36), P2),
+            ("3g.72gb", 3, est(72), P3),
+            ("4g.72gb", 4, est(72), P4),
+            ("7g.144gb", 7, est(144), P7),
         ],
     },
     TableModel {
         name: "B200 180GB",
         total_slices: 7,
+        memory_slices: 8,
         profiles: &[
-            ("1g.23gb", 1, est(23)),
-            ("1g.45gb", 1, est(45)),
-            ("2g.45gb", 2, est(45)),
-            ("3g.90gb", 3, est(90)),
-            ("4g.90gb", 4, est(90)),
-            ("7g.180gb", 7, est(180)),
+            ("1g.23gb", 1, est(23), P1),
+            ("1g.45gb", 1, est(45), P1_WIDE),
+            ("2g.45gb", 2, est(45), P2),
+            ("3g.90gb", 3, est(90), P3),
+            ("4g.90gb", 4, est(90), P4),
+            ("7g.180gb", 7, est(180), P7),
         ],
     },
 ];
@@ -211,10 +242,15 @@ mod tests {
         for m in TABLE {
             let last = m.profiles.last().unwrap();
             assert_eq!(last.1, m.total_slices, "{}", m.name);
+            assert_eq!(last.3 .1, m.memory_slices, "{}: the whole GPU", m.name);
             for w in m.profiles.windows(2) {
                 assert!((w[0].1, w[0].2) <= (w[1].1, w[1].2), "{}: {w:?}", m.name);
             }
-            for (name, slices, mib) in m.profiles {
+            for (name, slices, mib, (starts, size)) in m.profiles {
+                // Each placement lies inside the GPU's memory slices.
+                for s in *starts {
+                    assert!(s + size <= m.memory_slices, "{name}: {s}+{size}");
+                }
                 // The name starts with its compute slices and ends with its size in GB.
                 let (g, gb) = name.split_once("g.").unwrap();
                 assert_eq!(g.parse::<u32>().unwrap(), *slices, "{name}");

@@ -9,10 +9,16 @@
 //! 2. recommend.rs: `recommend(&Usage, &Settings, &Profiles) -> Recommendation`, pure;
 //! 3. render.rs: `Line::new(&Usage, Recommendation)`, then a table, CSV or JSON lines.
 //!
+//! With `--plan`, plan/ turns the recommendations into a layout per GPU model (the MIG
+//! devices packed under the placement rules, the time-slicing and MPS replicas), and
+//! emit/ writes the files that apply it.
+//!
 //! The MIG profiles come from profiles.rs: this node's NVML (nvml.rs) where it has the
 //! model, else the built-in table (mig_table.rs).
+pub mod emit;
 pub mod mig_table;
 pub mod nvml;
+pub mod plan;
 pub mod profiles;
 pub mod prometheus;
 pub mod recommend;
@@ -24,9 +30,9 @@ use std::{fmt::Write as _, path::PathBuf, time::Duration};
 pub use profiles::{MigProfile, ModelProfiles, NvmlModel, Profiles, Source};
 pub use recommend::{recommend, Kind, Recommendation, Settings};
 pub use render::Line;
-pub use usage::{aggregate, Usage, Window, WorkloadKey};
+pub use usage::{aggregate, Aggregate, Usage, Window, WorkloadKey};
 
-use crate::sinks::usage::report::{self, Format};
+use crate::sinks::usage::{read, report::Format};
 
 /// What to sum the recommendations by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -51,6 +57,16 @@ pub struct Options {
     pub settings: Settings,
     pub by: By,
     pub format: Format,
+    /// Plan the layout per GPU model (`--plan`).
+    pub plan: bool,
+}
+
+/// What a run gives: the output, the plan where asked, and what was left out of the input.
+pub struct Outcome {
+    pub out: String,
+    pub plan: Option<plan::Plan>,
+    /// What was left out of the input, by reason, one line each (for stderr).
+    pub left_out: Vec<String>,
 }
 
 /// `--headroom`: a number from 0 to 10 (0.2 is 20 %).
@@ -63,33 +79,55 @@ pub fn parse_headroom(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The recommendations, rendered, and how many lines of the files could not be read.
-pub fn run(o: &Options, profiles: &Profiles) -> Result<(String, usize), String> {
+/// The recommendations (and the plan), rendered, and how many lines of the files could not
+/// be read.
+pub fn run(o: &Options, profiles: &Profiles) -> Result<Outcome, String> {
     let window = Window {
         from_ms: o.now_ms.saturating_sub(o.since.as_millis() as u64),
         to_ms: o.now_ms,
     };
-    let (usages, bad, notes) = match &o.from {
+    let (usages, left_out, notes) = match &o.from {
         From::File(file) => {
-            let (records, bad) = report::read_records(file)?;
-            (aggregate(&records, window, profiles), bad, vec![])
+            let mut a = usage::Aggregate::new(window, profiles);
+            let left = read::for_each_record(file, o.now_ms, |r| a.add(&r))?;
+            (a.finish(), left.lines(), vec![])
         }
         From::Prometheus(src) => {
-            let (usages, notes) = prometheus::usages(src, window, profiles)?;
-            (usages, 0, notes)
+            let (usages, left, notes) = prometheus::usages(src, window, profiles)?;
+            (usages, left, notes)
         }
     };
-    let mut lines: Vec<Line> = (usages.iter())
-        .map(|u| Line::new(u, recommend(u, &o.settings, profiles)))
+    let recs: Vec<Recommendation> = (usages.iter())
+        .map(|u| recommend(u, &o.settings, profiles))
+        .collect();
+    let mut lines: Vec<Line> = (usages.iter().zip(&recs))
+        .map(|(u, r)| Line::new(u, r.clone()))
         .collect();
     render::sort(&mut lines);
     let mut footer = footer(o, &usages, profiles);
     footer.notes.extend(notes);
-    let out = match o.by {
+    let plan = o.plan.then(|| {
+        let items: Vec<(&Usage, &Recommendation)> = usages.iter().zip(&recs).collect();
+        plan::plan(&items, &o.settings, profiles)
+    });
+    if let Some(p) = &plan {
+        footer.notes.extend(p.notes.iter().cloned());
+        footer.plan = Some((plan::render::table(p), p.freed(), p.held()));
+    }
+    let mut out = match o.by {
         By::Workload => render::workloads(&lines, o.format, &footer),
         By::Namespace => render::namespaces(&lines, o.format, &footer),
     };
-    Ok((out, bad))
+    match (&plan, o.format) {
+        (Some(p), Format::Json) => out += &plan::render::json_lines(p),
+        (Some(p), Format::Csv) => out += &format!("\n{}", plan::render::csv(p, render::csv_field)),
+        _ => {}
+    }
+    Ok(Outcome {
+        out,
+        plan,
+        left_out,
+    })
 }
 
 /// The settings, and where each GPU model's MIG profiles came from.
@@ -124,7 +162,11 @@ fn footer(o: &Options, usages: &[Usage], profiles: &Profiles) -> render::Footer 
     if let Some(e) = &profiles.nvml_error {
         notes.push(format!("NVML: {e}"));
     }
-    render::Footer { settings, notes }
+    render::Footer {
+        settings,
+        notes,
+        plan: None,
+    }
 }
 
 /// `--profiles`: one line per profile, tab-separated (model, profile, slices, total slices,

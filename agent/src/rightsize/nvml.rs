@@ -1,17 +1,18 @@
 //! This node's GPU models and the MIG profiles their driver lists
-//! (`nvmlDeviceGetGpuInstanceProfileInfoV`, for each NVML_GPU_INSTANCE_PROFILE_* index),
-//! read on a thread of their own: a wedged driver blocks the call, not the command.
+//! (`nvmlDeviceGetGpuInstanceProfileInfoV`, for each NVML_GPU_INSTANCE_PROFILE_* index) with
+//! where each may be placed (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`), read on a
+//! thread of their own: a wedged driver blocks the call, not the command.
 use std::{mem, path::PathBuf, sync::mpsc, time::Duration};
 
 use nvml_wrapper::{error::NvmlError, Device, Nvml};
 use nvml_wrapper_sys::bindings::{
-    nvmlGpuInstanceProfileInfo_v2_t,
+    nvmlDevice_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
     nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
     nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED as NOT_SUPPORTED, nvmlReturn_enum_NVML_SUCCESS as OK,
     NVML_GPU_INSTANCE_PROFILE_COUNT,
 };
 
-use super::profiles::{MigProfile, NvmlModel};
+use super::profiles::{MigProfile, NvmlModel, Placement};
 use crate::gpu::nvml::{describe_init_error, open};
 
 /// nvmlGpuInstanceProfileInfo_v2: NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2).
@@ -103,10 +104,45 @@ fn profiles(nvml: &Nvml, dev: &Device) -> Result<Vec<MigProfile>, NvmlError> {
             name: name.trim_start_matches("MIG ").trim().to_string(),
             slices: info.sliceCount,
             memory_mib: info.memorySizeMB,
+            // SAFETY: the handle of a device this library gave, used while it lives.
+            placements: placements(nvml, unsafe { dev.handle() }, info.id),
         });
     }
     out.sort_by(|a, b| (a.slices, a.memory_mib, &a.name).cmp(&(b.slices, b.memory_mib, &b.name)));
     Ok(out)
+}
+
+/// Where instances of the profile with id `id` may sit: asked for the count, then for that
+/// many. Empty where the driver does not say (an older driver, NOT_SUPPORTED): the table's
+/// placements serve then.
+fn placements(nvml: &Nvml, dev: nvmlDevice_t, id: u32) -> Vec<Placement> {
+    let Ok(f) = nvml
+        .lib()
+        .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+        .as_ref()
+    else {
+        return vec![];
+    };
+    let mut count: u32 = 0;
+    // SAFETY: a live handle; NULL placements asks for the count only (nvml.h).
+    if unsafe { f(dev, id, std::ptr::null_mut(), &mut count) } != OK || count == 0 {
+        return vec![];
+    }
+    let empty = nvmlGpuInstancePlacement_t { start: 0, size: 0 };
+    let mut buf = vec![empty; count as usize];
+    // SAFETY: a buffer of `count` placements, and `count` saying so.
+    if unsafe { f(dev, id, buf.as_mut_ptr(), &mut count) } != OK {
+        return vec![];
+    }
+    buf.truncate(count as usize);
+    let mut out: Vec<Placement> = (buf.iter())
+        .map(|p| Placement {
+            start: p.start,
+            size: p.size,
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 fn nvml_error(code: u32) -> NvmlError {

@@ -7,6 +7,14 @@ use serde::Serialize;
 
 use super::mig_table;
 
+/// Where one GPU instance may sit: its first memory slice and how many it takes
+/// (`nvmlGpuInstancePlacement_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Placement {
+    pub start: u32,
+    pub size: u32,
+}
+
 /// One GPU instance profile.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MigProfile {
@@ -15,6 +23,8 @@ pub struct MigProfile {
     /// Compute slices.
     pub slices: u32,
     pub memory_mib: u64,
+    /// Where its instances may be placed; empty where neither NVML nor the table says.
+    pub placements: Vec<Placement>,
 }
 
 impl MigProfile {
@@ -52,6 +62,9 @@ pub struct ModelProfiles {
     pub model: String,
     /// The whole GPU's compute slices: 7, or 4 on the A30.
     pub total_slices: u32,
+    /// The whole GPU's memory slices, which placements count in: 8, or 4 on the A30; 0
+    /// where no profile has placements.
+    pub memory_slices: u32,
     pub profiles: Vec<MigProfile>,
     pub source: Source,
 }
@@ -61,11 +74,15 @@ impl ModelProfiles {
         ModelProfiles {
             model: m.name.to_string(),
             total_slices: m.total_slices,
+            memory_slices: m.memory_slices,
             profiles: (m.profiles.iter())
-                .map(|&(name, slices, memory_mib)| MigProfile {
+                .map(|&(name, slices, memory_mib, (starts, size))| MigProfile {
                     name: name.to_string(),
                     slices,
                     memory_mib,
+                    placements: (starts.iter())
+                        .map(|&start| Placement { start, size })
+                        .collect(),
                 })
                 .collect(),
             source: Source::Table,
@@ -82,6 +99,15 @@ impl ModelProfiles {
                     .iter()
                     .any(|q| q.is_plain() && q.slices == p.slices && q.memory_mib == p.memory_mib)
         })
+    }
+
+    /// Whether the plan can place its instances: every profile has placements.
+    pub fn has_placements(&self) -> bool {
+        self.memory_slices > 0 && self.profiles.iter().all(|p| !p.placements.is_empty())
+    }
+
+    pub fn profile(&self, name: &str) -> Option<&MigProfile> {
+        self.profiles.iter().find(|p| p.name == name)
     }
 }
 
@@ -127,20 +153,43 @@ impl Profiles {
         let mut p = Profiles::table();
         match read {
             Ok(models) => {
-                p.nvml = (models.iter())
+                let nvml = (models.iter())
                     .filter(|m| !m.profiles.is_empty())
-                    .map(|m| ModelProfiles {
-                        model: m.name.clone(),
-                        total_slices: m.profiles.iter().map(|p| p.slices).max().unwrap_or(0),
-                        profiles: m.profiles.clone(),
-                        source: Source::Nvml,
-                    })
+                    .map(|m| p.read_from_nvml(m))
                     .collect();
+                p.nvml = nvml;
                 p.node_models = models;
             }
             Err(e) => p.nvml_error = Some(e),
         }
         p
+    }
+
+    /// What NVML listed for `m`; a profile it gave no placements for takes the table's
+    /// (of the same name, for the same model), if the table has it.
+    fn read_from_nvml(&self, m: &NvmlModel) -> ModelProfiles {
+        let table = self.table_entry(&m.name, Some(m.memory_bytes));
+        let profiles: Vec<MigProfile> = (m.profiles.iter())
+            .map(|p| match (p.placements.is_empty(), table) {
+                (true, Some(t)) => MigProfile {
+                    placements: (t.profile(&p.name)).map_or(vec![], |q| q.placements.clone()),
+                    ..p.clone()
+                },
+                _ => p.clone(),
+            })
+            .collect();
+        let memory_slices = (profiles.iter())
+            .flat_map(|p| &p.placements)
+            .map(|x| x.start + x.size)
+            .max()
+            .unwrap_or(0);
+        ModelProfiles {
+            model: m.name.clone(),
+            total_slices: m.profiles.iter().map(|p| p.slices).max().unwrap_or(0),
+            memory_slices,
+            profiles,
+            source: Source::Nvml,
+        }
     }
 
     /// The profiles of `device_model` (NVML's name; `device_memory` its memory, bytes):
@@ -200,6 +249,7 @@ mod tests {
             name: name.into(),
             slices,
             memory_mib,
+            placements: vec![],
         }
     }
 
@@ -245,6 +295,7 @@ mod tests {
         let m = ModelProfiles {
             model: "x".into(),
             total_slices: 7,
+            memory_slices: 8,
             profiles: vec![
                 mig("1g.10gb+me", 1, 9984),
                 mig("1g.10gb", 1, 9984),

@@ -14,6 +14,7 @@ use super::{
     profiles::Profiles,
     usage::{max_opt, Usage, Window, WorkloadKey},
 };
+use crate::sinks::usage::read::{LeftOut, Reason};
 
 /// The rules' group, whose interval the sums are counted in.
 pub const GROUP: &str = "gpu-agent-rightsizing";
@@ -28,8 +29,13 @@ pub struct Source {
     pub headers: Vec<(String, String)>,
     /// The group's evaluation interval; None: read from /api/v1/rules.
     pub interval: Option<Duration>,
+    /// Each request's (`--prometheus-timeout`); connecting takes at most `CONNECT_TIMEOUT`
+    /// of it.
     pub timeout: Duration,
 }
+
+/// How long connecting may take: a wrong address fails in seconds, whatever the timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `--prometheus-header`: `Name: value`.
 pub fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -63,6 +69,25 @@ impl Q {
         Q::Sm,
         Q::SmUnknown,
     ];
+
+    /// What is wrong with a value of this query, as `read::check` says it of a record:
+    /// None when it is in its range (`to_s`: the window's end, unix seconds).
+    fn check(self, v: f64, to_s: f64) -> Option<&'static str> {
+        let range = match self {
+            Q::Count | Q::Held | Q::Peak => 0.0..=f64::MAX,
+            Q::First | Q::Last => 0.0..=to_s + 86_400.0,
+            // Parts of a GPU.
+            Q::Sm | Q::SmUnknown => 0.0..=1.0 + 1e-9,
+        };
+        (!(v.is_finite() && range.contains(&v))).then_some(match self {
+            Q::Count => "count",
+            Q::Held => "held share",
+            Q::First | Q::Last => "seen_at",
+            Q::Peak => "memory peak",
+            Q::Sm => "SM share p95 (a part of a GPU, 0 to 1)",
+            Q::SmUnknown => "unknown SM share (0 to 1)",
+        })
+    }
 
     /// Its PromQL over a window of `w` seconds.
     fn promql(self, w: u64) -> String {
@@ -129,6 +154,7 @@ impl Sums {
             used: self.peak > 0.0 || self.sm.is_some_and(|s| s > 0.0),
             device_memory_bytes: memory,
             mig_profile: self.mig.map(|(_, p)| p),
+            containers: vec![],
         }
     }
 }
@@ -136,13 +162,13 @@ impl Sums {
 /// The rules' answers by query: (labels, value) per series.
 type Answers = Vec<(Q, Vec<(BTreeMap<String, String>, f64)>)>;
 
-/// Each workload's `Usage` over `window`, and notes for the footer (where it read, the
-/// interval; series left out).
-pub fn usages(
-    src: &Source,
-    window: Window,
-    profiles: &Profiles,
-) -> Result<(Vec<Usage>, Vec<String>), String> {
+/// Each workload's `Usage`, what was left out (one line per reason), and notes for the
+/// footer.
+pub type Read = (Vec<Usage>, Vec<String>, Vec<String>);
+
+/// Each workload's `Usage` over `window`, what was left out (one line per reason), and
+/// notes for the footer (where it read, the interval; series without a workload).
+pub fn usages(src: &Source, window: Window, profiles: &Profiles) -> Result<Read, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -150,11 +176,7 @@ pub fn usages(
     rt.block_on(read(src, window, profiles))
 }
 
-async fn read(
-    src: &Source,
-    window: Window,
-    profiles: &Profiles,
-) -> Result<(Vec<Usage>, Vec<String>), String> {
+async fn read(src: &Source, window: Window, profiles: &Profiles) -> Result<Read, String> {
     let client = Client::new(src)?;
     let (step, whence) = match src.interval {
         Some(i) => (i.as_secs().max(1), "--rule-interval"),
@@ -174,12 +196,19 @@ async fn read(
         let q = format!("max_over_time(model:hw_gpu_memory_limit_bytes:max[{w}s])");
         memory.query(&q, at).await
     });
+    let names = client.clone();
+    let names = tokio::spawn(async move { names.query(&containers_promql(w), at).await });
     let mut answers: Answers = vec![];
     for (q, t) in tasks {
         answers.push((q, t.await.map_err(|e| e.to_string())??));
     }
     let memory = memory.await.map_err(|e| e.to_string())??;
-    let (usages, unnamed) = assemble(&answers, &memory, step as f64, profiles);
+    let to_s = window.to_ms as f64 / 1000.0;
+    let (mut usages, unnamed, left) = assemble(&answers, &memory, step as f64, profiles, to_s);
+    // Names for the patches only: a Prometheus that no longer has the raw series still
+    // gives the plan.
+    let names = names.await.map_err(|e| e.to_string())?.unwrap_or_default();
+    name_containers(&mut usages, &names);
     let mut notes = vec![format!(
         "read from {} (rules every {} s, from {whence})",
         src.url, step
@@ -194,21 +223,64 @@ async fn read(
             "no workload series in the window: are the rules of group {GROUP} loaded, and gpu-agent scraped?"
         ));
     }
-    Ok((usages, notes))
+    Ok((usages, left.lines(), notes))
 }
 
-/// The answers summed per workload and model; and how many series had no workload.
+/// The containers of each workload and model seen in the raw per-container series over
+/// the window's last day at most (their retention may be short, and a longer look costs a
+/// scan of every container's samples).
+fn containers_promql(w: u64) -> String {
+    let w = w.min(86_400);
+    format!(
+        "group by (namespace, workload_kind, workload, model, container) \
+         (last_over_time(container_gpu_share[{w}s]))"
+    )
+}
+
+/// Each usage's container names, from `containers_promql`'s answer.
+fn name_containers(usages: &mut [Usage], series: &[(BTreeMap<String, String>, f64)]) {
+    let label = |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
+    let mut by_key: BTreeMap<WorkloadKey, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for (m, _) in series {
+        let key = WorkloadKey {
+            namespace: label(m, "namespace"),
+            workload_kind: label(m, "workload_kind"),
+            workload: label(m, "workload"),
+            device_model: label(m, "model"),
+        };
+        let c = label(m, "container");
+        if !c.is_empty() {
+            by_key.entry(key).or_default().insert(c);
+        }
+    }
+    for u in usages {
+        if let Some(names) = by_key.remove(&u.key) {
+            u.containers = names.into_iter().collect();
+        }
+    }
+}
+
+/// The answers summed per workload and model; how many series had no workload; and the
+/// values out of their range, left out (`to_s`: the window's end, unix seconds).
 fn assemble(
     answers: &Answers,
     memory: &[(BTreeMap<String, String>, f64)],
     step: f64,
     profiles: &Profiles,
-) -> (Vec<Usage>, usize) {
+    to_s: f64,
+) -> (Vec<Usage>, usize, LeftOut) {
     let label = |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
     let mut sums: BTreeMap<WorkloadKey, Sums> = BTreeMap::new();
-    let mut unnamed = 0;
+    let (mut unnamed, mut left) = (0, LeftOut::default());
     for (q, series) in answers {
-        for (m, v) in series.iter().filter(|(_, v)| v.is_finite()) {
+        for (m, v) in series {
+            if let Some(what) = q.check(*v, to_s) {
+                left.add(Reason::OutOfRange, || {
+                    let (ns, w) = (label(m, "namespace"), label(m, "workload"));
+                    format!("{what} {v} of {ns}/{w} ({})", label(m, "model"))
+                });
+                continue;
+            }
             let key = WorkloadKey {
                 namespace: label(m, "namespace"),
                 workload_kind: label(m, "workload_kind"),
@@ -246,7 +318,7 @@ fn assemble(
             s.finish(k, step, memory)
         })
         .collect();
-    (usages, unnamed)
+    (usages, unnamed, left)
 }
 
 /// The HTTP API, with the source's headers on every request.
@@ -254,6 +326,7 @@ fn assemble(
 struct Client {
     http: reqwest::Client,
     base: String,
+    timeout: Duration,
 }
 
 impl Client {
@@ -269,6 +342,7 @@ impl Client {
         let http = reqwest::Client::builder()
             .default_headers(headers)
             .timeout(src.timeout)
+            .connect_timeout(CONNECT_TIMEOUT.min(src.timeout))
             .user_agent(concat!(
                 "gpu-agent/",
                 env!("CARGO_PKG_VERSION"),
@@ -279,16 +353,27 @@ impl Client {
         Ok(Client {
             http,
             base: src.url.trim_end_matches('/').to_string(),
+            timeout: src.timeout,
         })
     }
 
     /// GET `path` with `params`: the answer's `data`, or what the API said was wrong.
     async fn get(&self, path: &str, params: &[(&str, String)]) -> Result<Value, String> {
         let url = format!("{}{path}", self.base);
-        let resp = (self.http.get(&url).query(params).send().await)
-            .map_err(|e| format!("{url}: {:#}", anyhow::Error::new(e)))?;
+        let failed = |e: reqwest::Error| match (e.is_timeout(), e.is_connect()) {
+            (true, true) => format!(
+                "{url}: could not connect within {} s",
+                CONNECT_TIMEOUT.min(self.timeout).as_secs_f64()
+            ),
+            (true, false) => format!(
+                "{url}: no answer within {} s (--prometheus-timeout)",
+                self.timeout.as_secs_f64()
+            ),
+            _ => format!("{url}: {:#}", anyhow::Error::new(e)),
+        };
+        let resp = (self.http.get(&url).query(params).send().await).map_err(failed)?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+        let body = resp.bytes().await.map_err(failed)?;
         let v: Value = serde_json::from_slice(&body).map_err(|_| {
             let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             format!("{url}: HTTP {status}, not the Prometheus API: {text}")
@@ -398,7 +483,8 @@ mod tests {
             (Q::SmUnknown, vec![(three.clone(), 3.0 / 7.0)]),
         ];
         let memory = vec![(labels(&[("model", H100)]), 85e9)];
-        let (u, unnamed) = assemble(&answers, &memory, 300.0, &Profiles::table());
+        let (u, unnamed, left) = assemble(&answers, &memory, 300.0, &Profiles::table(), 5000.0);
+        assert_eq!(left.total(), 0);
         assert_eq!((u.len(), unnamed), (1, 1));
         let u = &u[0];
         assert_eq!(u.key.workload, "chat");
@@ -435,10 +521,33 @@ mod tests {
             (Q::Peak, vec![(job.clone(), 0.0), (ghost, 5.0)]),
             (Q::Sm, vec![(job, 0.0)]),
         ];
-        let (u, _) = assemble(&answers, &[], 60.0, &Profiles::table());
+        let (u, _, _) = assemble(&answers, &[], 60.0, &Profiles::table(), 5000.0);
         assert_eq!(u.len(), 1);
         assert!(!u[0].used);
         assert_eq!((u[0].coverage_s, u[0].gpus_allocated), (240.0, 1.0));
+    }
+
+    #[test]
+    fn values_out_of_their_range_are_left_out_and_counted() {
+        let job = labels(&[
+            ("namespace", "r"),
+            ("workload_kind", "Job"),
+            ("workload", "sweep"),
+            ("model", H100),
+        ]);
+        let answers: Answers = vec![
+            (Q::Count, vec![(job.clone(), 4.0)]),
+            (Q::Held, vec![(job.clone(), -1.0)]),
+            (Q::Peak, vec![(job.clone(), f64::NAN)]),
+            (Q::Sm, vec![(job, 1.5)]),
+        ];
+        let (u, _, left) = assemble(&answers, &[], 60.0, &Profiles::table(), 5000.0);
+        assert_eq!(left.out_of_range.count, 3);
+        assert_eq!(
+            left.out_of_range.examples[2],
+            "SM share p95 (a part of a GPU, 0 to 1) 1.5 of r/sweep (NVIDIA H100 80GB HBM3)"
+        );
+        assert_eq!((u[0].gpus_allocated, u[0].sm_p95), (0.0, None));
     }
 
     #[test]

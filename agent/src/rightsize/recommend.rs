@@ -230,6 +230,7 @@ mod tests {
             used: true,
             device_memory_bytes: Some(memory),
             mig_profile: None,
+            containers: vec![],
         }
     }
 
@@ -375,16 +376,19 @@ mod tests {
                     name: "1g.8gb".into(),
                     slices: 1,
                     memory_mib: 8192,
+                    placements: vec![],
                 },
                 MigProfile {
                     name: "2g.16gb".into(),
                     slices: 2,
                     memory_mib: 16384,
+                    placements: vec![],
                 },
                 MigProfile {
                     name: "7g.80gb".into(),
                     slices: 7,
                     memory_mib: 81152,
+                    placements: vec![],
                 },
             ],
             error: None,

@@ -104,6 +104,8 @@ pub fn by_namespace(lines: &[Line]) -> Vec<NamespaceLine> {
 pub struct Footer {
     pub settings: String,
     pub notes: Vec<String>,
+    /// With `--plan`: its section of the table, and (GPUs freed, GPUs held) for the total.
+    pub plan: Option<(String, u32, u32)>,
 }
 
 /// `7d`, `36h`, `45m`, `30s`: the largest unit that keeps a whole number above 1.
@@ -135,7 +137,7 @@ pub fn describe(r: &Recommendation) -> String {
     }
 }
 
-fn csv_field(s: &str) -> String {
+pub fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
@@ -230,7 +232,18 @@ fn totals(lines: &[Line], footer: &Footer, per_namespace: bool) -> String {
         }
         (saved, held) = (saved + n.gpus_saved, held + n.gpus_allocated);
     }
-    let _ = writeln!(s, "total: {saved:.2} of {held:.2} GPUs reclaimable");
+    match &footer.plan {
+        Some((section, freed, gpus)) => {
+            s += section;
+            let _ = writeln!(
+                s,
+                "\ntotal: {saved:.2} of {held:.2} GPUs reclaimable (fractional); the plan frees {freed} of {gpus} GPUs"
+            );
+        }
+        None => {
+            let _ = writeln!(s, "total: {saved:.2} of {held:.2} GPUs reclaimable");
+        }
+    }
     let _ = writeln!(s, "\n{}", footer.settings);
     for n in &footer.notes {
         let _ = writeln!(s, "{n}");
@@ -346,6 +359,7 @@ mod tests {
             used: true,
             device_memory_bytes: None,
             mig_profile: None,
+            containers: vec![],
         };
         let r = Recommendation {
             kind,
@@ -373,6 +387,7 @@ mod tests {
         Footer {
             settings: "window 7d, headroom 20%".into(),
             notes: vec!["MIG profiles of NVIDIA H100 80GB HBM3: the built-in table".into()],
+            plan: None,
         }
     }
 

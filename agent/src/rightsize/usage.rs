@@ -49,6 +49,8 @@ pub struct Usage {
     pub device_memory_bytes: Option<u64>,
     /// The MIG profile of the largest MIG device it held, if it was on MIG.
     pub mig_profile: Option<String>,
+    /// Its containers' names, sorted (none where the source does not say them).
+    pub containers: Vec<String>,
 }
 
 /// The window, unix ms: records are clipped to [from_ms, to_ms].
@@ -99,6 +101,7 @@ struct Sums {
     used: bool,
     device_memory: Option<u64>,
     mig: Option<(f64, String)>,
+    containers: std::collections::BTreeSet<String>,
 }
 
 /// The larger of `a` (where there is one) and `b`.
@@ -143,6 +146,11 @@ impl Sums {
                 self.mig = Some((part, p.clone()));
             }
         }
+        if let Some(c) = &r.container_name {
+            if !self.containers.contains(c) {
+                self.containers.insert(c.clone());
+            }
+        }
     }
 
     fn finish(self, key: WorkloadKey) -> Usage {
@@ -164,6 +172,7 @@ impl Sums {
             used: self.used,
             device_memory_bytes: self.device_memory,
             mig_profile: self.mig.map(|(_, p)| p),
+            containers: self.containers.into_iter().collect(),
         }
     }
 }
@@ -172,19 +181,45 @@ impl Sums {
 /// straddles an edge counts the part of its time inside; its peaks count whole (they may
 /// fall either side: the larger is assumed). Host records are left out.
 pub fn aggregate(records: &[UsageRecord], window: Window, profiles: &Profiles) -> Vec<Usage> {
-    let mut sums: BTreeMap<WorkloadKey, Sums> = BTreeMap::new();
+    let mut a = Aggregate::new(window, profiles);
     for r in records {
+        a.add(r);
+    }
+    a.finish()
+}
+
+/// `aggregate` as the records stream by: memory grows with the workloads, not the records.
+pub struct Aggregate<'a> {
+    window: Window,
+    profiles: &'a Profiles,
+    sums: BTreeMap<WorkloadKey, Sums>,
+}
+
+impl<'a> Aggregate<'a> {
+    pub fn new(window: Window, profiles: &'a Profiles) -> Aggregate<'a> {
+        Aggregate {
+            window,
+            profiles,
+            sums: BTreeMap::new(),
+        }
+    }
+
+    pub fn add(&mut self, r: &UsageRecord) {
+        let window = self.window;
         let (start, end) = (r.start_ms, r.end_ms.max(r.start_ms));
         if end < window.from_ms || start > window.to_ms {
-            continue;
+            return;
         }
         let Some(key) = workload_key(r) else {
-            continue;
+            return;
         };
         let clipped = (start.max(window.from_ms), end.min(window.to_ms));
-        sums.entry(key).or_default().add(r, clipped, profiles);
+        (self.sums.entry(key).or_default()).add(r, clipped, self.profiles);
     }
-    sums.into_iter().map(|(k, s)| s.finish(k)).collect()
+
+    pub fn finish(self) -> Vec<Usage> {
+        self.sums.into_iter().map(|(k, s)| s.finish(k)).collect()
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! full disk, a collector outage) and retries with backoff. `report` reads the file back
 //! for `gpu-agent report`.
 pub mod file;
+pub mod read;
 pub mod report;
 
 use std::{

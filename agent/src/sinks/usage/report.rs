@@ -11,7 +11,7 @@ use std::{
 use gpu_model::UsageRecord;
 use serde::Serialize;
 
-use super::file::rotated;
+use super::read;
 
 /// What to group by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -98,46 +98,45 @@ fn key_of(r: &UsageRecord, b: By) -> String {
     }
 }
 
-/// The file and its rotated files, oldest first; unreadable lines are counted, not fatal.
+/// Every good record of the file and its rotated files, oldest first, in memory, and how
+/// many lines were left out (read.rs says why). `report` and `rightsize` stream instead.
 pub fn read_records(file: &Path) -> Result<(Vec<UsageRecord>, usize), String> {
-    let mut paths = vec![];
-    let mut n = 1;
-    while rotated(file, n).exists() {
-        paths.push(rotated(file, n));
-        n += 1;
-    }
-    paths.reverse();
-    if file.exists() {
-        paths.push(file.to_path_buf());
-    }
-    if paths.is_empty() {
-        return Err(format!("{}: no such file (usage.file)", file.display()));
-    }
-    let (mut records, mut bad) = (vec![], 0);
-    for p in paths {
-        // Bytes, not text: a line torn inside a character is one bad line, not a bad file.
-        let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        for line in bytes.split(|b| *b == b'\n') {
-            if line.trim_ascii().is_empty() {
-                continue;
-            }
-            match serde_json::from_slice::<UsageRecord>(line) {
-                Ok(r) => records.push(r),
-                Err(_) => bad += 1,
-            }
-        }
-    }
-    Ok((records, bad))
+    let mut records = vec![];
+    let left = read::for_each_record(file, u64::MAX / 2, |r| records.push(r))?;
+    Ok((records, left.total()))
 }
 
 /// Totals per group over [now - since, now], largest GPU-hours first.
 pub fn summarize(records: &[UsageRecord], o: &Options) -> Vec<Row> {
-    let from = o.now_ms.saturating_sub(o.since.as_millis() as u64);
-    let mut rows: BTreeMap<Vec<String>, Row> = BTreeMap::new();
+    let mut s = Summary::new(o);
     for r in records {
+        s.add(r);
+    }
+    s.finish()
+}
+
+/// The groups' totals as the records stream by: memory grows with the groups.
+pub struct Summary<'a> {
+    o: &'a Options,
+    from: u64,
+    rows: BTreeMap<Vec<String>, Row>,
+}
+
+impl<'a> Summary<'a> {
+    pub fn new(o: &'a Options) -> Summary<'a> {
+        Summary {
+            o,
+            from: o.now_ms.saturating_sub(o.since.as_millis() as u64),
+            rows: BTreeMap::new(),
+        }
+    }
+
+    /// Counts `r` in its group, in proportion to its time inside the window.
+    pub fn add(&mut self, r: &UsageRecord) {
+        let (o, from, rows) = (self.o, self.from, &mut self.rows);
         let (start, end) = (r.start_ms, r.end_ms.max(r.start_ms));
         if end < from || start > o.now_ms {
-            continue;
+            return;
         }
         let span = (end - start) as f64;
         let inside = (end.min(o.now_ms) - start.max(from)) as f64;
@@ -158,11 +157,14 @@ pub fn summarize(records: &[UsageRecord], o: &Options) -> Vec<Row> {
             .max(r.memory_peak_bytes as f64 / (1u64 << 30) as f64);
         row.energy_kwh += r.energy_joules * f / 3.6e6;
     }
-    let mut out: Vec<Row> = rows.into_values().collect();
-    // Unknown GPU time sorts last.
-    let hours = |r: &Row| r.gpu_hours.unwrap_or(f64::NEG_INFINITY);
-    out.sort_by(|a, b| hours(b).total_cmp(&hours(a)));
-    out
+
+    /// The rows, largest GPU-hours first (unknown last).
+    pub fn finish(self) -> Vec<Row> {
+        let mut out: Vec<Row> = self.rows.into_values().collect();
+        let hours = |r: &Row| r.gpu_hours.unwrap_or(f64::NEG_INFINITY);
+        out.sort_by(|a, b| hours(b).total_cmp(&hours(a)));
+        out
+    }
 }
 
 const COLUMNS: [&str; 6] = [
