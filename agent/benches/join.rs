@@ -212,7 +212,7 @@ fn main() {
             let s = sample(containers, busy, t, &migs);
             let cpu = thread_cpu_ns();
             let mut snap = joiner.join(&state, &metadata, &s, &SourceStatus::Ok, MAX_GAP, false);
-            billing.bill(&mut snap, &s, joiner.gpu_names(), &state, &metadata);
+            billing.bill(&mut snap, &s, joiner.joined(), &state, &metadata);
             let old = std::mem::replace(&mut published, Arc::new(snap));
             if let Ok(old) = Arc::try_unwrap(old) {
                 joiner.recycle(old);

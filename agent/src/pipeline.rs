@@ -153,7 +153,7 @@ impl Pipeline {
                 let state = self.tracker.state();
                 let j = &mut self.joiner;
                 let mut snap = j.join(&*state, &md, &s, &nvml, self.max_gap, self.process_detail);
-                (self.billing).bill(&mut snap, &s, j.gpu_names(), &*state, &md);
+                (self.billing).bill(&mut snap, &s, j.joined(), &*state, &md);
                 drop(state);
                 if let Some(r) = self.names.as_mut() {
                     r.ask(&snap);

@@ -2,7 +2,10 @@
 //! share of the GPU's energy, its peak memory, its memory limit, NVML's accounting stats of
 //! its exited processes, and the usage record of each stretch of use. The carried state
 //! goes in and comes out in `Books`.
-use std::collections::{HashMap, HashSet};
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+};
 
 use gpu_model::{
     AccountingSample, ContainerGpu, ContainerUsage, DeviceSample, GpuAccount, GpuSample,
@@ -43,10 +46,12 @@ pub struct Inputs<'a> {
 }
 
 /// What one cycle's pass reads: the sample, its devices' shared names (in the sample's
-/// order), the metadata and the inputs above.
+/// order), the owners of the entries the join grouped (in their order), the metadata and
+/// the inputs above.
 pub struct Pass<'a> {
     pub sample: &'a GpuSample,
     pub names: &'a DeviceNames,
+    pub owners: &'a [Option<Owner>],
     pub metadata: &'a Metadata,
     pub inputs: &'a Inputs<'a>,
 }
@@ -61,10 +66,11 @@ fn ledger<'a>(books: &'a mut Books, owner: &Owner, uuid: &Name) -> &'a mut Ledge
 type Charge<'a> = (usize, &'a Name, f64);
 
 /// A snapshot entry's owner (`owner_key`) and where its ledgers are: one row per entry, in
-/// the entries' order.
+/// the entries' order. The owner is the join's where it has one (no reference count a
+/// cycle per entry), else made here.
 #[derive(Debug, Clone)]
-struct Row {
-    owner: Option<Owner>,
+struct Row<'a> {
+    owner: Option<Cow<'a, Owner>>,
     slot: Option<Slot>,
 }
 
@@ -81,10 +87,15 @@ fn owner_name(c: &ContainerUsage) -> Option<(bool, &Name)> {
     }
 }
 
-/// Each entry's row: its owner, and its slot, that of the entry at the same position the
-/// cycle before where it holds the very same name (no byte of the id read, no map
-/// probed), else the ledgers' lookup (made for a new owner).
-fn rows(containers: &[ContainerUsage], books: &mut Books) -> Vec<Row> {
+/// Each entry's row: its owner (the join's, `owners`, for the entries it grouped), and its
+/// slot, that of the entry at the same position the cycle before where it holds the very
+/// same name (no byte of the id read, no map probed), else the ledgers' lookup (made for a
+/// new owner).
+fn rows<'a>(
+    containers: &[ContainerUsage],
+    owners: &'a [Option<Owner>],
+    books: &mut Books,
+) -> Vec<Row<'a>> {
     let last = std::mem::take(&mut books.hints);
     books.hints.reserve(containers.len());
     let mut rows = Vec::with_capacity(containers.len());
@@ -92,8 +103,12 @@ fn rows(containers: &[ContainerUsage], books: &mut Books) -> Vec<Row> {
         if let Some(&s) = last.get(i + AHEAD) {
             books.ledgers.prefetch(s, 0);
         }
-        let owner = owner_key(c);
-        let slot = owner.as_ref().map(|o| {
+        let owner = match owners.get(i) {
+            Some(o) => o.as_ref().map(Cow::Borrowed),
+            None => owner_key(c).map(Cow::Owned),
+        };
+        debug_assert_eq!(owner.as_deref(), owner_key(c).as_ref());
+        let slot = owner.as_deref().map(|o| {
             let name = owner_name(c);
             match last
                 .get(i)
@@ -125,7 +140,7 @@ pub fn account(
     pass: &Pass,
 ) -> Vec<UsageRecord> {
     let now = pass.sample.taken_at_ms;
-    let mut rows = rows(containers, books);
+    let mut rows = rows(containers, pass.owners, books);
     let users = DeviceUsers::of(containers, &rows, pass.names);
     let mut split = Split::default();
     let mut index = None;
@@ -168,13 +183,16 @@ pub fn account(
         // Charged accounting, so holding a ledger: their slots are there to find.
         let owner = owner_key(c);
         let slot = owner.as_ref().and_then(|o| books.ledgers.find(o));
-        rows.push(Row { owner, slot });
+        rows.push(Row {
+            owner: owner.map(Cow::Owned),
+            slot,
+        });
     }
     containers.extend(added);
     // One list of each container's devices, reused (not a list made and freed per entry).
     let mut devices = vec![];
     for (c, row) in containers.iter_mut().zip(&rows) {
-        if let (Some(owner), Some(slot)) = (&row.owner, row.slot) {
+        if let (Some(owner), Some(slot)) = (row.owner.as_deref(), row.slot) {
             fill_accounts(c, (owner, slot), books, &accounted, pass, &mut devices);
         }
     }
@@ -255,7 +273,7 @@ fn accounted_owners(
     if accounted.is_empty() {
         return vec![];
     }
-    let present: HashSet<&Owner> = present.iter().filter_map(|r| r.owner.as_ref()).collect();
+    let present: HashSet<&Owner> = present.iter().filter_map(|r| r.owner.as_deref()).collect();
     let mut added = vec![];
     let mut owners: Vec<&Owner> = accounted
         .keys()
@@ -335,7 +353,7 @@ fn split_energy<'a, 'o>(
     pending.idle += idle;
     pending.owners.next = 0;
     for (c, name, f) in shares {
-        if let Some(owner) = &rows[c].owner {
+        if let Some(owner) = rows[c].owner.as_deref() {
             pending.owners.add(owner, name, f);
         }
     }
@@ -353,7 +371,7 @@ fn split_energy<'a, 'o>(
     // Made once a cycle, for the first GPU whose held energy moved.
     let index = index.get_or_insert_with(|| {
         let rows = rows.iter().enumerate();
-        rows.filter_map(|(c, r)| Some((r.owner.as_ref()?, c)))
+        rows.filter_map(|(c, r)| Some((r.owner.as_deref()?, c)))
             .collect()
     });
     for (owner, name, f) in pending.owners.entries {
@@ -422,7 +440,7 @@ fn charge_accounting(
             continue;
         }
         let using = containers.iter().zip(rows).any(|(c, r)| {
-            r.owner.as_ref() == Some(&a.owner) && c.gpus.iter().any(|g| *g.uuid == *a.uuid)
+            r.owner.as_deref() == Some(&a.owner) && c.gpus.iter().any(|g| *g.uuid == *a.uuid)
         });
         if using {
             continue;

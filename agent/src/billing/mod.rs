@@ -13,7 +13,6 @@
 use std::path::Path;
 
 use gpu_model::{GpuSample, Name, Snapshot, UsageRecord};
-use rustc_hash::FxHashSet;
 
 pub mod account;
 pub mod exits;
@@ -27,7 +26,10 @@ mod tests;
 use crate::{
     config::UsageConfig,
     gpu::{
-        join::owner::{DeviceNames, Owner},
+        join::{
+            owner::{DeviceNames, Owner},
+            Joined,
+        },
         nvml::sampler::AccountingRequests,
     },
     metadata::Metadata,
@@ -101,18 +103,18 @@ impl Billing {
         (billing, requests)
     }
 
-    /// Bills one snapshot, in place, before it is published: `gpu_names` are the join's
-    /// names of the sample's GPUs (`Joiner::gpu_names`), which its entries share. Then the
-    /// exits noticed go to the NVML thread and the records of ended stretches to the sink.
+    /// Bills one snapshot, in place, before it is published, with what the join found out
+    /// about its entries (`Joiner::joined`). Then the exits noticed go to the NVML thread
+    /// and the records of ended stretches to the sink.
     pub fn bill(
         &mut self,
         snap: &mut Snapshot,
         sample: &GpuSample,
-        gpu_names: &FxHashSet<Name>,
+        joined: Joined,
         procs: &impl Resolver,
         metadata: &Metadata,
     ) {
-        let records = self.account(snap, sample, gpu_names, metadata);
+        let records = self.account(snap, sample, joined, metadata);
         self.exits.watch(sample, procs, metadata);
         self.emit(records);
     }
@@ -122,7 +124,7 @@ impl Billing {
         &mut self,
         snap: &mut Snapshot,
         sample: &GpuSample,
-        gpu_names: &FxHashSet<Name>,
+        joined: Joined,
         metadata: &Metadata,
     ) -> Vec<UsageRecord> {
         let accounted = self.exits.accounted(sample);
@@ -132,7 +134,7 @@ impl Billing {
             settings: &self.settings,
         };
         let books = &mut self.books;
-        bill_snapshot(books, (snap, sample, gpu_names), metadata, &inputs)
+        bill_snapshot(books, (snap, sample, joined), metadata, &inputs)
     }
 
     /// Stretches still open: a record each (`agent_stopped`), so that a restart loses no
@@ -166,14 +168,15 @@ impl Billing {
 /// forgotten goes, the account pass runs, and each GPU's idle energy is set.
 pub fn bill_snapshot(
     books: &mut ledger::Books,
-    (snap, sample, gpu_names): (&mut Snapshot, &GpuSample, &FxHashSet<Name>),
+    (snap, sample, joined): (&mut Snapshot, &GpuSample, Joined),
     metadata: &Metadata,
     inputs: &account::Inputs,
 ) -> Vec<UsageRecord> {
-    let names = DeviceNames::new(sample, gpu_names);
+    let names = DeviceNames::new(sample, joined.gpu_names);
     let pass = account::Pass {
         sample,
         names: &names,
+        owners: joined.owners,
         metadata,
         inputs,
     };

@@ -19,7 +19,7 @@ use crate::{
             counters::Counters,
             joiner::{tests::allocated_to_a, FORGET_AFTER_MS},
             owner::Owner,
-            JoinOptions,
+            JoinOptions, Joined,
         },
         DeviceSample,
     },
@@ -78,7 +78,11 @@ fn cycle(
         settings: &settings,
     };
     let names = c.join.uuids.clone();
-    let records = bill_snapshot(&mut c.books, (&mut snap, s, &names), md, &inputs);
+    let joined = Joined {
+        gpu_names: &names,
+        owners: &[],
+    };
+    let records = bill_snapshot(&mut c.books, (&mut snap, s, joined), md, &inputs);
     (snap, records)
 }
 

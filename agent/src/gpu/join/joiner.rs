@@ -210,7 +210,7 @@ pub fn join(
     };
     let mut counters = prev.clone();
     let mut spare = Spare::default();
-    let snap = join_in_place(
+    let (snap, _) = join_in_place(
         procs,
         metadata,
         (sample, nvml_status),
@@ -220,14 +220,15 @@ pub fn join(
     (snap, counters)
 }
 
-/// The join, updating the counters in place and filling the lists `spare` kept.
+/// The join, updating the counters in place and filling the lists `spare` kept; with the
+/// owners of the entries it grouped, in their order.
 fn join_in_place(
     procs: &impl Resolver,
     metadata: &Metadata,
     (sample, nvml_status): (&GpuSample, &SourceStatus),
     (counters, spare): (&mut Counters, &mut Spare),
     opts: JoinOptions,
-) -> Snapshot {
+) -> (Snapshot, Vec<Option<Owner>>) {
     let last = counters.last_sample_ms;
     let dt = if last == 0 || sample.taken_at_ms <= last {
         0.0
@@ -279,7 +280,7 @@ fn join_in_place(
             d
         })
         .collect();
-    Snapshot {
+    let snap = Snapshot {
         taken_at_ms: sample.taken_at_ms,
         nvml: nvml_status.clone(),
         driver_version: sample.driver_version.clone(),
@@ -287,7 +288,19 @@ fn join_in_place(
         containers,
         processes,
         container_xids: vec![],
-    }
+    };
+    (snap, owners)
+}
+
+/// What a join found out about its snapshot's entries besides the snapshot itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Joined<'a> {
+    /// The sample's GPU uuids as the entries share them: a later stage that looks the
+    /// entries' devices up in these compares by pointer.
+    pub gpu_names: &'a FxHashSet<Name>,
+    /// The owner of each entry the join grouped (the first ones), in their order: the
+    /// same as `owner_key` of each, shared rather than made again.
+    pub owners: &'a [Option<Owner>],
 }
 
 /// How long a GPU PID that nobody could place is left alone before /proc is asked again.
@@ -299,6 +312,8 @@ const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
 #[derive(Debug, Default)]
 pub struct Joiner {
     counters: Counters,
+    /// The owners of the last snapshot's grouped entries, in their order.
+    owners: Vec<Option<Owner>>,
     spare: Spare,
     unresolved: HashMap<u32, Instant>,
     xids: XidCharges,
@@ -361,13 +376,14 @@ impl Joiner {
             max_gap,
             process_detail,
         };
-        let mut snap = join_in_place(
+        let (mut snap, owners) = join_in_place(
             procs,
             metadata,
             (sample, nvml_status),
             (&mut self.counters, &mut self.spare),
             opts,
         );
+        self.owners = owners;
         snap.container_xids = self.xids.charge(procs, metadata, sample);
         snap
     }
@@ -377,10 +393,12 @@ impl Joiner {
         self.spare.recycle(snap);
     }
 
-    /// The last sample's GPU uuids as the snapshot's entries share them: a later stage
-    /// that looks the entries' devices up in these compares by pointer.
-    pub fn gpu_names(&self) -> &FxHashSet<Name> {
-        &self.counters.uuids
+    /// What the last join found out about its snapshot's entries, for a later stage.
+    pub fn joined(&self) -> Joined<'_> {
+        Joined {
+            gpu_names: &self.counters.uuids,
+            owners: &self.owners,
+        }
     }
 }
 

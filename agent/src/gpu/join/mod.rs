@@ -18,4 +18,4 @@ pub mod spare;
 pub mod xid_charge;
 
 pub use gpu_model::{DeviceSample, GpuSample, MigSample, ProcessSample};
-pub use joiner::{join, Coverage, JoinOptions, Joiner};
+pub use joiner::{join, Coverage, JoinOptions, Joined, Joiner};
