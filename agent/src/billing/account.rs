@@ -143,11 +143,12 @@ pub fn account(
     let mut rows = rows(containers, pass.owners, books);
     let users = DeviceUsers::of(containers, &rows, pass.names);
     let mut split = Split::default();
-    let mut index = None;
     for (i, d) in pass.sample.devices.iter().enumerate() {
-        split_energy(d, &users, (&rows, &mut index), i, books, &mut split, now);
+        split_energy(d, &users, &rows, i, books, &mut split, now);
     }
-    let Split { this_cycle, held } = split;
+    let Split {
+        this_cycle, held, ..
+    } = split;
     let mut charges = this_cycle;
     charges.extend(held.iter().map(|(c, name, j)| (*c, name, *j)));
     // By container (a stable sort): this cycle's charges in device order, then those of
@@ -162,7 +163,11 @@ pub fn account(
         max_record_ms: pass.inputs.settings.max_record_ms,
     };
     let mut records = vec![];
-    let window_ms = pass.inputs.settings.peak_window_ms;
+    let ctx = Advance {
+        users: &users,
+        cy: &cycle,
+        window_ms: pass.inputs.settings.peak_window_ms,
+    };
     for (i, (c, row)) in containers.iter().zip(&rows).enumerate() {
         if let Some(s) = rows.get(i + AHEAD).and_then(|r| r.slot) {
             books.ledgers.prefetch(s, 4);
@@ -171,8 +176,7 @@ pub fn account(
         let (mine, later) = rest.split_at(n);
         rest = later;
         if let Some(slot) = row.slot {
-            let cy = (&users, &cycle);
-            advance(c, (slot, mine), books, cy, (window_ms, &mut records));
+            advance(c, slot, mine, books, &ctx, &mut records);
         }
     }
     records.extend(charge_accounting(containers, &rows, books, pass, now));
@@ -193,18 +197,20 @@ pub fn account(
     let mut devices = vec![];
     for (c, row) in containers.iter_mut().zip(&rows) {
         if let (Some(owner), Some(slot)) = (row.owner.as_deref(), row.slot) {
-            fill_accounts(c, (owner, slot), books, &accounted, pass, &mut devices);
+            fill_accounts(c, owner, slot, books, &accounted, pass, &mut devices);
         }
     }
     records
 }
 
 /// The energy split's charges: this cycle's by borrowed names; those of the cycles an
-/// energy read spans, by the names their shares kept.
+/// energy read spans, by the names their shares kept; and each present owner's entry,
+/// found once a cycle where a held read needs it.
 #[derive(Default)]
-struct Split<'a> {
+struct Split<'a, 'o> {
     this_cycle: Vec<Charge<'a>>,
     held: Vec<(usize, Name, f64)>,
+    index: Option<OwnerIndex<'o>>,
 }
 
 /// Each present owner's container index.
@@ -313,10 +319,10 @@ type CycleShares<'a> = (Vec<(usize, &'a Name, f64)>, f64);
 fn split_energy<'a, 'o>(
     d: &DeviceSample,
     users: &DeviceUsers<'a>,
-    (rows, index): (&'o [Row], &mut Option<OwnerIndex<'o>>),
+    rows: &'o [Row],
     i: usize,
     books: &mut Books,
-    charges: &mut Split<'a>,
+    charges: &mut Split<'a, 'o>,
     now: u64,
 ) {
     if !d.status.is_ok() {
@@ -369,7 +375,7 @@ fn split_energy<'a, 'o>(
     let per_cycle = delta / pending.cycles.max(1) as f64;
     *books.idle_energy.entry(d.uuid.clone()).or_insert(0.0) += per_cycle * pending.idle;
     // Made once a cycle, for the first GPU whose held energy moved.
-    let index = index.get_or_insert_with(|| {
+    let index = charges.index.get_or_insert_with(|| {
         let rows = rows.iter().enumerate();
         rows.filter_map(|(c, r)| Some((r.owner.as_deref()?, c)))
             .collect()
@@ -461,16 +467,30 @@ fn charge_accounting(
     records
 }
 
-/// One container's devices this cycle, with one lookup of its owner: its stretch on each
-/// device it used or holds advances (`stretch::advance`), energy is charged, the peak
-/// advances, and a stretch due is cut into a record.
+/// What advancing a container reads of its cycle: the GPUs' users, the cycle, and the
+/// window of the memory peak.
+struct Advance<'a> {
+    users: &'a DeviceUsers<'a>,
+    cy: &'a Cycle<'a>,
+    window_ms: u64,
+}
+
+/// One container's devices this cycle, with one lookup of its owner (`slot`): its stretch
+/// on each device it used or holds advances (`stretch::advance`), its `charges` of energy
+/// are made, the peak advances, and a stretch due is cut into a record.
 fn advance(
     c: &ContainerUsage,
-    (slot, charges): (Slot, &[Charge]),
+    slot: Slot,
+    charges: &[Charge],
     books: &mut Books,
-    (users, cy): (&DeviceUsers, &Cycle),
-    (window_ms, records): (u64, &mut Vec<UsageRecord>),
+    ctx: &Advance,
+    records: &mut Vec<UsageRecord>,
 ) {
+    let Advance {
+        users,
+        cy,
+        window_ms,
+    } = *ctx;
     let now = cy.now;
     let devices = books.ledgers.at(slot);
     for g in &c.gpus {
@@ -481,8 +501,13 @@ fn advance(
             sm: sm_sample(g, users, cy),
             memory_bytes: g.memory_used_bytes,
             used: true,
+            from: &before,
         };
-        stretch::advance(l, c, (&g.uuid, &g.gpu_uuid), (u, &before), cy);
+        let on = stretch::Device {
+            uuid: &g.uuid,
+            gpu_uuid: &g.gpu_uuid,
+        };
+        stretch::advance(l, c, on, u, cy);
         l.peak.push(now, g.memory_used_bytes, window_ms);
     }
     // Devices it holds and ran nothing on: a stretch of the allocation.
@@ -502,13 +527,18 @@ fn advance(
         let (uuid, gpu_uuid) = (uuid.clone(), cy.names.gpu(i).clone());
         let l = device(devices, &uuid);
         l.last_allocated_ms = now;
+        let now_totals = l.totals.clone();
         let u = stretch::Use {
             sm: idle_sm(&uuid, &gpu_uuid, cy),
             memory_bytes: 0,
             used: false,
+            from: &now_totals,
         };
-        let now_totals = l.totals.clone();
-        stretch::advance(l, c, (&uuid, &gpu_uuid), (u, &now_totals), cy);
+        let on = stretch::Device {
+            uuid: &uuid,
+            gpu_uuid: &gpu_uuid,
+        };
+        stretch::advance(l, c, on, u, cy);
     }
     for (_, uuid, j) in charges {
         charge_energy(device(devices, uuid), *j, now);
@@ -567,7 +597,8 @@ fn idle_sm(uuid: &Name, gpu_uuid: &Name, cy: &Cycle) -> Option<(u32, SmSource)> 
 /// Each device the container used or was allocated: its ledger and its limits.
 fn fill_accounts(
     c: &mut ContainerUsage,
-    (owner, slot): (&Owner, Slot),
+    owner: &Owner,
+    slot: Slot,
     books: &Books,
     accounted: &ChargedDevices,
     pass: &Pass,

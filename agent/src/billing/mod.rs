@@ -134,7 +134,7 @@ impl Billing {
             settings: &self.settings,
         };
         let books = &mut self.books;
-        bill_snapshot(books, (snap, sample, joined), metadata, &inputs)
+        bill_snapshot(books, snap, sample, joined, metadata, &inputs)
     }
 
     /// Stretches still open: a record each (`agent_stopped`), so that a restart loses no
@@ -168,7 +168,9 @@ impl Billing {
 /// forgotten goes, the account pass runs, and each GPU's idle energy is set.
 pub fn bill_snapshot(
     books: &mut ledger::Books,
-    (snap, sample, joined): (&mut Snapshot, &GpuSample, Joined),
+    snap: &mut Snapshot,
+    sample: &GpuSample,
+    joined: Joined,
     metadata: &Metadata,
     inputs: &account::Inputs,
 ) -> Vec<UsageRecord> {

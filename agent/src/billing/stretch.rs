@@ -27,25 +27,30 @@ pub struct Cycle<'a> {
     pub max_record_ms: u64,
 }
 
+/// A device and the GPU it is (the same name) or is a MIG device of.
+#[derive(Debug, Clone, Copy)]
+pub struct Device<'a> {
+    pub uuid: &'a Name,
+    pub gpu_uuid: &'a Name,
+}
+
 /// One cycle of a container on a device: its SM utilization (where known, and whence),
-/// the memory it held, and whether it had a process there.
+/// the memory it held, whether it had a process there, and the join's totals a stretch
+/// opened this cycle starts from.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Use {
+pub struct Use<'a> {
     pub sm: Option<(u32, SmSource)>,
     pub memory_bytes: u64,
     pub used: bool,
+    pub from: &'a Totals,
 }
 
-/// Advances the container's stretch on device `uuid` (of GPU `gpu_uuid`) by this cycle's
-/// use, opening it at the first from `totals`: the join's totals before this cycle's
-/// credit where the device was used this cycle, else the totals now.
-pub fn advance(
-    l: &mut Ledger,
-    c: &ContainerUsage,
-    (uuid, gpu_uuid): (&Name, &Name),
-    (u, totals): (Use, &Totals),
-    cy: &Cycle,
-) {
+/// Advances the container's stretch on device `on` by this cycle's use, opening it at the
+/// first from `u.from`: the join's totals before this cycle's credit where the device was
+/// used this cycle, else the totals now.
+pub fn advance(l: &mut Ledger, c: &ContainerUsage, on: Device, u: Use, cy: &Cycle) {
+    let gpu_uuid = on.gpu_uuid;
+    let totals = u.from;
     if l.stretch.is_none() {
         l.stretch = Some(Stretch {
             gpu_uuid: gpu_uuid.clone(),
@@ -58,7 +63,7 @@ pub fn advance(
             accounted_gpu_seconds: l.accounted_gpu_seconds,
             names: RecordNames::of(c),
             detail: Box::new(Detail {
-                device: facts(c, (uuid, gpu_uuid), cy),
+                device: facts(c, on, cy),
                 allocated: c.allocated_gpus.clone(),
                 profile: Profile::default(),
             }),
@@ -79,14 +84,15 @@ pub fn advance(
     if !s.names.shares(c) || !same_allocation {
         s.names = RecordNames::of(c);
         d.allocated = c.allocated_gpus.clone();
-        d.device = facts(c, (uuid, gpu_uuid), cy);
+        d.device = facts(c, on, cy);
     }
     s.held = d.device.held();
 }
 
 /// The device's model and memory (the GPU's), its MIG profile, and the part of a GPU the
 /// container was allocated on it.
-fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> DeviceFacts {
+fn facts(c: &ContainerUsage, on: Device, cy: &Cycle) -> DeviceFacts {
+    let Device { uuid, gpu_uuid } = on;
     let gpu = cy.names.gpu_index(gpu_uuid);
     let device = gpu.map(|i| &cy.sample.devices[i]);
     let mig = match same(uuid, gpu_uuid) {
@@ -100,7 +106,7 @@ fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> De
     DeviceFacts {
         model: device.map(|d| d.name.clone()),
         memory_bytes: device.and_then(|d| d.memory_total_bytes),
-        gpus_allocated: allocated_share(c, (uuid, gpu_uuid), mig_part, cy.metadata),
+        gpus_allocated: allocated_share(c, on, mig_part, cy.metadata),
         mig_profile,
         part: mig_part.unwrap_or(1.0),
     }
@@ -111,10 +117,11 @@ fn facts(c: &ContainerUsage, (uuid, gpu_uuid): (&Name, &Name), cy: &Cycle) -> De
 /// allocated to the container.
 fn allocated_share(
     c: &ContainerUsage,
-    (uuid, gpu_uuid): (&Name, &Name),
+    on: Device,
     mig_part: Option<f64>,
     metadata: &Metadata,
 ) -> Option<f64> {
+    let Device { uuid, gpu_uuid } = on;
     if !c.allocated_gpus.iter().any(|a| **a == **uuid) {
         return None;
     }

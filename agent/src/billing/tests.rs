@@ -82,7 +82,7 @@ fn cycle(
         gpu_names: &names,
         owners: &[],
     };
-    let records = bill_snapshot(&mut c.books, (&mut snap, s, joined), md, &inputs);
+    let records = bill_snapshot(&mut c.books, &mut snap, s, joined, md, &inputs);
     (snap, records)
 }
 

@@ -86,7 +86,8 @@ fn meta_ref(pl: Placement<'_>) -> Option<MetaRef<'_>> {
 pub(super) fn fill_entry(
     c: &mut ContainerUsage,
     meta: Option<MetaRef<'_>>,
-    (gpus, accounts_list): (Vec<ContainerGpu>, Vec<GpuAccount>),
+    gpus: Vec<ContainerGpu>,
+    accounts_list: Vec<GpuAccount>,
 ) {
     // Every field named: one added to the entry must be filled here or by the naming.
     let ContainerUsage {
@@ -197,7 +198,8 @@ pub(super) fn group_processes<'a>(
     sample: &GpuSample,
     names: &DeviceNames,
     process_detail: bool,
-    (counters, spare): (&mut Counters, &mut Spare),
+    counters: &mut Counters,
+    spare: &mut Spare,
 ) -> Grouped<'a> {
     let Counters {
         ledgers,

@@ -61,7 +61,8 @@ struct Entries {
 /// counters of owners idle this cycle are kept (they must not reset) until forgotten.
 fn accumulate(
     groups: Vec<Group<'_>>,
-    (counters, spare): (&mut Counters, &mut Spare),
+    counters: &mut Counters,
+    spare: &mut Spare,
     dt: f64,
     taken_at_ms: u64,
 ) -> Entries {
@@ -98,7 +99,7 @@ fn accumulate(
         if i == containers.len() {
             containers.push(ContainerUsage::default());
         }
-        fill_entry(&mut containers[i], meta, (gpus, spare.accounts(0)));
+        fill_entry(&mut containers[i], meta, gpus, spare.accounts(0));
     }
     counters.last_sample_ms = taken_at_ms;
     Entries {
@@ -157,7 +158,8 @@ fn keep_held(
     counters: &mut Counters,
     containers: &[ContainerUsage],
     slots: &[Slot],
-    (sample, names): (&GpuSample, &DeviceNames),
+    sample: &GpuSample,
+    names: &DeviceNames,
 ) {
     let now = sample.taken_at_ms;
     for (i, c) in containers.iter().enumerate() {
@@ -210,25 +212,39 @@ pub fn join(
     };
     let mut counters = prev.clone();
     let mut spare = Spare::default();
-    let (snap, _) = join_in_place(
-        procs,
+    let input = Input {
         metadata,
-        (sample, nvml_status),
-        (&mut counters, &mut spare),
+        sample,
+        nvml_status,
         opts,
-    );
+    };
+    let (snap, _) = join_in_place(procs, &input, &mut counters, &mut spare);
     (snap, counters)
+}
+
+/// What a join reads besides the process state: the metadata, the sample, NVML's status
+/// and how it runs.
+struct Input<'a> {
+    metadata: &'a Metadata,
+    sample: &'a GpuSample,
+    nvml_status: &'a SourceStatus,
+    opts: JoinOptions,
 }
 
 /// The join, updating the counters in place and filling the lists `spare` kept; with the
 /// owners of the entries it grouped, in their order.
 fn join_in_place(
     procs: &impl Resolver,
-    metadata: &Metadata,
-    (sample, nvml_status): (&GpuSample, &SourceStatus),
-    (counters, spare): (&mut Counters, &mut Spare),
-    opts: JoinOptions,
+    input: &Input,
+    counters: &mut Counters,
+    spare: &mut Spare,
 ) -> (Snapshot, Vec<Option<Owner>>) {
+    let Input {
+        metadata,
+        sample,
+        nvml_status,
+        opts,
+    } = *input;
     let last = counters.last_sample_ms;
     let dt = if last == 0 || sample.taken_at_ms <= last {
         0.0
@@ -236,18 +252,13 @@ fn join_in_place(
         ((sample.taken_at_ms - last) as f64 / 1000.0).min(opts.max_gap.as_secs_f64())
     };
     let names = DeviceNames::new(sample, &counters.uuids);
-    let (groups, processes, mps_servers) = group_processes(
-        procs,
-        sample,
-        &names,
-        opts.process_detail,
-        (counters, spare),
-    );
+    let (groups, processes, mps_servers) =
+        group_processes(procs, sample, &names, opts.process_detail, counters, spare);
     let Entries {
         mut containers,
         owners,
         slots,
-    } = accumulate(groups, (counters, spare), dt, sample.taken_at_ms);
+    } = accumulate(groups, counters, spare, dt, sample.taken_at_ms);
     counters.uuids = names.set();
     counters
         .naming
@@ -260,7 +271,7 @@ fn join_in_place(
         idle
     });
     containers.extend(idle);
-    keep_held(counters, &containers, &slots, (sample, &names));
+    keep_held(counters, &containers, &slots, sample, &names);
     // Counters neither used nor held for a while are forgotten; an owner left with none
     // gives its slot back.
     let now = sample.taken_at_ms;
@@ -376,13 +387,13 @@ impl Joiner {
             max_gap,
             process_detail,
         };
-        let (mut snap, owners) = join_in_place(
-            procs,
+        let input = Input {
             metadata,
-            (sample, nvml_status),
-            (&mut self.counters, &mut self.spare),
+            sample,
+            nvml_status,
             opts,
-        );
+        };
+        let (mut snap, owners) = join_in_place(procs, &input, &mut self.counters, &mut self.spare);
         self.owners = owners;
         snap.container_xids = self.xids.charge(procs, metadata, sample);
         snap
