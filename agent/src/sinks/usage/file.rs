@@ -273,6 +273,8 @@ pub(crate) mod tests {
             gpu_uuid: "GPU-1".into(),
             reason: "exited".into(),
             start_ms,
+            // A record that ends before it starts is left out where records are read.
+            end_ms: start_ms + 1,
             ..Default::default()
         }
     }
