@@ -58,6 +58,8 @@ pub struct Stats {
     pub started_ms: AtomicU64,
     /// Written by the NVML sampler: profiling and XID events, and why not.
     pub nvml_features: RwLock<NvmlFeatures>,
+    /// The length of each per-entity structure, set by its owner (`set_lengths`).
+    lengths: RwLock<BTreeMap<&'static str, u64>>,
 }
 
 impl Stats {
@@ -70,6 +72,14 @@ impl Stats {
     /// The tracking mode, and why the agent is degraded (in /proc mode) if it is.
     pub fn set_mode(&self, mode: TrackingMode, reason: Option<String>) {
         *self.mode.write().unwrap() = (mode, reason);
+    }
+
+    /// Sets these structures' lengths (each owner sets its own, named after them).
+    pub fn set_lengths(&self, lengths: &[(&'static str, usize)]) {
+        let mut all = self.lengths.write().unwrap();
+        for &(name, n) in lengths {
+            all.insert(name, n as u64);
+        }
     }
 
     /// Everything, with NVML's health as the latest snapshot carries it (its one owner).
@@ -129,6 +139,9 @@ impl Stats {
             usage_file_queued: n(&self.usage.file_queued),
             usage_file: self.usage.file.read().unwrap().clone(),
             usage_logs: self.usage.logs.read().unwrap().clone(),
+            state_lengths: (self.lengths.read().unwrap().iter())
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
         }
     }
 }

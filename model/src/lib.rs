@@ -585,6 +585,9 @@ pub struct AgentStats {
     /// `ok`, `unavailable: <error>` (retried).
     pub usage_file: SourceStatus,
     pub usage_logs: SourceStatus,
+    /// How many entries each structure kept per process, container, pod, device or
+    /// request holds now, by name (docs/api.md): what grows with pods churned shows here.
+    pub state_lengths: BTreeMap<String, u64>,
 }
 
 /// One eBPF program's run count and run time, from the kernel.

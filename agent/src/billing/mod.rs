@@ -156,6 +156,33 @@ impl Billing {
         }
     }
 
+    /// Containers whose cgroups are gone (`Tracker::gc`): their ledgers are forgotten, but
+    /// for those with a stretch still open (its record is yet to be made; the ledger goes
+    /// `FORGET_AFTER_MS` after it closes).
+    pub fn gone(&mut self, ids: &[String]) {
+        let closed = |d: &ledger::Devices| d.iter().all(|(_, l)| l.stretch.is_none());
+        for id in ids {
+            let owner = Owner::Container(id.as_str().into());
+            self.books.ledgers.forget(&owner, closed);
+        }
+    }
+
+    /// The length of each structure billing keeps per owner, device or PID.
+    pub fn lengths(&self) -> [(&'static str, usize); 6] {
+        let b = &self.books;
+        let open = b.ledgers.iter().filter(|(_, _, l)| l.stretch.is_some());
+        let shares = b.energy_shares.values().map(|s| s.owners.entries.len());
+        let (watched, awaiting) = self.exits.lengths();
+        [
+            ("billing_ledgers", b.ledgers.len()),
+            ("open_stretches", open.count()),
+            ("energy_shares", shares.sum()),
+            ("exits_watched", watched),
+            ("exits_awaiting", awaiting),
+            ("hami_pids", self.hami.kept()),
+        ]
+    }
+
     /// What billing carries, to read.
     pub fn books(&self) -> &ledger::Books {
         &self.books

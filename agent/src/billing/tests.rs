@@ -732,3 +732,26 @@ fn the_allocated_share_is_the_replicas_held_or_the_mig_profiles_slices() {
         "MIG without GPM"
     );
 }
+
+#[test]
+fn the_ledgers_of_containers_gone_are_forgotten_but_for_an_open_stretch() {
+    let mut b = super::Billing::default();
+    let gpu: Name = "GPU-1".into();
+    let ids: Vec<String> = (0..100).map(|i| format!("{i:064x}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let owner = Owner::Container(id.as_str().into());
+        let l = super::ledger::device(b.books.ledgers.of(&owner), &gpu);
+        l.energy_j = 1.0;
+        if i == 7 {
+            l.stretch = Some(Default::default());
+        }
+    }
+    let kept = |b: &super::Billing| b.lengths().map(|(_, n)| n)[..2].to_vec();
+    assert_eq!(kept(&b), [100, 1]);
+    b.gone(&ids);
+    assert_eq!(
+        kept(&b),
+        [1, 1],
+        "the open stretch's record is still to come"
+    );
+}
