@@ -70,6 +70,8 @@ pub struct Billing {
     exits: exits::Exits,
     /// None: records are off.
     records: Option<Deliver>,
+    /// Containers gone whose ledgers wait for a stretch to close or energy to be charged.
+    gone: Vec<Owner>,
 }
 
 impl std::fmt::Debug for Billing {
@@ -97,6 +99,7 @@ impl Billing {
             hami: hami::Hami::new(usage.hami_limits, proc_root.to_path_buf()),
             exits: exits::Exits::new(requests.clone()),
             records: records.filter(|_| usage.records),
+            gone: vec![],
         };
         (billing, requests)
     }
@@ -113,6 +116,7 @@ impl Billing {
         metadata: &Metadata,
     ) {
         let records = self.account(snap, sample, gpu_names, metadata);
+        self.forget_gone();
         self.exits.watch(sample, procs, metadata);
         self.emit(records);
     }
@@ -156,19 +160,38 @@ impl Billing {
         }
     }
 
-    /// Containers whose cgroups are gone (`Tracker::gc`): their ledgers are forgotten, but
-    /// for those with a stretch still open (its record is yet to be made; the ledger goes
-    /// `FORGET_AFTER_MS` after it closes).
+    /// Containers whose cgroups are gone (`Tracker::gc`): their ledgers are forgotten once
+    /// nothing is still to come for them, at once for most (`forget_gone`).
     pub fn gone(&mut self, ids: &[String]) {
-        let closed = |d: &ledger::Devices| d.iter().all(|(_, l)| l.stretch.is_none());
-        for id in ids {
-            let owner = Owner::Container(id.as_str().into());
-            self.books.ledgers.forget(&owner, closed);
+        let owners = ids.iter().map(|id| Owner::Container(id.as_str().into()));
+        self.gone.extend(owners);
+        self.forget_gone();
+    }
+
+    /// Forgets the ledgers of the gone owners that have no stretch open (its record is yet
+    /// to be written) and no energy share pending (charged when the GPU's energy counter
+    /// next moves, within `nvml.slow_interval_ms`); the others are asked again each cycle.
+    fn forget_gone(&mut self) {
+        if self.gone.is_empty() {
+            return;
         }
+        let ledger::Books {
+            ledgers,
+            energy_shares,
+            ..
+        } = &mut self.books;
+        let pending: FxHashSet<&Owner> = (energy_shares.values())
+            .flat_map(|s| s.owners.entries.iter().map(|(o, _, _)| o))
+            .collect();
+        let closed = |d: &ledger::Devices| d.iter().all(|(_, l)| l.stretch.is_none());
+        self.gone.retain(|o| {
+            let waits = pending.contains(o) || !ledgers.forget(o, closed);
+            waits && ledgers.find(o).is_some()
+        });
     }
 
     /// The length of each structure billing keeps per owner, device or PID.
-    pub fn lengths(&self) -> [(&'static str, usize); 6] {
+    pub fn lengths(&self) -> [(&'static str, usize); 7] {
         let b = &self.books;
         let open = b.ledgers.iter().filter(|(_, _, l)| l.stretch.is_some());
         let shares = b.energy_shares.values().map(|s| s.owners.entries.len());
@@ -180,6 +203,7 @@ impl Billing {
             ("exits_watched", watched),
             ("exits_awaiting", awaiting),
             ("hami_pids", self.hami.kept()),
+            ("billing_gone_waiting", self.gone.len()),
         ]
     }
 
