@@ -28,8 +28,8 @@ use node::{ChurnNode, Phase};
 /// snapshot, an export, a listing) and with the phases of the GPUs, which the release
 /// build's line over 15,000 pods reads as +8 to +20.
 const MAX_SLOPE_KIB: f64 = 32.0;
-/// The short form's: the debug build over about 4,000 pods reads up to +70, for a leak
-/// of the size found it would read +1,100.
+/// The short form's: the debug build over about 4,000 pods read +68 and +75; a leak of
+/// the size found reads +1,100.
 const MAX_SHORT_SLOPE_KIB: f64 = 128.0;
 /// The bound on the RSS slope, checked over at least `RSS_CHECKED_FROM` pods: RSS also
 /// moves with the pages the allocator keeps or gives back (128 KiB and more at a time, and
@@ -92,7 +92,7 @@ pub fn run(mut args: Args) -> Result<()> {
     let mut node = ChurnNode::new(world, scenario.clone(), lifetime)?;
     let rx = Receiver::start(Kind::Http, 0);
     let agent = start(&bin, &lib, &dir.0, &fake, &scenario, &rx)?;
-    let pid = agent_pid(agent.pid());
+    let pid = agent_pid(agent.pid(), &bin);
     eprintln!(
         "soak: {} pods a second for {} s, each living {} s; agent pid {pid}",
         args.rate, args.secs, args.lifetime
@@ -163,12 +163,15 @@ fn start(
     Ok(Agent::spawn(cmd, None))
 }
 
-/// The agent's own pid: `pid`, or its descendant named gpu-agent under a wrapper.
-fn agent_pid(pid: u32) -> u32 {
+/// The agent's own pid: `pid`, or its descendant running `bin` under a wrapper.
+fn agent_pid(pid: u32, bin: &Path) -> u32 {
+    // The kernel keeps 15 bytes of the command's name.
+    let name = bin.file_name().map(|n| n.to_string_lossy().into_owned());
+    let want: String = name.unwrap_or_default().chars().take(15).collect();
     let comm = |p: u32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
     let mut todo = vec![pid];
     while let Some(p) = todo.pop() {
-        if comm(p).trim() == "gpu-agent" {
+        if comm(p).trim() == want {
             return p;
         }
         let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"));
