@@ -101,7 +101,21 @@ pub fn run(mut args: Args) -> Result<()> {
     let readings = churn(&args, &mut node, &agent, pid, &rx)?;
     let end = End::read(&agent, pid, &node)?;
     drop(node);
+    if pid != agent.pid() {
+        stop_wrapped(pid);
+    }
     report(&args, &readings, (&start, &end))
+}
+
+/// Stops the agent under a wrapper itself, and waits for it (heaptrack writes its file
+/// then): the wrapper, stopped on drop, would leave it running.
+fn stop_wrapped(pid: u32) {
+    // SAFETY: signalling the agent this run started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The agent and the fake NVML library: the release builds, or for the short form the
