@@ -131,9 +131,17 @@ impl Pipeline {
 
     fn gc(&mut self) {
         let gone = self.tracker.gc();
-        if let Some(names) = self.names.as_mut().filter(|_| !gone.is_empty()) {
-            names.gone(gone);
+        if !gone.is_empty() {
+            self.joiner.gone(&gone, now_ms());
+            self.billing.gone(&gone);
+            if let Some(names) = self.names.as_mut() {
+                names.gone(gone);
+            }
         }
+        let asked = self.names.as_ref().map_or(0, NameRequests::kept);
+        self.stats.set_lengths(&[("names_asked", asked)]);
+        self.stats.set_lengths(&self.joiner.lengths());
+        self.stats.set_lengths(&self.billing.lengths());
     }
 
     /// One GPU message: a new snapshot, published.

@@ -585,6 +585,13 @@ pub struct AgentStats {
     /// `ok`, `unavailable: <error>` (retried).
     pub usage_file: SourceStatus,
     pub usage_logs: SourceStatus,
+    /// How many entries each structure kept per process, container, pod, device or
+    /// request holds now, by name (docs/api.md): what grows with pods churned shows here.
+    pub state_lengths: BTreeMap<String, u64>,
+    /// Bytes the allocator has handed out and not had back (glibc's `mallinfo2`: in use in
+    /// its heaps plus its own mappings); 0 where unknown. Unlike RSS, it does not move with
+    /// pages the allocator keeps or returns.
+    pub heap_bytes: u64,
 }
 
 /// One eBPF program's run count and run time, from the kernel.

@@ -98,6 +98,12 @@ impl World {
             .insert(key, labels.collect());
     }
 
+    /// Forgets pod `namespace/pod`'s labels (the pod is gone).
+    pub fn remove_pod_labels(&self, namespace: &str, pod: &str) {
+        let key = (namespace.to_string(), pod.to_string());
+        self.pod_labels.lock().unwrap().remove(&key);
+    }
+
     /// Whether ListPodSandbox is refused as unimplemented.
     pub fn set_sandboxes_unimplemented(&self, no: bool) {
         self.no_sandboxes

@@ -111,6 +111,11 @@ impl ReceivedLogs {
         out
     }
 
+    /// Drops every request received so far (a long run must not keep them all).
+    pub fn clear(&self) {
+        self.requests.lock().unwrap().clear();
+    }
+
     pub fn set_refusing(&self, refuse: bool) {
         self.refuse
             .store(refuse, std::sync::atomic::Ordering::SeqCst);

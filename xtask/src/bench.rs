@@ -88,6 +88,11 @@ pub enum Which {
     /// backfilled by promtool: its time against the generator's known answer, Prometheus's
     /// RSS and the series count.
     Rightsize(crate::rightsize_bench::Args),
+    /// A busy node's month, compressed: pods churned at a fixed rate (real processes and
+    /// cgroups, names from a CRI server with rolling ReplicaSet hashes, allocations from
+    /// pod-resources, usage records, GPUs whole, time-sliced and MIG in turn); reports the
+    /// agent's RSS slope per 1,000 pods over the second half and fails past a bound.
+    Soak(crate::soak::Args),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -115,6 +120,7 @@ pub fn run(which: Which) -> Result<()> {
             no_write,
         } => export(containers.max(1), minutes.max(1), no_write),
         Which::Rightsize(args) => crate::rightsize_bench::run(args),
+        Which::Soak(args) => crate::soak::run(args),
     }
 }
 

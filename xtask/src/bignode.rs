@@ -111,7 +111,7 @@ fn check_low_memory() -> Result<()> {
 
 /// Builds target/bench-tools/sleeper from sleeper.c (the project needs a C compiler
 /// already), again when the source changed.
-fn sleeper_binary() -> Result<PathBuf> {
+pub(crate) fn sleeper_binary() -> Result<PathBuf> {
     const SRC: &str = include_str!("sleeper.c");
     let dir = workspace_root().join("target/bench-tools");
     let (src, bin) = (dir.join("sleeper.c"), dir.join("sleeper"));

@@ -16,6 +16,7 @@ mod metrics_doc;
 mod overhead;
 mod report;
 mod rightsize_bench;
+mod soak;
 mod test;
 mod tools;
 

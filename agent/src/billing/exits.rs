@@ -47,6 +47,11 @@ impl Exits {
         }
     }
 
+    /// How many PIDs are watched, and how many exits await their stats.
+    pub fn lengths(&self) -> (usize, usize) {
+        (self.watched.len(), self.awaiting.len())
+    }
+
     /// The accounting stats the NVML thread read for the exits handed to it, with whom
     /// to charge.
     pub fn accounted(&mut self, sample: &GpuSample) -> Vec<Accounted> {

@@ -34,6 +34,11 @@ impl Hami {
         }
     }
 
+    /// How many PIDs' limits are kept.
+    pub fn kept(&self) -> usize {
+        self.limits.len()
+    }
+
     /// The limits of the sample's processes that have one, by PID.
     pub fn of(&mut self, sample: &GpuSample) -> &HashMap<u32, HamiLimits> {
         let pids = sample.pids();

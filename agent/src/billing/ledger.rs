@@ -14,6 +14,9 @@ pub use crate::gpu::join::ledger::{device, position, Slot};
 /// Billing's ledgers by owner, then by device.
 pub type Ledgers = crate::gpu::join::ledger::Ledgers<Ledger>;
 
+/// One owner's ledgers, by device.
+pub type Devices = crate::gpu::join::ledger::Devices<Ledger>;
+
 /// The largest value over a sliding window: a deque of decreasing values.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PeakWindow(VecDeque<(u64, u64)>);

@@ -72,6 +72,8 @@ pub struct Billing {
     exits: exits::Exits,
     /// None: records are off.
     records: Option<Deliver>,
+    /// Containers gone whose ledgers wait for a stretch to close or energy to be charged.
+    gone: Vec<Owner>,
 }
 
 impl std::fmt::Debug for Billing {
@@ -99,6 +101,7 @@ impl Billing {
             hami: hami::Hami::new(usage.hami_limits, proc_root.to_path_buf()),
             exits: exits::Exits::new(requests.clone()),
             records: records.filter(|_| usage.records),
+            gone: vec![],
         };
         (billing, requests)
     }
@@ -115,6 +118,7 @@ impl Billing {
         metadata: &Metadata,
     ) {
         let records = self.account(snap, sample, joined, metadata);
+        self.forget_gone();
         self.exits.watch(sample, procs, metadata);
         self.emit(records);
     }
@@ -156,6 +160,53 @@ impl Billing {
         if let Some(deliver) = &mut self.records {
             records.into_iter().for_each(deliver);
         }
+    }
+
+    /// Containers whose cgroups are gone (`Tracker::gc`): their ledgers are forgotten once
+    /// nothing is still to come for them, at once for most (`forget_gone`).
+    pub fn gone(&mut self, ids: &[String]) {
+        let owners = ids.iter().map(|id| Owner::Container(id.as_str().into()));
+        self.gone.extend(owners);
+        self.forget_gone();
+    }
+
+    /// Forgets the ledgers of the gone owners that have no stretch open (its record is yet
+    /// to be written) and no energy share pending (charged when the GPU's energy counter
+    /// next moves, within `nvml.slow_interval_ms`); the others are asked again each cycle.
+    fn forget_gone(&mut self) {
+        if self.gone.is_empty() {
+            return;
+        }
+        let ledger::Books {
+            ledgers,
+            energy_shares,
+            ..
+        } = &mut self.books;
+        let pending: rustc_hash::FxHashSet<&Owner> = (energy_shares.values())
+            .flat_map(|s| s.owners.entries.iter().map(|(o, _, _)| o))
+            .collect();
+        let closed = |d: &ledger::Devices| d.iter().all(|(_, l)| l.stretch.is_none());
+        self.gone.retain(|o| {
+            let waits = pending.contains(o) || !ledgers.forget(o, closed);
+            waits && ledgers.find(o).is_some()
+        });
+    }
+
+    /// The length of each structure billing keeps per owner, device or PID.
+    pub fn lengths(&self) -> [(&'static str, usize); 7] {
+        let b = &self.books;
+        let open = b.ledgers.iter().filter(|(_, _, l)| l.stretch.is_some());
+        let shares = b.energy_shares.values().map(|s| s.owners.entries.len());
+        let (watched, awaiting) = self.exits.lengths();
+        [
+            ("billing_ledgers", b.ledgers.len()),
+            ("open_stretches", open.count()),
+            ("energy_shares", shares.sum()),
+            ("exits_watched", watched),
+            ("exits_awaiting", awaiting),
+            ("hami_pids", self.hami.kept()),
+            ("billing_gone_waiting", self.gone.len()),
+        ]
     }
 
     /// What billing carries, to read.

@@ -736,3 +736,37 @@ fn the_allocated_share_is_the_replicas_held_or_the_mig_profiles_slices() {
         "MIG without GPM"
     );
 }
+
+#[test]
+fn the_ledgers_of_containers_gone_go_once_their_record_and_energy_are_done() {
+    let mut b = super::Billing::default();
+    let gpu: Name = "GPU-1".into();
+    let ids: Vec<String> = (0..100).map(|i| format!("{i:064x}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let owner = Owner::Container(id.as_str().into());
+        let l = super::ledger::device(b.books.ledgers.of(&owner), &gpu);
+        l.energy_j = 1.0;
+        if i == 7 {
+            l.stretch = Some(Default::default());
+        }
+    }
+    // billing_ledgers, open_stretches and billing_gone_waiting.
+    let kept = |b: &super::Billing| {
+        let l = b.lengths().map(|(_, n)| n);
+        [l[0], l[1], l[6]]
+    };
+    assert_eq!(kept(&b), [100, 1, 0]);
+    // Another's energy share waits for the GPU's counter to move.
+    let shared = Owner::Container(ids[8].as_str().into());
+    let shares = b.books.energy_shares.entry("GPU-1".into()).or_default();
+    shares.owners.add(&shared, &gpu, 0.5);
+    b.gone(&ids);
+    let what = "a record and a share are still to come";
+    assert_eq!(kept(&b), [2, 1, 2], "{what}");
+    // The stretch closes, the energy is charged: both go at the next pass.
+    let owner = Owner::Container(ids[7].as_str().into());
+    b.books.ledgers.get_mut(&owner, &gpu).unwrap().stretch = None;
+    b.books.energy_shares.clear();
+    b.forget_gone();
+    assert_eq!(kept(&b), [0, 0, 0]);
+}

@@ -125,6 +125,11 @@ impl Metadata {
         }
     }
 
+    /// How many allocated containers' ids are kept.
+    pub fn allocated_ids_len(&self) -> usize {
+        self.allocated_ids.len()
+    }
+
     /// The id of the container with these names, where it was allocated a device.
     pub fn allocated_id(&self, namespace: &str, pod: &str, container: &str) -> Option<&Name> {
         let id = self

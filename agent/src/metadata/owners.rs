@@ -24,6 +24,11 @@ pub struct PodOwners {
 }
 
 impl PodOwners {
+    /// How many pods' owners are kept.
+    pub fn kept(&self) -> usize {
+        self.pods.kept()
+    }
+
     /// The owners of the pods of a listing's containers. A sandbox's labels never change
     /// (CRI has no call to change them): `ListPodSandbox` is asked only when a container's
     /// sandbox is new, after the containers, so that it exists by then; the sandboxes no

@@ -104,6 +104,11 @@ impl NameRequests {
         let _ = self.tx.try_send(NameRequest::Unknown(unknown));
     }
 
+    /// How many ids were asked about lately (`asked`).
+    pub fn kept(&self) -> usize {
+        self.asked.len()
+    }
+
     /// Containers gone: their names can be forgotten.
     pub fn gone(&mut self, ids: Vec<String>) {
         for id in &ids {

@@ -367,8 +367,18 @@ impl MetadataSource {
     }
 
     fn report_health(&self) {
-        let names = self.published.read().unwrap().names_len() as u64;
-        self.stats.metadata_names.store(names, Relaxed);
+        let md = self.published.read().unwrap().clone();
+        self.stats
+            .metadata_names
+            .store(md.names_len() as u64, Relaxed);
+        self.stats.set_lengths(&[
+            ("metadata_allocations", md.allocations().len()),
+            ("metadata_allocated_ids", md.allocated_ids_len()),
+            ("metadata_pending", self.pending.len()),
+            ("metadata_from_cri", self.from_cri.len()),
+            ("metadata_from_docker", self.from_docker.len()),
+            ("metadata_pod_owners", self.owners.kept()),
+        ]);
         let mut st = self.stats.metadata.write().unwrap();
         st.insert("cri".into(), self.cri.status());
         st.insert("pod_resources".into(), self.podres.status());

@@ -155,6 +155,11 @@ impl PodWorkloads {
         self.by_sandbox = next;
     }
 
+    /// How many sandboxes' owners are kept.
+    pub fn kept(&self) -> usize {
+        self.by_sandbox.len()
+    }
+
     /// Whether sandbox `id` was listed.
     pub fn knows(&self, id: &str) -> bool {
         self.by_sandbox.contains_key(id)

@@ -411,6 +411,28 @@ impl Joiner {
             owners: &self.owners,
         }
     }
+
+    /// Containers whose cgroups are gone (`Tracker::gc`): no process of theirs can be
+    /// joined again, so their counters are forgotten now, and their XID counts
+    /// `xid_charge::KEEP_GONE_MS` after `now_ms`.
+    pub fn gone(&mut self, ids: &[String], now_ms: u64) {
+        for id in ids {
+            let owner = Owner::Container(id.as_str().into());
+            self.counters.ledgers.forget(&owner, |_| true);
+        }
+        self.xids.gone(ids, now_ms);
+    }
+
+    /// The length of each structure the join keeps per owner, device or PID.
+    pub fn lengths(&self) -> [(&'static str, usize); 4] {
+        let c = &self.counters;
+        [
+            ("join_ledgers", c.ledgers.len()),
+            ("join_owners", c.ledgers.owners()),
+            ("xid_charges", self.xids.kept()),
+            ("unresolved_pids", self.unresolved.len()),
+        ]
+    }
 }
 
 #[cfg(test)]
@@ -521,6 +543,56 @@ pub(crate) mod tests {
         assert_eq!(host.gpus[0].pids, vec![300, 999]);
         assert_eq!(snap.processes.len(), 5);
         assert!(snap.devices[0].processes.is_empty());
+    }
+
+    /// `n` containers of one process each (pid 1000 + i), and their ids.
+    fn many(n: u32) -> (State, Vec<String>) {
+        let mut registry = CgroupRegistry::default();
+        let mut cache = ProcessCache::new(Duration::from_secs(5), 1000);
+        let ids: Vec<String> = (0..n).map(|i| format!("{i:064x}")).collect();
+        for (i, id) in (0..n).zip(&ids) {
+            let cg = 1000 + i as u64;
+            registry.insert(0, cg, &format!("/kubepods/besteffort/pod{UID}/{id}"));
+            let e = ProcessEntry::new(1000 + i, 1, 1, "p".into(), Some(cg), None);
+            cache.upsert(e);
+        }
+        (State::on_cgroup2(cache, registry), ids)
+    }
+
+    #[test]
+    fn containers_gone_leave_no_counters_and_their_xids_go_later() {
+        let (st, ids) = many(200);
+        let (md, ok, gap) = (
+            Metadata::default(),
+            SourceStatus::Ok,
+            Duration::from_secs(3),
+        );
+        let mut j = Joiner::default();
+        let mut s = sample(1000, (1000..1200).map(|p| proc(p, 1 << 20, 1)).collect());
+        s.devices[0].fields.xid_processes = vec![gpu_model::XidProcess {
+            xid: 79,
+            pid: 1000,
+            ..Default::default()
+        }];
+        let snap = j.join(&st, &md, &s, &ok, gap, false);
+        assert_eq!(snap.container_xids.len(), 1);
+        let kept = |j: &Joiner| j.lengths().map(|(_, n)| n);
+        assert_eq!(kept(&j), [200, 200, 1, 0]);
+        j.gone(&ids, 2000);
+        assert_eq!(kept(&j), [0, 0, 1, 0], "the XID count is still exported");
+        s.devices[0].processes.clear();
+        s.devices[0].fields.xid_processes.clear();
+        s.taken_at_ms = 2000 + crate::gpu::join::xid_charge::KEEP_GONE_MS - 1;
+        assert_eq!(
+            j.join(&st, &md, &s, &ok, gap, false).container_xids.len(),
+            1
+        );
+        s.taken_at_ms += 1;
+        assert!(j
+            .join(&st, &md, &s, &ok, gap, false)
+            .container_xids
+            .is_empty());
+        assert_eq!(kept(&j), [0; 4]);
     }
 
     #[test]

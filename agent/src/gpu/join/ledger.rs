@@ -190,6 +190,28 @@ impl<L> Ledgers<L> {
         self.len() == 0
     }
 
+    /// How many owners have ledgers.
+    pub fn owners(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Forgets `owner`'s ledgers where `all` says so of them (an owner that is gone), and
+    /// gives its slot back. Returns whether it had any and they went.
+    pub fn forget(&mut self, owner: &Owner, all: impl FnOnce(&Devices<L>) -> bool) -> bool {
+        let Some(&s) = self.index.get(owner) else {
+            return false;
+        };
+        let (o, v) = &mut self.slots[s as usize];
+        if !all(v) {
+            return false;
+        }
+        *o = None;
+        *v = vec![];
+        self.index.remove(owner);
+        self.free.push(s);
+        true
+    }
+
     /// Keeps the ledgers `keep` says to (given each one's device; it may also change them);
     /// an owner left with none
     /// gives its slot back.
@@ -224,4 +246,35 @@ pub fn device<'a, L: Default>(devices: &'a mut Vec<(Name, L)>, uuid: &Name) -> &
         }
     };
     &mut devices[i].1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_forgotten_give_their_slots_to_the_next() {
+        let mut l: Ledgers<u64> = Ledgers::default();
+        let gpu: Name = "GPU-1".into();
+        // Ten owners at a time, churned a thousand times over.
+        for round in 0..100u64 {
+            let owners: Vec<Owner> = (0..10)
+                .map(|i| Owner::Container(format!("c{round}-{i}").as_str().into()))
+                .collect();
+            for o in &owners {
+                *device(l.of(o), &gpu) = round;
+            }
+            assert_eq!((l.owners(), l.len()), (10, 10));
+            for o in &owners {
+                assert!(l.forget(o, |_| true));
+                assert!(!l.forget(o, |_| true), "forgotten already");
+            }
+            assert_eq!((l.owners(), l.len()), (0, 0));
+        }
+        assert_eq!(l.slots.len(), 10, "slots are taken again, not added");
+        let kept = Owner::Pod("p".into());
+        device(l.of(&kept), &gpu);
+        assert!(!l.forget(&kept, |_| false), "kept where the caller says so");
+        assert_eq!(l.owners(), 1);
+    }
 }

@@ -169,7 +169,9 @@ async fn processes(
 
 async fn stats(AxState(app): AxState<AppState>) -> impl IntoResponse {
     let nvml = app.snapshot.borrow().nvml.clone();
-    Json(app.stats.report(&nvml))
+    let mut stats = app.stats.report(&nvml);
+    stats.heap_bytes = crate::stats::heap_bytes();
+    Json(stats)
 }
 
 /// An `Arc`'d value serialised as the value itself.
