@@ -180,7 +180,9 @@ pub fn account(
         }
     }
     records.extend(charge_accounting(containers, &rows, books, pass, now));
-    records.extend(stretch::close_ended(&mut books.ledgers, now));
+    let (closed, open) = stretch::close_ended(&mut books.ledgers, now);
+    records.extend(closed);
+    books.open_stretches = open;
     let accounted = accounted_devices(books);
     let added = accounted_owners(&rows, &accounted, pass.metadata);
     for c in &added {

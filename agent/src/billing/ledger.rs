@@ -233,6 +233,8 @@ pub struct Books {
     pub energy_shares: HashMap<String, EnergyShares>,
     /// The slot of each snapshot entry's owner last cycle, by position.
     pub hints: Vec<Slot>,
+    /// How many stretches the last pass left open (counted as it closed the others).
+    pub open_stretches: usize,
 }
 
 /// The shares of the cycles since a GPU's energy counter last moved: energy is read every

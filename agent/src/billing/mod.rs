@@ -195,12 +195,11 @@ impl Billing {
     /// The length of each structure billing keeps per owner, device or PID.
     pub fn lengths(&self) -> [(&'static str, usize); 7] {
         let b = &self.books;
-        let open = b.ledgers.iter().filter(|(_, _, l)| l.stretch.is_some());
         let shares = b.energy_shares.values().map(|s| s.owners.entries.len());
         let (watched, awaiting) = self.exits.lengths();
         [
             ("billing_ledgers", b.ledgers.len()),
-            ("open_stretches", open.count()),
+            ("open_stretches", b.open_stretches),
             ("energy_shares", shares.sum()),
             ("exits_watched", watched),
             ("exits_awaiting", awaiting),

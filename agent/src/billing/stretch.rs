@@ -220,17 +220,20 @@ pub fn cut_due(devices: &mut [(Name, Ledger)], cy: &Cycle, records: &mut Vec<Usa
 }
 
 /// Stretches whose container neither used nor held the device this cycle end (`exited`),
-/// and the ledgers no longer kept (`Ledger::kept`) are forgotten, in one pass.
-pub fn close_ended(ledgers: &mut Ledgers, now: u64) -> Vec<UsageRecord> {
+/// and the ledgers no longer kept (`Ledger::kept`) are forgotten, in one pass; with how
+/// many stretches stay open.
+pub fn close_ended(ledgers: &mut Ledgers, now: u64) -> (Vec<UsageRecord>, usize) {
     let mut records = vec![];
+    let mut open = 0;
     ledgers.retain(|uuid, l| {
         let ended = l.stretch.is_some() && l.last_used_ms != now && l.last_allocated_ms != now;
         if ended {
             records.extend(end(l, uuid, "exited"));
         }
+        open += usize::from(l.stretch.is_some());
         l.kept(now)
     });
-    records
+    (records, open)
 }
 
 /// Ends the stretch of `key` and returns its record.
