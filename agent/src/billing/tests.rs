@@ -750,10 +750,12 @@ fn the_ledgers_of_containers_gone_go_once_their_record_and_energy_are_done() {
             l.stretch = Some(Default::default());
         }
     }
-    // billing_ledgers, open_stretches and billing_gone_waiting.
+    // billing_ledgers, the stretches open and billing_gone_waiting (`open_stretches` is
+    // counted by the account pass, which this test does not run).
     let kept = |b: &super::Billing| {
         let l = b.lengths().map(|(_, n)| n);
-        [l[0], l[1], l[6]]
+        let open = b.books.ledgers.iter().filter(|(_, _, l)| l.stretch.is_some());
+        [l[0], open.count(), l[6]]
     };
     assert_eq!(kept(&b), [100, 1, 0]);
     // Another's energy share waits for the GPU's counter to move.
