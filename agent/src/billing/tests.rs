@@ -754,7 +754,11 @@ fn the_ledgers_of_containers_gone_go_once_their_record_and_energy_are_done() {
     // counted by the account pass, which this test does not run).
     let kept = |b: &super::Billing| {
         let l = b.lengths().map(|(_, n)| n);
-        let open = b.books.ledgers.iter().filter(|(_, _, l)| l.stretch.is_some());
+        let open = b
+            .books
+            .ledgers
+            .iter()
+            .filter(|(_, _, l)| l.stretch.is_some());
         [l[0], open.count(), l[6]]
     };
     assert_eq!(kept(&b), [100, 1, 0]);

@@ -28,9 +28,10 @@ use node::{ChurnNode, Phase};
 /// snapshot, an export, a listing) and with the phases of the GPUs, which the release
 /// build's line over 15,000 pods reads as +8 to +20.
 const MAX_SLOPE_KIB: f64 = 32.0;
-/// The short form's: the debug build over about 4,000 pods read +68 and +75; a leak of
-/// the size found reads +1,100.
-const MAX_SHORT_SLOPE_KIB: f64 = 128.0;
+/// The short form's: the debug build over about 4,000 pods read +68, +75 and +92 in three
+/// runs; a leak of the size found reads +1,100. A quarter of that keeps CI from failing on
+/// the debug build's scatter and still catches it.
+const MAX_SHORT_SLOPE_KIB: f64 = 256.0;
 /// The bound on the RSS slope, checked over at least `RSS_CHECKED_FROM` pods: RSS also
 /// moves with the pages the allocator keeps or gives back (128 KiB and more at a time, and
 /// a cycle's buffers of about a MiB), so its readings scatter by half a MiB, and a line
