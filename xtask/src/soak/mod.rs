@@ -276,7 +276,12 @@ fn churn(
 /// The agent's live heap, KiB: the least of three reads 50 ms apart, so that what one
 /// export or listing holds for a moment is not read as what the agent keeps.
 fn heap_kib(agent: &Agent) -> f64 {
-    let read = || agent.stats()["heap_bytes"].as_u64().unwrap_or(0) as f64 / 1024.0;
+    let read = || {
+        agent.json("/debug/stats?heap=true")["heap_bytes"]
+            .as_u64()
+            .unwrap_or(0) as f64
+            / 1024.0
+    };
     let mut least = read();
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(50));

@@ -167,10 +167,20 @@ async fn processes(
     body::json_stream(turn, move || app.state.read().unwrap().views(q.all))
 }
 
-async fn stats(AxState(app): AxState<AppState>) -> impl IntoResponse {
+#[derive(Deserialize)]
+struct StatsQuery {
+    /// Also read the allocator's live heap (`heap_bytes`): it walks the allocator's free
+    /// lists under their locks, so only a caller that wants it pays for it.
+    #[serde(default)]
+    heap: bool,
+}
+
+async fn stats(AxState(app): AxState<AppState>, Query(q): Query<StatsQuery>) -> impl IntoResponse {
     let nvml = app.snapshot.borrow().nvml.clone();
     let mut stats = app.stats.report(&nvml);
-    stats.heap_bytes = crate::stats::heap_bytes();
+    if q.heap {
+        stats.heap_bytes = crate::stats::heap_bytes();
+    }
     Json(stats)
 }
 
