@@ -207,11 +207,6 @@ impl Billing {
             ("billing_gone_waiting", self.gone.len()),
         ]
     }
-
-    /// What billing carries, to read.
-    pub fn books(&self) -> &ledger::Books {
-        &self.books
-    }
 }
 
 /// One cycle's billing of a snapshot from what billing carries (`books`): what was

@@ -199,7 +199,7 @@ fn mps(need: Need, device_memory: Option<u64>) -> Option<(Recommendation, f64)> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::rightsize::{
         profiles::{MigProfile, NvmlModel},
@@ -212,7 +212,9 @@ mod tests {
     const L4: &str = "NVIDIA L4";
     const L4_MEMORY: u64 = 23034 << 20;
 
-    fn usage(model: &str, memory: u64, peak_gib: u64, sm_pct: u32) -> Usage {
+    /// A week of one Deployment's use of a GPU of `model` (`memory` bytes): its peak and
+    /// SM p95.
+    pub(crate) fn usage(model: &str, memory: u64, peak_gib: u64, sm_pct: u32) -> Usage {
         Usage {
             key: WorkloadKey {
                 namespace: "ml".into(),
@@ -234,7 +236,7 @@ mod tests {
         }
     }
 
-    fn settings() -> Settings {
+    pub(crate) fn settings() -> Settings {
         Settings {
             headroom: 0.2,
             min_coverage_s: 86400.0,

@@ -449,44 +449,24 @@ fn config_name(model: &str, names: &[String], counts: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rightsize::profiles::{MigProfile, NvmlModel};
+    use crate::rightsize::{
+        profiles::{MigProfile, NvmlModel},
+        recommend::tests::{settings, usage as week_of},
+    };
 
     const GIB: u64 = 1 << 30;
     const H100: &str = "NVIDIA H100 80GB HBM3";
     const L4: &str = "NVIDIA L4";
 
     fn usage(name: &str, model: &str, peak_gib: u64, sm_pct: u32) -> Usage {
-        Usage {
-            key: WorkloadKey {
-                namespace: "ml".into(),
-                workload_kind: "Deployment".into(),
-                workload: name.into(),
-                device_model: model.into(),
-            },
-            coverage_s: 7.0 * 86400.0,
-            lifespan_s: 7.0 * 86400.0,
-            gpus_allocated: 1.0,
-            instances: 1.0,
-            memory_peak_bytes: peak_gib * GIB,
-            sm_p95: Some(f64::from(sm_pct) / 100.0),
-            sm_unknown_share: None,
-            used: true,
-            device_memory_bytes: Some(match model {
-                L4 => 23034 << 20,
-                _ => 85_520_809_984,
-            }),
-            mig_profile: None,
-            containers: vec!["main".into()],
-        }
-    }
-
-    fn settings() -> Settings {
-        Settings {
-            headroom: 0.2,
-            min_coverage_s: 86400.0,
-            mig: true,
-            mps: false,
-        }
+        let memory = match model {
+            L4 => 23034 << 20,
+            _ => 85_520_809_984,
+        };
+        let mut u = week_of(model, memory, peak_gib, sm_pct);
+        u.key.workload = name.into();
+        u.containers = vec!["main".into()];
+        u
     }
 
     fn plan_of(usages: &[Usage], profiles: &Profiles) -> Plan {
