@@ -21,7 +21,7 @@ use super::{
 use crate::{
     gpu::join::{
         naming,
-        owner::{owner_key, same, DeviceNames, Owner, OwnerKey},
+        owner::{held_idle, owner_key, same, DeviceNames, Owner, OwnerKey},
     },
     metadata::{hami::HamiLimits, Metadata},
 };
@@ -512,20 +512,9 @@ fn advance(
         stretch::advance(l, c, on, u, cy);
         l.peak.push(now, g.memory_used_bytes, window_ms);
     }
-    // Devices it holds and ran nothing on: a stretch of the allocation.
-    for a in c.allocated_gpus.iter() {
-        if c.gpus.iter().any(|g| *g.uuid == **a || *g.gpu_uuid == **a) {
-            continue;
-        }
-        // A device the sample does not have (gone) has no stretch.
-        let Some((i, uuid)) = cy.names.lookup(a) else {
-            continue;
-        };
-        // Nor one not read this cycle (stalled, lost): it says nothing of the allocation's
-        // use, and the stretch ends at its last good sample.
-        if !cy.sample.devices[i].status.is_ok() {
-            continue;
-        }
+    // Devices it holds and ran nothing on: a stretch of the allocation. One gone or not
+    // read this cycle has none (the stretch ends at its last good sample).
+    for (i, uuid) in held_idle(c, cy.sample, cy.names) {
         let (uuid, gpu_uuid) = (uuid.clone(), cy.names.gpu(i).clone());
         let l = device(devices, &uuid);
         l.last_allocated_ms = now;

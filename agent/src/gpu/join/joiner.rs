@@ -18,7 +18,7 @@ use super::{
     group::{fill_entry, group_processes, Group, AHEAD},
     ledger::{device, position, Accumulated, Ledgers, Slot},
     naming,
-    owner::{owner_key, DeviceNames, Owner},
+    owner::{held_idle, owner_key, DeviceNames, Owner},
     spare::Spare,
     xid_charge::XidCharges,
     GpuSample,
@@ -163,8 +163,7 @@ fn keep_held(
 ) {
     let now = sample.taken_at_ms;
     for (i, c) in containers.iter().enumerate() {
-        let used = |a: &Name| c.gpus.iter().any(|g| *g.uuid == **a || *g.gpu_uuid == **a);
-        let mut held = c.allocated_gpus.iter().filter(|a| !used(a)).peekable();
+        let mut held = held_idle(c, sample, names).peekable();
         if held.peek().is_none() {
             continue;
         }
@@ -174,13 +173,7 @@ fn keep_held(
         };
         let Some(slot) = slot else { continue };
         let devices = counters.ledgers.at(slot);
-        for a in held {
-            let Some((j, uuid)) = names.lookup(a) else {
-                continue;
-            };
-            if !sample.devices[j].status.is_ok() {
-                continue;
-            }
+        for (_, uuid) in held {
             if let Some(k) = position(devices, uuid) {
                 devices[k].1.last_seen_ms = now;
             }

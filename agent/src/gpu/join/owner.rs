@@ -277,6 +277,21 @@ pub(super) fn set_name(slot: &mut Option<Name>, name: Option<&Name>) {
     }
 }
 
+/// The devices entry `c` holds the allocation of and ran nothing on this cycle, as the
+/// sample read them: (its GPU's position, the device's shared name). A device the sample
+/// does not have (gone), or did not read (stalled, lost), says nothing of the allocation.
+pub fn held_idle<'a>(
+    c: &'a ContainerUsage,
+    sample: &'a GpuSample,
+    names: &'a DeviceNames,
+) -> impl Iterator<Item = (usize, &'a Name)> + 'a {
+    let used = |a: &Name| c.gpus.iter().any(|g| *g.uuid == **a || *g.gpu_uuid == **a);
+    (c.allocated_gpus.iter())
+        .filter(move |a| !used(a))
+        .filter_map(|a| names.lookup(a))
+        .filter(|(i, _)| sample.devices[*i].status.is_ok())
+}
+
 /// The owner a snapshot entry stands for; None for an allocated container nobody can
 /// identify (no id: its names are all we have).
 pub fn owner_key(c: &ContainerUsage) -> Option<Owner> {
