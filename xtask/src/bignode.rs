@@ -22,7 +22,7 @@ use crate::{
             other_protocol, start_agent, start_agent_env, start_agent_with, window, write_scenario,
             Layout, Mark,
         },
-        figures::{finish, BigFigures, Deployed, OtherProtocol, Row},
+        figures::{finish, BigFigures, Deployed, Memory, OtherProtocol, Row},
         host::{hwm_kib, rss_kib, settle},
     },
     classic, workspace_root,
@@ -410,6 +410,8 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
     std::thread::sleep(Duration::from_millis(2500));
     let w = window(&r, secs)?;
     hold(&r);
+    let memory = Memory::read(&r.agent)?;
+    print_memory("the bench's agent", &memory);
     let mut row = finish(r, &w, lib, &pids, PROCESSES)?;
     let (protocol, ratio) = protocols(bin, lib, secs)?;
     let deployed = deployed(&mut node, bin, lib, secs, row.agent_cpu_pct)?;
@@ -425,6 +427,7 @@ pub(crate) fn measure(bin: &Path, lib: &Path, secs: u64) -> Result<Row> {
         calls_320: small.calls,
         node_mem_mib: node.mem_used_kib as f64 / 1024.0,
         node_start_s: node.started_in.as_secs_f64(),
+        memory,
     });
     drop(node);
     Ok(row)
@@ -550,10 +553,13 @@ fn deployed(
     let rss_mib = rss_kib(b.agent.pid())? as f64 / 1024.0;
     let peak_mib = hwm_kib(b.agent.pid())? as f64 / 1024.0;
     eprintln!("  the deployed agent's RSS {rss_mib:.1} MiB (its peak {peak_mib:.1} MiB)");
+    let memory = Memory::read(&b.agent)?;
+    print_memory("the deployed agent", &memory);
     Ok(Deployed {
         named,
         rss_mib,
         peak_mib,
+        memory,
         protocol,
         interval_ms,
         compression,
@@ -692,4 +698,19 @@ pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()
     drop((a, b));
     drop(node);
     Ok(())
+}
+
+fn print_memory(who: &str, m: &Memory) {
+    let mib = |k: u64| k as f64 / 1024.0;
+    eprintln!(
+        "  {who}'s RSS: binary {:.1}, libraries {:.1}, heap and stacks {:.1} (live heap {:.1}), \
+         BPF {:.1}, other {:.1} MiB; state {:?}",
+        mib(m.map.binary),
+        mib(m.map.libraries),
+        mib(m.map.heap),
+        mib(m.heap_live_kib),
+        mib(m.map.bpf),
+        mib(m.map.stacks + m.map.other),
+        m.lengths
+    );
 }

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use crate::{
     bench::{ExportBench, StormFigures},
     benchkit::{
-        figures::{Row, ShortLived},
+        figures::{Memory, Row, ShortLived},
         host::counter,
     },
 };
@@ -202,6 +202,43 @@ fn big_node(md: &mut String, r: &Report) {
             shown(&crate::benchkit::agent::protocol()),
         );
     }
+    memory(md, &b.memory, b.deployed.as_ref().map(|d| &d.memory));
+}
+
+/// Where the large node's agents' RSS is, and the state behind the heap.
+fn memory(md: &mut String, bench: &Memory, deployed: Option<&Memory>) {
+    md.push_str(
+        "\nWhere the RSS is (MiB; /proc/PID/smaps, and the allocator's live heap from \
+         `/debug/stats?heap=true`):\n\n| | the bench's agent | as deployed |\n| --- | --- | --- |\n",
+    );
+    let (b, d) = (memory_column(bench), deployed.map(memory_column));
+    let what = [
+        "the agent's binary (text and data)",
+        "shared libraries (libc, the NVML library)",
+        "heap and thread stacks",
+        "of which the live heap",
+        "BPF maps and the ring",
+        "other",
+        "state lengths",
+    ];
+    for (i, what) in what.iter().enumerate() {
+        let d = d.as_ref().map_or("", |d| d[i].as_str());
+        let _ = writeln!(md, "| {what} | {} | {d} |", b[i]);
+    }
+}
+
+fn memory_column(m: &Memory) -> Vec<String> {
+    let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
+    let lengths: Vec<String> = m.lengths.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    vec![
+        mib(m.map.binary),
+        mib(m.map.libraries),
+        mib(m.map.heap),
+        mib(m.heap_live_kib),
+        mib(m.map.bpf),
+        mib(m.map.stacks + m.map.other),
+        lengths.join(", "),
+    ]
 }
 
 /// A protocol as the docs name it.

@@ -90,6 +90,8 @@ pub(crate) struct BigFigures {
     pub calls_320: Option<Calls>,
     pub node_mem_mib: f64,
     pub node_start_s: f64,
+    /// The bench's agent's memory after its window.
+    pub memory: Memory,
 }
 
 /// The large node with the agent as deploy/kubernetes configures its export
@@ -111,6 +113,33 @@ pub(crate) struct Deployed {
     /// Its RSS after the windows, and its peak (VmHWM), MiB.
     pub rss_mib: f64,
     pub peak_mib: f64,
+    pub memory: Memory,
+}
+
+/// Where an agent's RSS is (`host::memory_map`), its live heap (`/debug/stats?heap=true`)
+/// and its per-entity state's lengths.
+pub(crate) struct Memory {
+    pub map: crate::benchkit::host::MemoryMap,
+    pub heap_live_kib: u64,
+    pub lengths: Vec<(String, u64)>,
+}
+
+impl Memory {
+    pub(crate) fn read(agent: &tests::Agent) -> anyhow::Result<Memory> {
+        let stats = agent.json("/debug/stats?heap=true");
+        let lengths = stats["state_lengths"]
+            .as_object()
+            .map(|o| {
+                let v = o.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)));
+                v.filter(|(_, n)| *n > 0).collect()
+            })
+            .unwrap_or_default();
+        Ok(Memory {
+            map: crate::benchkit::host::memory_map(agent.pid())?,
+            heap_live_kib: stats["heap_bytes"].as_u64().unwrap_or(0) / 1024,
+            lengths,
+        })
+    }
 }
 
 /// The large node over the protocol the bench's agents do not use (`other_protocol`).
