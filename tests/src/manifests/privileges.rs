@@ -33,6 +33,7 @@ pub fn privilege_problems(r: &Rendered) -> Vec<String> {
             }
         }
     }
+    p.extend(claim_problems(r, &at, pod));
     for m in seq(&c["volumeMounts"]) {
         let volume = seq(&pod["volumes"]).iter().find(|v| v["name"] == m["name"]);
         let host = volume.is_some_and(|v| !v["hostPath"].is_null());
@@ -57,6 +58,42 @@ pub fn privilege_problems(r: &Rendered) -> Vec<String> {
     }
     if sc["privileged"] != true {
         p.extend(non_root_problems(r, &at, sc, &added));
+    }
+    p
+}
+
+/// Every DRA claim of the agent's pod is rendered beside it, and asks for admin access in
+/// each request: a claim without it would take its devices from the workloads.
+fn claim_problems(r: &Rendered, at: &str, pod: &Value) -> Vec<String> {
+    let mut p = vec![];
+    for claim in seq(&pod["resourceClaims"]) {
+        let name = s(&claim["name"]);
+        let spec = match (
+            claim["resourceClaimTemplateName"].as_str(),
+            claim["resourceClaimName"].as_str(),
+        ) {
+            (Some(t), _) => r
+                .find("ResourceClaimTemplate", t)
+                .map(|o| &o["spec"]["spec"]),
+            (None, Some(c)) => r.find("ResourceClaim", c).map(|o| &o["spec"]),
+            (None, None) => None,
+        };
+        let Some(spec) = spec else {
+            p.push(format!(
+                "{at}: resourceClaims {name}: its ResourceClaimTemplate or ResourceClaim is \
+                not in this rendering"
+            ));
+            continue;
+        };
+        for req in seq(&spec["devices"]["requests"]) {
+            flag!(
+                p,
+                req["exactly"]["adminAccess"] != true,
+                "{at}: resourceClaims {name}: request {} lacks exactly.adminAccess: true: \
+                the agent must never take a GPU from workloads",
+                s(&req["name"])
+            );
+        }
     }
     p
 }
