@@ -589,9 +589,14 @@ fn kubernetes_validate_strict_passes_every_rendered_object_and_example() {
         files.push((f.clone(), objs.collect()));
     }
     let dra = dra_examples();
-    files.extend(dra.iter().map(|(f, _, objs)| (f.clone(), objs.iter().collect())));
+    files.extend(
+        dra.iter()
+            .map(|(f, _, objs)| (f.clone(), objs.iter().collect())),
+    );
     assert!(
-        files.iter().any(|(_, objs)| objs.iter().any(|o| uses_dra(o))),
+        files
+            .iter()
+            .any(|(_, objs)| objs.iter().any(|o| uses_dra(o))),
         "no rendering or example claims devices through DRA: the 1.34 schemas check nothing"
     );
     assert_none(kubernetes_validate_problems(&files));

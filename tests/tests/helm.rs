@@ -790,7 +790,11 @@ fn the_admin_access_claim_reaches_the_pod_and_the_check_refuses_one_without_it()
         ),
         ("gpu.nvidia.com", "All", &Value::Bool(true))
     );
-    assert!(privilege_problems(r).is_empty(), "{:#?}", privilege_problems(r));
+    assert!(
+        privilege_problems(r).is_empty(),
+        "{:#?}",
+        privilege_problems(r)
+    );
     let taken = r.edited("ResourceClaimTemplate", "gpu-agent-admin-access", |t| {
         t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = false.into();
     });
@@ -799,7 +803,9 @@ fn the_admin_access_claim_reaches_the_pod_and_the_check_refuses_one_without_it()
         "request gpus lacks exactly.adminAccess: true",
     );
     let mut missing = r.clone();
-    missing.objs.retain(|o| o["kind"] != "ResourceClaimTemplate");
+    missing
+        .objs
+        .retain(|o| o["kind"] != "ResourceClaimTemplate");
     assert_found(
         &privilege_problems(&missing),
         "its ResourceClaimTemplate or ResourceClaim is not in this rendering",

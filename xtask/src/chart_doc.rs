@@ -74,7 +74,14 @@ fn walk(
     let mut keys: Vec<&String> = props.keys().collect();
     keys.sort();
     for k in keys {
-        let (p, key) = (&props[k], if at.is_empty() { k.clone() } else { format!("{at}.{k}") });
+        let (p, key) = (
+            &props[k],
+            if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            },
+        );
         let value = &values[k.as_str()];
         if p["properties"].is_object() && key != "config" {
             walk(p, value, &key, rows)?;
@@ -162,6 +169,9 @@ mod tests {
         let schema = json!({"properties": {"x": {"type": "object", "properties": {
             "y": {"type": "string"}}}}});
         let err = blocks(&schema, &json!({})).unwrap_err();
-        assert!(format!("{err}").contains("`x.y` has no description"), "{err}");
+        assert!(
+            format!("{err}").contains("`x.y` has no description"),
+            "{err}"
+        );
     }
 }
