@@ -416,16 +416,25 @@ fn privilege_check_catches_a_gpu_request_no_host_pid_a_writable_mount_missing_ca
         c["volumeMounts"][1]["readOnly"] = false.into();
         c["securityContext"]["capabilities"]["add"] =
             serde_yaml::from_str("[PERFMON, DAC_READ_SEARCH, DAC_OVERRIDE, SYS_RESOURCE]").unwrap();
+        let env = c["env"].as_sequence_mut().unwrap();
+        env.retain(|e| e["name"] != "NVIDIA_VISIBLE_DEVICES");
+        for e in env {
+            if e["name"] == "NVIDIA_DRIVER_CAPABILITIES" {
+                e["value"] = "compute".into();
+            }
+        }
     });
     let p = privilege_problems(&r);
     assert_found(&p, "hostPID must be true");
+    assert_found(&p, "NVIDIA_VISIBLE_DEVICES is \"\", not \"all\"");
+    assert_found(&p, "NVIDIA_DRIVER_CAPABILITIES \"compute\" lacks utility");
     assert_found(
         &p,
         "resources.limits.nvidia.com/gpu: the agent must never take a GPU",
     );
     assert_found(&p, "hostPath mount /sys/fs/cgroup must be readOnly");
     assert_found(&p, "lacks BPF (load the eBPF programs and maps)");
-    assert_eq!(p.len(), 4, "{p:#?}");
+    assert_eq!(p.len(), 6, "{p:#?}");
 }
 
 #[test]

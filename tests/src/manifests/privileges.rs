@@ -1,5 +1,7 @@
-//! The agent's privileges: no GPU taken, hostPID, read-only host paths, the capabilities it
-//! needs and, unless privileged, a non-root user with the image's file capabilities.
+//! The agent's privileges: no GPU taken (no `nvidia.com/*` resource, DRA claims with admin
+//! access only), the driver reached through the NVIDIA runtime, hostPID, read-only host
+//! paths, the capabilities it needs and, unless privileged, a non-root user with the image's
+//! file capabilities.
 use std::{collections::BTreeSet, fs};
 
 use serde_yaml::Value;
@@ -34,6 +36,7 @@ pub fn privilege_problems(r: &Rendered) -> Vec<String> {
         }
     }
     p.extend(claim_problems(r, &at, pod));
+    p.extend(driver_problems(&at, c));
     for m in seq(&c["volumeMounts"]) {
         let volume = seq(&pod["volumes"]).iter().find(|v| v["name"] == m["name"]);
         let host = volume.is_some_and(|v| !v["hostPath"].is_null());
@@ -59,6 +62,32 @@ pub fn privilege_problems(r: &Rendered) -> Vec<String> {
     if sc["privileged"] != true {
         p.extend(non_root_problems(r, &at, sc, &added));
     }
+    p
+}
+
+/// NVML and every GPU's device node from the NVIDIA container runtime, with no GPU taken:
+/// `NVIDIA_VISIBLE_DEVICES=all` and driver capabilities that include `utility` (NVML).
+fn driver_problems(at: &str, c: &Value) -> Vec<String> {
+    let env = |name: &str| {
+        let e = seq(&c["env"]).iter().find(|e| e["name"] == name);
+        e.map(|e| s(&e["value"]).to_string()).unwrap_or_default()
+    };
+    let mut p = vec![];
+    let devices = env("NVIDIA_VISIBLE_DEVICES");
+    flag!(
+        p,
+        devices != "all",
+        "{at}: NVIDIA_VISIBLE_DEVICES is {devices:?}, not \"all\": the NVIDIA runtime gives \
+        the agent every GPU's device node only so"
+    );
+    let caps = env("NVIDIA_DRIVER_CAPABILITIES");
+    flag!(
+        p,
+        !caps
+            .split(',')
+            .any(|c| matches!(c.trim(), "utility" | "all")),
+        "{at}: NVIDIA_DRIVER_CAPABILITIES {caps:?} lacks utility: NVML (libnvidia-ml) is in it"
+    );
     p
 }
 
