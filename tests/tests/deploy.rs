@@ -47,6 +47,20 @@ fn examples() -> Vec<(String, Value)> {
     .collect()
 }
 
+/// deploy/examples/dra/*.yaml: (file, text, objects).
+fn dra_examples() -> Vec<(String, String, Vec<Value>)> {
+    let files = files_in(&root().join("deploy/examples/dra"), "yaml");
+    assert!(!files.is_empty(), "no deploy/examples/dra/*.yaml");
+    files
+        .iter()
+        .map(|f| {
+            let text = fs::read_to_string(f).unwrap();
+            let objs = yaml_docs(&text, &rel(f));
+            (rel(f), text, objs)
+        })
+        .collect()
+}
+
 fn dashboards() -> Vec<(String, Json)> {
     let files = files_in(&root().join("deploy/grafana"), "json");
     assert!(!files.is_empty(), "no deploy/grafana/*.json");
@@ -402,16 +416,25 @@ fn privilege_check_catches_a_gpu_request_no_host_pid_a_writable_mount_missing_ca
         c["volumeMounts"][1]["readOnly"] = false.into();
         c["securityContext"]["capabilities"]["add"] =
             serde_yaml::from_str("[PERFMON, DAC_READ_SEARCH, DAC_OVERRIDE, SYS_RESOURCE]").unwrap();
+        let env = c["env"].as_sequence_mut().unwrap();
+        env.retain(|e| e["name"] != "NVIDIA_VISIBLE_DEVICES");
+        for e in env {
+            if e["name"] == "NVIDIA_DRIVER_CAPABILITIES" {
+                e["value"] = "compute".into();
+            }
+        }
     });
     let p = privilege_problems(&r);
     assert_found(&p, "hostPID must be true");
+    assert_found(&p, "NVIDIA_VISIBLE_DEVICES is \"\", not \"all\"");
+    assert_found(&p, "NVIDIA_DRIVER_CAPABILITIES \"compute\" lacks utility");
     assert_found(
         &p,
         "resources.limits.nvidia.com/gpu: the agent must never take a GPU",
     );
     assert_found(&p, "hostPath mount /sys/fs/cgroup must be readOnly");
     assert_found(&p, "lacks BPF (load the eBPF programs and maps)");
-    assert_eq!(p.len(), 4, "{p:#?}");
+    assert_eq!(p.len(), 6, "{p:#?}");
 }
 
 #[test]
@@ -564,18 +587,55 @@ fn metric_checks_catch_a_name_the_agent_does_not_emit() {
 
 #[test]
 fn kubernetes_validate_strict_passes_every_rendered_object_and_example() {
-    let mut files: Vec<String> = renders().iter().map(|r| rel(&r.file)).collect();
-    files.extend(
-        files_in(&root().join("deploy/examples"), "yaml")
-            .iter()
-            .map(|f| rel(f)),
-    );
-    let examples = examples();
-    let objs = renders()
+    let mut files: Vec<(String, Vec<&Value>)> = renders()
         .iter()
-        .flat_map(|r| &r.objs)
-        .chain(examples.iter().map(|(_, o)| o));
-    assert_none(kubernetes_validate_problems(&files, objs));
+        .map(|r| (rel(&r.file), r.objs.iter().collect()))
+        .collect();
+    let examples = examples();
+    for f in files_in(&root().join("deploy/examples"), "yaml") {
+        let f = rel(&f);
+        let objs = examples.iter().filter(|(e, _)| *e == f).map(|(_, o)| o);
+        files.push((f.clone(), objs.collect()));
+    }
+    let dra = dra_examples();
+    files.extend(
+        dra.iter()
+            .map(|(f, _, objs)| (f.clone(), objs.iter().collect())),
+    );
+    assert!(
+        files
+            .iter()
+            .any(|(_, objs)| objs.iter().any(|o| uses_dra(o))),
+        "no rendering or example claims devices through DRA: the 1.34 schemas check nothing"
+    );
+    assert_none(kubernetes_validate_problems(&files));
+}
+
+/// docs/rightsizing.md shows each DRA example as it is, in a yaml block (kubernetes-validate
+/// checks the files, above; tests/tests/rightsize_plan.rs that their claims are what
+/// `rightsize --emit` writes).
+#[test]
+fn the_dra_examples_are_in_rightsizing_md_as_they_are() {
+    let doc = fs::read_to_string(root().join("docs/rightsizing.md")).unwrap();
+    let blocks: Vec<&str> = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    let mut p = vec![];
+    for (file, text, objs) in dra_examples() {
+        flag!(
+            p,
+            !blocks.contains(&text.as_str()),
+            "docs/rightsizing.md has no yaml block that is {file} as it is"
+        );
+        flag!(
+            p,
+            !objs.iter().any(uses_dra),
+            "{file}: no DRA object (resource.k8s.io/v1, or a pod with resourceClaims)"
+        );
+    }
+    assert_none(p);
 }
 
 /// Grafana's variables replaced with values a query could get.

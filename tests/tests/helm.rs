@@ -34,6 +34,11 @@ const COUNTERS_CSV: &str = "# DCGM FIELD, Prometheus metric type, help message\n
     DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n\
     DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).\n";
 
+const OVERRIDDEN_NAMESPACE: &str = "monitoring";
+static SERVICE_ANNOTATIONS: std::sync::LazyLock<Json> = std::sync::LazyLock::new(
+    || json!({"prometheus.io/scrape": "true", "prometheus.io/port": "9464"}),
+);
+
 /// One set of values the chart is rendered with.
 struct Variant {
     name: &'static str,
@@ -127,6 +132,24 @@ fn switches() -> Vec<Variant> {
             &[],
         ),
         v(
+            "service.enabled",
+            json!({"service": {"enabled": true, "annotations": SERVICE_ANNOTATIONS.clone()}}),
+            &["+Service/gpu-agent-metrics"],
+            &[],
+        ),
+        v(
+            "dra.adminAccess.enabled",
+            json!({"dra": {"adminAccess": {"enabled": true}}}),
+            &["+ResourceClaimTemplate/gpu-agent-admin-access"],
+            &[],
+        ),
+        v(
+            "namespaceOverride",
+            json!({"namespaceOverride": OVERRIDDEN_NAMESPACE}),
+            &[],
+            &[],
+        ),
+        v(
             "criticalPodsQuota.enabled=false",
             json!({"criticalPodsQuota": {"enabled": false}}),
             &["-ResourceQuota/gpu-agent-critical-pods"],
@@ -160,8 +183,8 @@ fn merge(a: &mut Json, b: &Json) {
 }
 
 /// Values that reach the pod and objects as given: extra environment, volumes and mounts,
-/// affinity, pod annotations, pull secrets, an image digest, a dashboard label of the
-/// user's.
+/// affinity, pod annotations, pull secrets, an image digest and a global registry, keys of
+/// the container's securityContext and probes, a dashboard label of the user's.
 fn pod_extras() -> Json {
     json!({
         "extraEnv": [{"name": "RUST_BACKTRACE", "value": "1"}],
@@ -172,6 +195,10 @@ fn pod_extras() -> Json {
                 "operator": "In", "values": ["a100", "h100"]}]}]}}},
         "podAnnotations": {"example.com/team": "ml-platform"},
         "image": {"pullSecrets": [{"name": "regcred"}], "digest": IMAGE_DIGEST},
+        "global": {"imageRegistry": "registry.example.com:5000"},
+        "securityContext": {"seLinuxOptions": {"type": "spc_t"}},
+        "readinessProbe": {"periodSeconds": 30},
+        "livenessProbe": {"timeoutSeconds": null, "failureThreshold": 6},
         "grafanaDashboard": {"enabled": true, "label": "example.com/dashboard",
             "labelValue": "gpu"},
     })
@@ -335,6 +362,24 @@ fn refused() -> Vec<(&'static str, Json, By, &'static str)> {
             "/updateStrategy/type",
         ),
         (
+            "an unknown Service type",
+            json!({"service": {"type": "ExternalName"}}),
+            Schema,
+            "/service/type",
+        ),
+        (
+            "an admin-access claim without a device class",
+            json!({"dra": {"adminAccess": {"enabled": true, "deviceClassName": ""}}}),
+            Schema,
+            "/dra/adminAccess/deviceClassName",
+        ),
+        (
+            "a namespace Kubernetes refuses",
+            json!({"namespaceOverride": "GPU_Agent"}),
+            Schema,
+            "/namespaceOverride",
+        ),
+        (
             "no metrics address",
             json!({"config": {"http": {"metrics_addr": null}}}),
             Template,
@@ -451,7 +496,12 @@ fn rendered(v: &Variant, manifests: &serde_json::Map<String, Json>, dir: &Path) 
         objs: yaml_docs(&text, &name),
         name,
         file,
-        namespace: Some(NAMESPACE.into()),
+        namespace: Some(
+            v.values["namespaceOverride"]
+                .as_str()
+                .unwrap_or(NAMESPACE)
+                .into(),
+        ),
         tracefs_mount: v.values["tracefsMount"]["enabled"] == true,
     }
 }
@@ -633,12 +683,34 @@ fn the_pods_extras_reach_the_daemonset_and_the_dashboards_configmap() {
         "imagePullSecrets {:?}",
         pod["imagePullSecrets"]
     );
-    let image = format!("ghcr.io/example/gpu-agent@{IMAGE_DIGEST}");
+    let image = format!("registry.example.com:5000/example/gpu-agent@{IMAGE_DIGEST}");
     flag!(
         p,
         c["image"] != image.as_str(),
         "image {:?}, not {image}",
         c["image"]
+    );
+    // Each key given replaces the chart's; the others stay.
+    let sc = &c["securityContext"];
+    flag!(
+        p,
+        sc["seLinuxOptions"] != want["securityContext"]["seLinuxOptions"]
+            || sc["runAsUser"] != 65534
+            || sc["readOnlyRootFilesystem"] != true,
+        "securityContext {sc:?}"
+    );
+    let (ready, live) = (&c["readinessProbe"], &c["livenessProbe"]);
+    flag!(
+        p,
+        ready["periodSeconds"] != 30 || ready["httpGet"]["path"] != "/readyz",
+        "readinessProbe {ready:?}"
+    );
+    flag!(
+        p,
+        !live["timeoutSeconds"].is_null()
+            || live["failureThreshold"] != 6
+            || live["periodSeconds"] != 20,
+        "livenessProbe {live:?}"
     );
     let labels = &object(r, "ConfigMap", "gpu-agent-dashboards")["metadata"]["labels"];
     flag!(
@@ -647,6 +719,97 @@ fn the_pods_extras_reach_the_daemonset_and_the_dashboards_configmap() {
         "the dashboards' ConfigMap's labels {labels:?}"
     );
     assert_none(p);
+}
+
+/// service.enabled makes the Service alone, with its annotations, headless on the metrics
+/// port; namespaceOverride moves every namespaced object (namespace_problems checks each
+/// against it) and leaves the release's namespace empty.
+#[test]
+fn the_service_and_namespace_override_render_as_their_values_say() {
+    let r = variant("service.enabled");
+    let svc = object(r, "Service", "gpu-agent-metrics");
+    let mut p = vec![];
+    let annotations = serde_yaml::to_value(&*SERVICE_ANNOTATIONS).unwrap();
+    flag!(
+        p,
+        svc["metadata"]["annotations"] != annotations,
+        "annotations {:?}",
+        svc["metadata"]["annotations"]
+    );
+    flag!(
+        p,
+        svc["spec"]["type"] != "ClusterIP"
+            || svc["spec"]["clusterIP"] != "None"
+            || svc["spec"]["ports"][0]["targetPort"] != "metrics",
+        "spec {:?}",
+        svc["spec"]
+    );
+    flag!(
+        p,
+        r.of_kind("ServiceMonitor").next().is_some(),
+        "a ServiceMonitor without serviceMonitor.enabled"
+    );
+    let moved = variant("namespaceOverride");
+    let namespaces: BTreeSet<&str> = moved
+        .objs
+        .iter()
+        .map(|o| s(&o["metadata"]["namespace"]))
+        .collect();
+    flag!(
+        p,
+        namespaces != BTreeSet::from([OVERRIDDEN_NAMESPACE]),
+        "namespaceOverride: the objects' namespaces are {namespaces:?}"
+    );
+    assert_none(p);
+}
+
+/// dra.adminAccess.enabled: the pod claims every gpu.nvidia.com device of its node through
+/// the template, with admin access, and the container uses the claim; the privilege check
+/// refuses a claim without admin access, or one whose template is not rendered.
+#[test]
+fn the_admin_access_claim_reaches_the_pod_and_the_check_refuses_one_without_it() {
+    let r = variant("dra.adminAccess.enabled");
+    let (_, pod, c) = agent(r).expect("the gpu-agent DaemonSet");
+    let claim = &seq(&pod["resourceClaims"])[0];
+    assert_eq!(
+        s(&claim["resourceClaimTemplateName"]),
+        "gpu-agent-admin-access"
+    );
+    let used: Vec<&str> = seq(&c["resources"]["claims"])
+        .iter()
+        .map(|u| s(&u["name"]))
+        .collect();
+    assert_eq!(used, [s(&claim["name"])]);
+    let template = object(r, "ResourceClaimTemplate", "gpu-agent-admin-access");
+    let exactly = &template["spec"]["spec"]["devices"]["requests"][0]["exactly"];
+    assert_eq!(
+        (
+            s(&exactly["deviceClassName"]),
+            s(&exactly["allocationMode"]),
+            &exactly["adminAccess"]
+        ),
+        ("gpu.nvidia.com", "All", &Value::Bool(true))
+    );
+    assert!(
+        privilege_problems(r).is_empty(),
+        "{:#?}",
+        privilege_problems(r)
+    );
+    let taken = r.edited("ResourceClaimTemplate", "gpu-agent-admin-access", |t| {
+        t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = false.into();
+    });
+    assert_found(
+        &privilege_problems(&taken),
+        "request gpus lacks exactly.adminAccess: true",
+    );
+    let mut missing = r.clone();
+    missing
+        .objs
+        .retain(|o| o["kind"] != "ResourceClaimTemplate");
+    assert_found(
+        &privilege_problems(&missing),
+        "its ResourceClaimTemplate or ResourceClaim is not in this rendering",
+    );
 }
 
 #[test]
@@ -671,9 +834,11 @@ fn a_namespace_selector_of_ones_own_replaces_the_default_only_with_its_key_set_t
 fn kubernetes_validate_strict_passes_every_render() {
     let renders = &helm().renders;
     assert_eq!(renders.len(), variants().len(), "every variant rendered");
-    let files: Vec<String> = renders.iter().map(|r| rel(&r.file)).collect();
-    let objs = renders.iter().flat_map(|r| &r.objs);
-    assert_none(kubernetes_validate_problems(&files, objs));
+    let files: Vec<(String, Vec<&Value>)> = renders
+        .iter()
+        .map(|r| (rel(&r.file), r.objs.iter().collect()))
+        .collect();
+    assert_none(kubernetes_validate_problems(&files));
 }
 
 #[test]
@@ -887,10 +1052,26 @@ fn the_chart_renders_the_kustomize_objects_field_by_field() {
     for (component, switch) in [
         ("tracefs-mount", "tracefsMount.enabled"),
         ("privileged", "privileged.enabled"),
+        ("dra-admin-access", "dra.adminAccess.enabled"),
     ] {
         let kustomization = format!("deploy/kubernetes + components/{component}");
         p.extend(daemonset_differences(&kustomization, switch));
     }
+    let rct = "ResourceClaimTemplate.spec";
+    p.extend(differences(
+        rct,
+        &object(
+            render("deploy/kubernetes + components/dra-admin-access"),
+            "ResourceClaimTemplate",
+            "gpu-agent-admin-access",
+        )["spec"],
+        &object(
+            variant("dra.adminAccess.enabled"),
+            "ResourceClaimTemplate",
+            "gpu-agent-admin-access",
+        )["spec"],
+        &[],
+    ));
     let np = "NetworkPolicy.spec";
     p.extend(differences(
         np,

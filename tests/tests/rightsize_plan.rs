@@ -309,6 +309,7 @@ fn the_emitted_files_follow_their_formats() {
     check_sharing(&out_dir.join("device-plugin-sharing.yaml"));
     check_patches(&out_dir);
     check_claims(&out_dir);
+    check_examples(&out_dir);
     let readme = std::fs::read_to_string(out_dir.join("README.md")).unwrap();
     for want in [
         "nvidia.com/mig.config=h100-80gb-hbm3-2x3g.40gb",
@@ -472,6 +473,30 @@ fn check_patches(dir: &Path) {
         files.push(out.to_str().unwrap().to_string());
     }
     kubernetes_validate(&files);
+}
+
+/// deploy/examples/dra, which docs/rightsizing.md shows, holds what `--emit` writes for
+/// ml/infer-a (its template) and ml/ocr-a (its template's `spec.spec`, as a claim shared by
+/// the pods of one GPU).
+fn check_examples(dir: &Path) {
+    let example = |file: &str, kind: &str| -> serde_yaml::Value {
+        let path = tests::root().join("deploy/examples/dra").join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let docs = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .find(|d: &serde_yaml::Value| d["kind"] == kind);
+        docs.unwrap_or_else(|| panic!("{}: no {kind}", path.display()))
+    };
+    assert_eq!(
+        yaml(&dir.join("dra/ml-deployment-infer-a.yaml")),
+        example("mig.yaml", "ResourceClaimTemplate"),
+        "deploy/examples/dra/mig.yaml's template is not what --emit writes"
+    );
+    assert_eq!(
+        yaml(&dir.join("dra/ml-deployment-ocr-a.yaml"))["spec"]["spec"],
+        example("shared.yaml", "ResourceClaim")["spec"],
+        "deploy/examples/dra/shared.yaml's claim is not the spec --emit writes"
+    );
 }
 
 /// The ResourceClaimTemplates pass kubernetes-validate and ask as NVIDIA's DRA driver's own

@@ -130,6 +130,7 @@ mod tests {
         let listing = tar("-tzf", &archive, None);
         for file in [
             "Chart.yaml",
+            "README.md",
             "values.yaml",
             "values.schema.json",
             "templates/daemonset.yaml",

@@ -2,6 +2,7 @@
 mod bench;
 mod benchkit;
 mod bignode;
+mod chart_doc;
 mod classic;
 mod config_doc;
 mod demo;
@@ -123,6 +124,13 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Regenerate the values table of the Helm chart's README (deploy/helm/gpu-agent/README.md,
+    /// what `helm show readme` prints) from its values.schema.json and values.yaml.
+    ChartDoc {
+        /// Write nothing; fail when the table is out of date.
+        #[arg(long)]
+        check: bool,
+    },
     /// Lint the Helm chart (deploy/helm/gpu-agent) and package it as
     /// target/helm/gpu-agent-<version>.tgz, with the workspace's version; Helm is the test
     /// tools' helm-python-sdk (installed first when missing).
@@ -178,6 +186,7 @@ fn main() -> Result<()> {
         Cmd::E2eContainer { release, from_helm } => e2e::run(release, from_helm),
         Cmd::MetricsDoc { check } => metrics_doc::run(check),
         Cmd::ConfigDoc { check } => config_doc::run(check),
+        Cmd::ChartDoc { check } => chart_doc::run(check),
         Cmd::HelmPackage => helm::run(),
     }
 }

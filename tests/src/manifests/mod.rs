@@ -65,5 +65,8 @@ pub const CLUSTER_SCOPED: [&str; 5] = [
 /// The oldest Kubernetes the manifests support (securityContext.appArmorProfile is 1.30+) and
 /// the newest kubernetes-validate 1.37.0 bundles.
 pub const K8S_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
+/// Where DRA's `resource.k8s.io/v1` is (GA in 1.34): the versions a manifest that claims
+/// devices through it is validated against.
+pub const DRA_K8S_VERSIONS: [&str; 2] = ["1.34.0", "1.37.0"];
 /// CRDs kubernetes-validate has no schema for: it warns and skips them, and so do we.
 pub const CRD_API_GROUP: &str = "monitoring.coreos.com/";

@@ -1,5 +1,7 @@
-//! The agent's privileges: no GPU taken, hostPID, read-only host paths, the capabilities it
-//! needs and, unless privileged, a non-root user with the image's file capabilities.
+//! The agent's privileges: no GPU taken (no `nvidia.com/*` resource, DRA claims with admin
+//! access only), the driver reached through the NVIDIA runtime, hostPID, read-only host
+//! paths, the capabilities it needs and, unless privileged, a non-root user with the image's
+//! file capabilities.
 use std::{collections::BTreeSet, fs};
 
 use serde_yaml::Value;
@@ -33,6 +35,8 @@ pub fn privilege_problems(r: &Rendered) -> Vec<String> {
             }
         }
     }
+    p.extend(claim_problems(r, &at, pod));
+    p.extend(driver_problems(&at, c));
     for m in seq(&c["volumeMounts"]) {
         let volume = seq(&pod["volumes"]).iter().find(|v| v["name"] == m["name"]);
         let host = volume.is_some_and(|v| !v["hostPath"].is_null());
@@ -57,6 +61,68 @@ pub fn privilege_problems(r: &Rendered) -> Vec<String> {
     }
     if sc["privileged"] != true {
         p.extend(non_root_problems(r, &at, sc, &added));
+    }
+    p
+}
+
+/// NVML and every GPU's device node from the NVIDIA container runtime, with no GPU taken:
+/// `NVIDIA_VISIBLE_DEVICES=all` and driver capabilities that include `utility` (NVML).
+fn driver_problems(at: &str, c: &Value) -> Vec<String> {
+    let env = |name: &str| {
+        let e = seq(&c["env"]).iter().find(|e| e["name"] == name);
+        e.map(|e| s(&e["value"]).to_string()).unwrap_or_default()
+    };
+    let mut p = vec![];
+    let devices = env("NVIDIA_VISIBLE_DEVICES");
+    flag!(
+        p,
+        devices != "all",
+        "{at}: NVIDIA_VISIBLE_DEVICES is {devices:?}, not \"all\": the NVIDIA runtime gives \
+        the agent every GPU's device node only so"
+    );
+    let caps = env("NVIDIA_DRIVER_CAPABILITIES");
+    flag!(
+        p,
+        !caps
+            .split(',')
+            .any(|c| matches!(c.trim(), "utility" | "all")),
+        "{at}: NVIDIA_DRIVER_CAPABILITIES {caps:?} lacks utility: NVML (libnvidia-ml) is in it"
+    );
+    p
+}
+
+/// Every DRA claim of the agent's pod is rendered beside it, and asks for admin access in
+/// each request: a claim without it would take its devices from the workloads.
+fn claim_problems(r: &Rendered, at: &str, pod: &Value) -> Vec<String> {
+    let mut p = vec![];
+    for claim in seq(&pod["resourceClaims"]) {
+        let name = s(&claim["name"]);
+        let spec = match (
+            claim["resourceClaimTemplateName"].as_str(),
+            claim["resourceClaimName"].as_str(),
+        ) {
+            (Some(t), _) => r
+                .find("ResourceClaimTemplate", t)
+                .map(|o| &o["spec"]["spec"]),
+            (None, Some(c)) => r.find("ResourceClaim", c).map(|o| &o["spec"]),
+            (None, None) => None,
+        };
+        let Some(spec) = spec else {
+            p.push(format!(
+                "{at}: resourceClaims {name}: its ResourceClaimTemplate or ResourceClaim is \
+                not in this rendering"
+            ));
+            continue;
+        };
+        for req in seq(&spec["devices"]["requests"]) {
+            flag!(
+                p,
+                req["exactly"]["adminAccess"] != true,
+                "{at}: resourceClaims {name}: request {} lacks exactly.adminAccess: true: \
+                the agent must never take a GPU from workloads",
+                s(&req["name"])
+            );
+        }
     }
     p
 }

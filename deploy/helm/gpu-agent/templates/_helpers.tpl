@@ -38,12 +38,30 @@ app.kubernetes.io/part-of: gpu-agent
 {{- end }}
 {{- end }}
 
-{{- define "gpu-agent.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{/* The release's namespace, or namespaceOverride: every namespaced object goes there. */}}
+{{- define "gpu-agent.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/* registry/repository, then @digest or :tag. global.imageRegistry wins over
+     image.registry, as in charts that depend on this one; an empty registry leaves the
+     repository as it is. */}}
+{{- define "gpu-agent.image" -}}
+{{- $registry := default .Values.image.registry (dig "imageRegistry" "" (default dict .Values.global)) }}
+{{- $repository := .Values.image.repository }}
+{{- if $registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}
+{{- end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The name of the admin-access ResourceClaimTemplate, and of the pod's claim. */}}
+{{- define "gpu-agent.adminAccessClaim" -}}
+{{- printf "%s-admin-access" (include "gpu-agent.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* Where the Secrets of `metrics` are mounted: beside the ConfigMap's /etc/gpu-agent, not
@@ -167,4 +185,66 @@ authorization:
 basicAuth:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/* `base` with each key of `over` put in its place (a null removes it): a user's
+     securityContext or probe, key by key over the chart's. mergeOverwrite would not do:
+     it skips false and 0, so readOnlyRootFilesystem: false could not be said.
+     Context: {base: <map>, over: <map or nil>}. */}}
+{{- define "gpu-agent.override" -}}
+{{- $out := deepCopy .base }}
+{{- range $k, $v := (default dict .over) }}
+{{- if kindIs "invalid" $v }}
+{{- $_ := unset $out $k }}
+{{- else }}
+{{- $_ := set $out $k $v }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* The agent container's securityContext as the chart makes it: privileged as root with
+     privileged.enabled; otherwise uid 65534 with the capabilities the image's file
+     capabilities carry, within this bounding set (docs/deploy.md), SYS_ADMIN and AppArmor
+     Unconfined only with tracefsMount.enabled. */}}
+{{- define "gpu-agent.securityContext" -}}
+{{- if .Values.privileged.enabled }}
+privileged: true
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+readOnlyRootFilesystem: true
+{{- else }}
+{{- $tracefs := .Values.tracefsMount.enabled }}
+privileged: false
+{{- if not $tracefs }}
+allowPrivilegeEscalation: false
+{{- end }}
+capabilities:
+  drop: ["ALL"]
+  add: ["BPF", "PERFMON", "DAC_READ_SEARCH", "DAC_OVERRIDE", "SYS_RESOURCE"{{ if $tracefs }}, "SYS_ADMIN"{{ end }}]
+runAsUser: 65534
+runAsGroup: 65534
+runAsNonRoot: true
+readOnlyRootFilesystem: true
+seccompProfile:
+  type: RuntimeDefault
+appArmorProfile:
+  type: {{ if $tracefs }}Unconfined{{ else }}RuntimeDefault{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* A probe of the chart's on the container port `metrics`. Context: {root: $, path:
+     /readyz or /healthz, initialDelaySeconds, periodSeconds}. */}}
+{{- define "gpu-agent.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: metrics
+  {{- if .root.Values.metrics.tls.enabled }}
+  scheme: HTTPS
+  {{- end }}
+initialDelaySeconds: {{ .initialDelaySeconds }}
+periodSeconds: {{ .periodSeconds }}
+timeoutSeconds: 5
+failureThreshold: 3
 {{- end }}
