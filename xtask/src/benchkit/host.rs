@@ -228,13 +228,13 @@ mod memory_tests {
 
     #[test]
     fn a_process_memory_is_split_by_mapping() {
-        let before = memory_map(std::process::id()).unwrap();
-        // 64 MiB touched on the heap shows as heap, and nowhere else.
+        // 64 MiB touched on the heap shows as heap (other tests' threads may free theirs
+        // meanwhile: no comparison with a reading before).
         let block = vec![1u8; 64 << 20];
-        let after = memory_map(std::process::id()).unwrap();
-        assert!(after.heap >= before.heap + 60 * 1024, "{before:?} {after:?}");
-        assert!(after.binary > 0 && after.libraries > 0, "{after:?}");
-        assert!(after.binary.abs_diff(before.binary) < 1024, "{before:?} {after:?}");
+        let m = memory_map(std::process::id()).unwrap();
+        assert!(m.heap >= 64 * 1024, "{m:?}");
+        assert!(m.binary > 0 && m.libraries > 0, "{m:?}");
+        assert!(m.binary + m.libraries < 64 * 1024, "{m:?}");
         drop(block);
     }
 }
