@@ -237,6 +237,11 @@ impl Metadata {
         self.holders.get(d).copied().unwrap_or(0).max(1)
     }
 
+    /// Whether the kubelet lists any device of a DRA claim.
+    pub fn has_claims(&self) -> bool {
+        !self.holders.is_empty()
+    }
+
     /// How many of GPU `uuid`'s time-slicing replicas the container with these names holds.
     pub fn replicas_held(&self, namespace: &str, pod: &str, container: &str, uuid: &str) -> u32 {
         self.allocations_of(namespace, pod, container)

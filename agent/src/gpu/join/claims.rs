@@ -36,6 +36,10 @@ impl Unmatched {
     /// since the last check; says the claims whose devices matched nothing, those not said
     /// already. How many it said.
     pub fn check(&mut self, metadata: &Metadata, sample: &GpuSample) -> usize {
+        // No claims (every node without DRA): nothing to match, every cycle.
+        if !metadata.has_claims() && self.count == 0 && self.warned.is_empty() {
+            return 0;
+        }
         let under = (metadata.generation(), devices_signature(&sample.devices));
         if self.checked_under == Some(under) {
             return 0;
@@ -107,9 +111,11 @@ fn warn(d: &DraDevice, miss: &Miss) {
              {profile_id} at placement {placement_start} on /dev/nvidia{parent_minor}); \
              matched again as MIG devices are made"
         ),
-        Miss::Absent(r) => tracing::warn!(
-            "{claim} matches no GPU NVML lists now ({r:?}); matched again as devices change"
+        Miss::Absent(DeviceRef::Minor(m)) => tracing::warn!(
+            "{claim} matches no GPU NVML lists now (none is /dev/nvidia{m}); matched again \
+             as devices change"
         ),
+        Miss::Absent(r) => tracing::warn!("{claim} matches no device NVML lists now ({r:?})"),
     }
 }
 
