@@ -300,11 +300,7 @@ pub(super) fn name_and_allocate(
 /// The device `r` names, as the sample's own shared name where it is one of its devices (later
 /// comparisons are a pointer's). A UUID is taken as it is, listed or not; an index, a minor
 /// number or a MIG device's DRA key only where the sample has that device.
-pub(super) fn resolve(
-    r: &DeviceRef,
-    devices: &[DeviceSample],
-    names: &DeviceNames,
-) -> Option<Name> {
+fn resolve(r: &DeviceRef, devices: &[DeviceSample], names: &DeviceNames) -> Option<Name> {
     match *r {
         DeviceRef::Uuid(ref u) => Some(
             names
