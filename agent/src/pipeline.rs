@@ -161,6 +161,8 @@ impl Pipeline {
                 let state = self.tracker.state();
                 let j = &mut self.joiner;
                 let mut snap = j.join(&*state, &md, &s, &nvml, self.max_gap, self.process_detail);
+                let unmatched = j.dra_devices_unmatched() as u64;
+                self.stats.dra_devices_unmatched.store(unmatched, Relaxed);
                 (self.billing).bill(&mut snap, &s, j.joined(), &*state, &md);
                 drop(state);
                 if let Some(r) = self.names.as_mut() {

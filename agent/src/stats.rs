@@ -43,6 +43,8 @@ pub struct Stats {
     pub export_cpu_ns: AtomicU64,
     pub gpu_processes: AtomicU64,
     pub gpu_processes_unresolved: AtomicU64,
+    /// Written by the join: DRA devices that match no device now.
+    pub dra_devices_unmatched: AtomicU64,
     pub export: Arc<otel::export::ExportCounters>,
     /// Usage records: written by the usage sink and its OTLP logs exporter.
     pub usage: Arc<otel::usage::UsageCounters>,
@@ -121,6 +123,7 @@ impl Stats {
             export_cpu_ns: n(&self.export_cpu_ns),
             gpu_processes: n(&self.gpu_processes),
             gpu_processes_unresolved: n(&self.gpu_processes_unresolved),
+            dra_devices_unmatched: n(&self.dra_devices_unmatched),
             otlp: self.otlp.read().unwrap().clone(),
             export_status: self.export.status.read().unwrap().clone(),
             otlp_logs: self.otlp_logs.read().unwrap().clone(),

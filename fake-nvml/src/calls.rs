@@ -90,7 +90,7 @@ pub const NO_DEVICE: [&str; 17] = [
 
 /// The exported functions on one device: a handle, or (the handle look-ups) an index,
 /// UUID or bus id that names one. A `hang` entry's `"*"` blocks all of them.
-const PER_DEVICE: [&str; 50] = [
+const PER_DEVICE: [&str; 52] = [
     "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetHandleByIndex_v2",
     "nvmlDeviceGetHandleByUUID",
@@ -126,6 +126,8 @@ const PER_DEVICE: [&str; 50] = [
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetGpuInstanceById",
+    "nvmlGpuInstanceGetInfo",
     "nvmlDeviceGetGpuInstanceProfileInfo",
     "nvmlDeviceGetGpuInstanceProfileInfoV",
     "nvmlDeviceGetGpuInstancePossiblePlacements_v2",

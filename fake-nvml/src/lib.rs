@@ -27,7 +27,8 @@ mod system;
 mod events;
 mod fields;
 mod gpm;
-// MIG profiles a GPU can be partitioned into.
+// MIG profiles a GPU can be partitioned into, and its GPU instances.
+mod gpu_instance;
 mod mig_profiles;
 
 use std::ffi::{c_char, c_uint, c_void, CStr};

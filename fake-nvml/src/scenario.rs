@@ -390,6 +390,14 @@ pub struct MigSpec {
     /// This GPU instance's profiling (`nvmlGpmMigSampleGet`).
     #[serde(default)]
     pub gpm: Option<GpmSpec>,
+    /// Its GPU instance's profile id and placement (`nvmlGpuInstanceGetInfo`); absent: from
+    /// its profile (gpu_instance.rs).
+    #[serde(default)]
+    pub profile_id: Option<u32>,
+    #[serde(default)]
+    pub placement_start: Option<u32>,
+    #[serde(default)]
+    pub placement_size: Option<u32>,
 }
 
 /// One `nvmlGpuInstanceProfileInfo_v2_t`, answered for its profile index.

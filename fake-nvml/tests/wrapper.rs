@@ -351,6 +351,28 @@ fn raw_instance_ids(nvml: &Nvml, dev: &Device) -> (u32, u32) {
     (gi, ci)
 }
 
+/// GPU instance `gi` of `parent` (`nvmlDeviceGetGpuInstanceById`, `nvmlGpuInstanceGetInfo`):
+/// (id, profile id, placement start, size), or the first call's error.
+fn raw_gpu_instance(nvml: &Nvml, parent: &Device, gi: u32) -> Result<(u32, u32, u32, u32), u32> {
+    use nvml_wrapper_sys::bindings::{nvmlGpuInstanceInfo_t, nvmlGpuInstance_t};
+    let mut h: nvmlGpuInstance_t = std::ptr::null_mut();
+    // SAFETY: a plain C struct; all-zero is a valid value.
+    let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: live handles from this Nvml; valid out-pointers.
+    unsafe {
+        let r = nvml
+            .lib()
+            .nvmlDeviceGetGpuInstanceById(parent.handle(), gi, &mut h);
+        if r != 0 {
+            return Err(r);
+        }
+        assert_eq!(nvml.lib().nvmlGpuInstanceGetInfo(h, &mut info), 0);
+        assert_eq!(info.device, parent.handle());
+    }
+    let p = info.placement;
+    Ok((info.id, info.profileId, p.start, p.size))
+}
+
 #[test]
 fn mig_enumeration_and_processes() {
     let _g = serial();
@@ -428,6 +450,22 @@ fn mig_enumeration_and_processes() {
         .device_by_uuid(want[1]["uuid"].as_str().unwrap())
         .unwrap();
     assert_eq!(raw_instance_ids(&nvml, &by_uuid), (3, 0));
+    // Each GPU instance's profile id and placement: the driver's for its profile, packed
+    // in order where the scenario gives none (3g.40gb, 2g.20gb, 1g.10gb).
+    let gis: Vec<_> = [2, 3, 9]
+        .into_iter()
+        .map(|gi| raw_gpu_instance(&nvml, &parent, gi))
+        .collect();
+    assert_eq!(
+        gis,
+        [Ok((2, 9, 0, 4)), Ok((3, 14, 4, 2)), Ok((9, 19, 6, 1))]
+    );
+    assert_eq!(
+        raw_gpu_instance(&nvml, &parent, 4),
+        Err(6),
+        "no such instance"
+    );
+    assert_eq!(raw_gpu_instance(&nvml, &migs[0], 2), Err(3), "a MIG handle");
 
     // The parent lists all MIG processes with their instance ids.
     let all = parent.running_compute_processes().unwrap();

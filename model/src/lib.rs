@@ -52,7 +52,9 @@ pub fn prefetch_container(c: &ContainerUsage) {
     prefetch(c.accounts.as_ptr());
 }
 
+mod dra;
 mod fields;
+pub use dra::{ClaimDevice, DraDevice};
 pub use fields::{
     ContainerXid, DeviceFields, GpmMetrics, NvmlFeatures, RemappedRows, XidCount, XidProcess,
 };
@@ -156,8 +158,22 @@ pub struct MigSample {
     pub memory_used_bytes: Option<u64>,
     /// The MIG profile, e.g. `1g.10gb` (from the MIG device's name).
     pub profile: Option<String>,
+    /// Its GPU instance's profile id and placement (`nvmlGpuInstanceGetInfo`): what NVIDIA's
+    /// DRA driver names a MIG device by. None where NVML does not say.
+    pub gpu_instance: Option<GpuInstance>,
     /// Profiling (GPM) of this GPU instance; None where GPM cannot say.
     pub gpm: Option<GpmMetrics>,
+}
+
+/// A MIG device's GPU instance as NVML describes it (`nvmlGpuInstanceInfo_t`).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct GpuInstance {
+    /// The GPU instance profile's id (`nvidia-smi mig -lgip`'s ID: 19 for an H100's
+    /// 1g.10gb), not its `NVML_GPU_INSTANCE_PROFILE_*` index.
+    pub profile_id: u32,
+    /// Where it sits on the GPU, in memory slices: its first slice and how many.
+    pub placement_start: u32,
+    pub placement_size: u32,
 }
 
 /// A process NVML reports on a device, by host PID.
@@ -222,6 +238,9 @@ pub struct ContainerUsage {
     /// The same allocation as the device plugin named it (`GPU-<uuid>::3` for a
     /// time-slicing replica): dcgm-exporter's `vgpu` label.
     pub allocated_device_ids: Arc<[Name]>,
+    /// Those of `allocated_gpus` that came through DRA claims, each with its claim; shared
+    /// like `allocated_gpus`.
+    pub claims: Arc<[ClaimDevice]>,
     /// Energy, peak memory, limits and accounting per device it used or was allocated.
     pub accounts: Vec<GpuAccount>,
     /// The pod's top-level owner, inferred from its labels and name; None outside
@@ -410,12 +429,18 @@ pub struct UsageRecord {
     pub device_memory_bytes: Option<u64>,
     /// The part of a GPU the kubelet (or DRA) gave the container on this device: 1 for a
     /// whole GPU, 1/N for one of N time-slicing replicas, a MIG profile's compute slices
-    /// over the GPU's; None where no allocation is known.
+    /// over the GPU's, each divided by N where one DRA claim's device is held by N
+    /// containers; None where no allocation is known.
     #[serde(default)]
     pub gpus_allocated: Option<f64>,
     /// The MIG device's profile (`1g.10gb`), under MIG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
+    /// The DRA claim the device was allocated through, and its namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_namespace: Option<String>,
 }
 
 impl DeviceSample {
@@ -452,6 +477,11 @@ impl DeviceSample {
 }
 
 impl ContainerUsage {
+    /// The claim through which the container holds device `uuid`, if it does.
+    pub fn claim_of(&self, uuid: &str) -> Option<&ClaimDevice> {
+        self.claims.iter().find(|c| *c.uuid == *uuid)
+    }
+
     /// Allocated devices the container used neither memory nor SM time on this sample.
     pub fn idle_allocations(&self) -> Vec<&str> {
         self.allocated_gpus
@@ -554,6 +584,9 @@ pub struct AgentStats {
     pub gpu_processes: u64,
     /// GPU processes neither the cache nor /proc could place (charged to the host entry).
     pub gpu_processes_unresolved: u64,
+    /// Devices of DRA claims (NVIDIA's driver) that the kubelet lists and that match no
+    /// device NVML lists now (a name gpu-agent cannot read, or a MIG device not made yet).
+    pub dra_devices_unmatched: u64,
     /// Where OTLP metrics are pushed.
     pub otlp: ExportTarget,
     /// The OTLP push's state: `disabled`, `starting`, `ok` (the last send went through),

@@ -9,9 +9,13 @@
 //! - `dcgm-virtual-gpus` is its `--kubernetes-virtual-gpus`: a device's series is copied
 //!   once per allocated pod (and replica, labelled `vgpu`); FB_USED and GPU_UTIL keep the
 //!   device series and give each pod its own processes' value, with `pod_uid`.
+//! - In both, as dcgm-exporter's `KUBERNETES_ENABLE_DRA` does, a device a DRA claim
+//!   allocated has its series copied once per container holding it, with that pod's labels
+//!   and the claim's `dra_*`; a MIG device's on its own series (dcgm-exporter keys MIG
+//!   claims by the parent GPU).
 use std::fmt;
 
-use gpu_model::{ContainerUsage, DeviceSample, MigSample, Snapshot};
+use gpu_model::{ContainerUsage, DeviceSample, DraDevice, MigSample, Snapshot};
 
 use crate::catalogue::{Attr, Group, Kind, MetricId as M, MetricId, CATALOGUE, DCGM_UNSERVED};
 
@@ -256,6 +260,23 @@ pub(crate) struct Pod {
     pub uid: String,
     /// The time-slicing replica (`GPU-x::3` -> `3`), under `dcgm-virtual-gpus`.
     pub vgpu: Option<String>,
+    /// The DRA claim's device it holds the device through.
+    pub dra: Option<Dra>,
+}
+
+/// A DRA claim's device as dcgm-exporter labels the series of the device (`dra_*`, from
+/// `internal/pkg/transformation/kubernetes.go`): the claim, the driver, its pool, the
+/// driver's name for the device, and of a MIG device its profile and UUID (dcgm-exporter
+/// reads those from the ResourceSlice; NVML gives them here).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Dra {
+    pub claim_name: String,
+    pub claim_namespace: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// (profile, MIG UUID) of a MIG device.
+    pub mig: Option<(String, String)>,
 }
 
 /// One GPU, or one MIG device of it (indexes into the snapshot): what its series come from.
@@ -267,6 +288,14 @@ pub(crate) struct Entity {
     pub pods: Vec<Pod>,
 }
 
+impl Entity {
+    /// The pods holding the device through DRA claims: dcgm-exporter copies each of the
+    /// device's series once per such container, in either layout.
+    pub(crate) fn dra_pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.iter().filter(|p| p.dra.is_some())
+    }
+}
+
 /// The replica suffix of a device plugin's id: `::N` (NVIDIA's plugin) or `/vgpuN` (GKE).
 fn replica(id: &str) -> Option<&str> {
     id.split_once("::")
@@ -274,9 +303,15 @@ fn replica(id: &str) -> Option<&str> {
         .or_else(|| id.split_once("/vgpu").map(|(_, r)| r))
 }
 
-/// The pods allocated `uuid`: one per container and replica, in (namespace, pod,
-/// container, replica) order.
-pub(crate) fn pods_of(snap: &Snapshot, uuid: &str, mode: Mode) -> Vec<Pod> {
+/// The pods allocated `uuid` (MIG device `mig`, where it is one): one per container and
+/// replica, in (namespace, pod, container, replica) order; a container that holds it
+/// through a DRA claim, with the claim's labels.
+pub(crate) fn pods_of(
+    snap: &Snapshot,
+    uuid: &str,
+    mig: Option<&MigSample>,
+    mode: Mode,
+) -> Vec<Pod> {
     let mut pods = vec![];
     for c in &snap.containers {
         if !c.allocated_gpus.iter().any(|u| **u == *uuid) {
@@ -293,10 +328,11 @@ pub(crate) fn pods_of(snap: &Snapshot, uuid: &str, mode: Mode) -> Vec<Pod> {
             container: container.to_string(),
             uid: c.pod_uid.as_deref().unwrap_or_default().to_string(),
             vgpu: None,
+            dra: c.claim_of(uuid).map(|d| dra_labels(&d.dra, mig)),
         };
         let replicas = matching_ids(c, uuid).filter_map(replica);
         let before = pods.len();
-        if mode == Mode::VirtualGpus {
+        if mode == Mode::VirtualGpus && base.dra.is_none() {
             pods.extend(replicas.map(|r| Pod {
                 vgpu: Some(r.to_string()),
                 ..base.clone()
@@ -309,6 +345,17 @@ pub(crate) fn pods_of(snap: &Snapshot, uuid: &str, mode: Mode) -> Vec<Pod> {
     pods.sort();
     pods.dedup();
     pods
+}
+
+fn dra_labels(d: &DraDevice, mig: Option<&MigSample>) -> Dra {
+    Dra {
+        claim_name: d.claim_name.clone(),
+        claim_namespace: d.claim_namespace.clone(),
+        driver: d.driver.clone(),
+        pool: d.pool.clone(),
+        device: d.device.clone(),
+        mig: mig.map(|m| (m.profile.clone().unwrap_or_default(), m.uuid.to_string())),
+    }
 }
 
 /// The device ids of `c`'s allocation that name `uuid` (with or without a replica).
@@ -463,8 +510,8 @@ pub(crate) fn per_pod(id: MetricId) -> bool {
 }
 
 /// The labels of one series of `entity` beyond its block, sorted by name as dcgm-exporter
-/// prints its attributes: the pod's (with `pod_uid` when `uid`), and `err_code` /
-/// `err_msg` on the XID field.
+/// prints its attributes: the pod's (with `pod_uid` when `uid`, and its DRA claim's
+/// `dra_*`), and `err_code` / `err_msg` on the XID field.
 pub(crate) fn attributes<'a>(
     pod: Option<&'a Pod>,
     uid: bool,
@@ -480,6 +527,19 @@ pub(crate) fn attributes<'a>(
         }
         if let Some(v) = &p.vgpu {
             a.push((Attr::DcgmVgpu, v.as_str()));
+        }
+        if let Some(d) = &p.dra {
+            a.extend([
+                (Attr::DcgmDraClaimName, d.claim_name.as_str()),
+                (Attr::DcgmDraClaimNamespace, d.claim_namespace.as_str()),
+                (Attr::DcgmDraDriverName, d.driver.as_str()),
+                (Attr::DcgmDraPoolName, d.pool.as_str()),
+                (Attr::DcgmDraDeviceName, d.device.as_str()),
+            ]);
+            if let Some((profile, uuid)) = &d.mig {
+                a.push((Attr::DcgmDraMigProfile, profile.as_str()));
+                a.push((Attr::DcgmDraMigDeviceUuid, uuid.as_str()));
+            }
         }
     }
     if let Some((code, msg)) = xid {

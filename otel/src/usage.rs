@@ -72,9 +72,9 @@ pub const RECORD_ATTRIBUTES: [&str; 10] = [
 ];
 
 /// The profile's attributes: its SM percentiles and the device's model and memory, the part
-/// of a GPU allocated, the MIG profile and the workload, each where the record knows it;
-/// the memory's p95 always.
-pub const PROFILE_ATTRIBUTES: [&str; 10] = [
+/// of a GPU allocated, the MIG profile, the workload and the DRA claim, each where the
+/// record knows it; the memory's p95 always.
+pub const PROFILE_ATTRIBUTES: [&str; 12] = [
     "gpu_agent.usage.sm_p50",
     "gpu_agent.usage.sm_p95",
     "gpu_agent.usage.sm_max",
@@ -85,6 +85,8 @@ pub const PROFILE_ATTRIBUTES: [&str; 10] = [
     "gpu_agent.usage.mig_profile",
     "gpu_agent.usage.workload_kind",
     "gpu_agent.usage.workload",
+    "gpu_agent.usage.claim",
+    "gpu_agent.usage.claim_namespace",
 ];
 
 /// The `event.name`-like body prefix, so that a log query can pick the records out.
@@ -179,7 +181,8 @@ pub fn log_record(r: &UsageRecord, observed_ms: u64) -> LogRecord {
 
 /// `PROFILE_ATTRIBUTES`, each where the record knows it.
 fn profile_attributes(r: &UsageRecord, out: &mut Vec<KeyValue>) {
-    let [p50, p95, max, mem_p95, model, dev_mem, alloc, mig, kind, workload] = PROFILE_ATTRIBUTES;
+    let [p50, p95, max, mem_p95, model, dev_mem, alloc, mig, kind, workload, claim, claim_ns] =
+        PROFILE_ATTRIBUTES;
     for (key, v) in [(p50, r.sm_p50), (p95, r.sm_p95), (max, r.sm_max)] {
         out.extend(v.map(|v| int(key, v as i64)));
     }
@@ -191,6 +194,8 @@ fn profile_attributes(r: &UsageRecord, out: &mut Vec<KeyValue>) {
         (mig, &r.mig_profile),
         (kind, &r.workload_kind),
         (workload, &r.workload),
+        (claim, &r.claim),
+        (claim_ns, &r.claim_namespace),
     ] {
         out.extend(v.as_ref().map(|v| kv(key, v.clone())));
     }
@@ -481,6 +486,8 @@ mod tests {
             mig_profile: Some("1g.10gb".into()),
             workload_kind: Some("Deployment".into()),
             workload: Some("chat".into()),
+            claim: Some("chat-gpu".into()),
+            claim_namespace: Some("ml".into()),
             ..record("exited")
         };
         let a = log_record(&profiled, 99_000).attributes;

@@ -36,15 +36,50 @@ pub struct FakeContainer {
     pub gpus: Vec<String>,
 }
 
-/// A DRA claim the kubelet reports for a container (pod-resources `dynamic_resources`).
+/// A DRA claim the kubelet reports for a container of pod `namespace/pod` (pod-resources
+/// `dynamic_resources`), verbatim: the claim's name and namespace and its `ClaimResource`s
+/// (driver, pool, device name, CDI device names) as given.
 #[derive(Clone, Debug)]
 pub struct FakeClaim {
     pub namespace: String,
     pub pod: String,
     pub container: String,
-    pub claim_name: String,
-    /// (driver name, device name, CDI device names) per allocated device.
-    pub devices: Vec<(String, String, Vec<String>)>,
+    pub claim: DynamicResource,
+}
+
+/// One device of a claim, as given.
+pub fn claim_resource(driver: &str, pool: &str, device: &str, cdi: &[String]) -> ClaimResource {
+    ClaimResource {
+        cdi_devices: cdi.iter().map(|n| CdiDevice { name: n.clone() }).collect(),
+        driver_name: driver.into(),
+        pool_name: pool.into(),
+        device_name: device.into(),
+    }
+}
+
+/// Claim `namespace/name` of NVIDIA's driver (`gpu.nvidia.com`, pool `pool`) as the kubelet
+/// reports it: a `ClaimResource` per (device name, its CDI device name), and since the
+/// kubelet declares a claim's CDI list once, outside its loop over the devices, each
+/// carries the CDI names of the devices up to its own.
+pub fn kubelet_claim(
+    namespace: &str,
+    name: &str,
+    pool: &str,
+    devices: &[(&str, &str)],
+) -> DynamicResource {
+    let mut cdi = vec![];
+    let claim_resources = devices
+        .iter()
+        .map(|(device, name)| {
+            cdi.push(name.to_string());
+            claim_resource("gpu.nvidia.com", pool, device, &cdi)
+        })
+        .collect();
+    DynamicResource {
+        claim_name: name.into(),
+        claim_namespace: namespace.into(),
+        claim_resources,
+    }
 }
 
 /// Labels as (key, value) pairs.
@@ -284,20 +319,7 @@ impl PodResourcesLister for PodRes {
 
 /// The claim on its container, which is added (with no devices) if the pod lacks it.
 fn add_claim(pods: &mut Vec<PodResources>, cl: &FakeClaim) {
-    let dr = DynamicResource {
-        claim_name: cl.claim_name.clone(),
-        claim_namespace: cl.namespace.clone(),
-        claim_resources: cl
-            .devices
-            .iter()
-            .map(|(driver, device, cdi)| ClaimResource {
-                cdi_devices: cdi.iter().map(|n| CdiDevice { name: n.clone() }).collect(),
-                driver_name: driver.clone(),
-                pool_name: "node".into(),
-                device_name: device.clone(),
-            })
-            .collect(),
-    };
+    let dr = cl.claim.clone();
     let pod = match pods
         .iter()
         .position(|p| p.name == cl.pod && p.namespace == cl.namespace)

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tests::{
     cgroups::{cgroupfs_container, sleeper, systemd_container, Proc, TestCgroup},
     container,
-    fake_node::{metadata_config, FakeClaim, FakeContainer, FakeNode, World},
+    fake_node::{kubelet_claim, metadata_config, FakeClaim, FakeContainer, FakeNode, World},
     fake_nvml_lib,
     nvml::Scenario,
     random_hex, random_uid, Agent, TempDir as Dir,
@@ -155,29 +155,22 @@ fn dra_claims_feed_the_allocation_metrics() {
         fake_container(&id, &uid, "ml", "dra-0", vec![]),
         fake_container(&idle_id, &idle_uid, "ml", "dra-idle", vec![]),
     ]);
-    let claim = |pod: &str, devices| FakeClaim {
+    // NVIDIA's DRA driver names a GPU by its minor number: GPU 1's is 5.
+    let claim = |pod: &str, device: &str| FakeClaim {
         namespace: "ml".into(),
         pod: pod.into(),
         container: "main".into(),
-        claim_name: format!("{pod}-gpu"),
-        devices,
-    };
-    world.set_claims(vec![
-        // By the UUID in its CDI device name.
-        claim(
-            "dra-0",
-            vec![(
-                "gpu.nvidia.com".into(),
-                "gpu-0".into(),
-                vec![format!("k8s.gpu.nvidia.com/gpu={G0}")],
+        claim: kubelet_claim(
+            "ml",
+            &format!("{pod}-gpu"),
+            "node-1",
+            &[(
+                device,
+                &format!("k8s.gpu.nvidia.com/claim={}-{device}", random_uid()),
             )],
         ),
-        // By the driver's gpu-<minor> name only: GPU 1's minor number is 5.
-        claim(
-            "dra-idle",
-            vec![("gpu.nvidia.com".into(), "gpu-5".into(), vec![])],
-        ),
-    ]);
+    };
+    world.set_claims(vec![claim("dra-0", "gpu-0"), claim("dra-idle", "gpu-5")]);
     let node = FakeNode::start(&dir.0, world);
     let agent = start_agent(&sc, &dir.0, Some(&node), "");
     let snap = wait_snapshot(&agent, "both DRA allocations", |s| {

@@ -101,7 +101,7 @@ impl RecordNames {
 }
 
 /// The device a stretch is on, and what the container was given of it: the usage record's
-/// `device_model`, `device_memory_bytes`, `mig_profile` and `gpus_allocated`.
+/// `device_model`, `device_memory_bytes`, `mig_profile`, `gpus_allocated` and its claim.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeviceFacts {
     /// The GPU's model and memory (a MIG device's parent's).
@@ -111,6 +111,8 @@ pub struct DeviceFacts {
     pub gpus_allocated: Option<f64>,
     /// The device's part of its GPU: 1, or a MIG profile's compute slices over the GPU's.
     pub part: f64,
+    /// The DRA claim's device it was allocated through.
+    pub claim: Option<std::sync::Arc<gpu_model::DraDevice>>,
 }
 
 impl DeviceFacts {

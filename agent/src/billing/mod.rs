@@ -15,6 +15,8 @@ use std::path::Path;
 use gpu_model::{GpuSample, Name, Snapshot, UsageRecord};
 
 pub mod account;
+#[cfg(test)]
+mod dra_tests;
 pub mod exits;
 pub mod hami;
 pub mod ledger;

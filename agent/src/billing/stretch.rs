@@ -109,12 +109,15 @@ fn facts(c: &ContainerUsage, on: Device, cy: &Cycle) -> DeviceFacts {
         gpus_allocated: allocated_share(c, on, mig_part, cy.metadata),
         mig_profile,
         part: mig_part.unwrap_or(1.0),
+        claim: c.claim_of(uuid).map(|d| d.dra.clone()),
     }
 }
 
-/// 1 for a whole GPU, the replicas held over the GPU's for a time-sliced one, a MIG
-/// device's part (None where its profile is unknown); None where the device is not
-/// allocated to the container.
+/// The part of a GPU the container was allocated on device `on`: the device's part of its
+/// GPU (1, or a MIG device's; None where its profile is unknown) over the containers it is
+/// shared among. A DRA claim's device held by N containers is shared N ways (each holds
+/// 1/N of it); a time-sliced GPU, by the replicas the container holds over the GPU's. None
+/// where the device is not allocated to the container.
 fn allocated_share(
     c: &ContainerUsage,
     on: Device,
@@ -125,18 +128,28 @@ fn allocated_share(
     if !c.allocated_gpus.iter().any(|a| **a == **uuid) {
         return None;
     }
-    if !same(uuid, gpu_uuid) {
-        return mig_part;
-    }
+    let whole_gpu = same(uuid, gpu_uuid);
+    let device = if whole_gpu { Some(1.0) } else { mig_part };
+    let (held, of) = match c.claim_of(uuid) {
+        Some(d) => (1, d.holders),
+        None if whole_gpu => time_slices(c, gpu_uuid, metadata),
+        None => (1, 1),
+    };
+    device.map(|p| p * f64::from(held) / f64::from(of.max(1)))
+}
+
+/// The time-slicing replicas of GPU `gpu_uuid` the container holds and the GPU's; (1, 1)
+/// for a GPU not time-sliced.
+fn time_slices(c: &ContainerUsage, gpu_uuid: &Name, metadata: &Metadata) -> (u32, u32) {
     let replicas = metadata.replicas_of(gpu_uuid);
     if replicas < 2 {
-        return Some(1.0);
+        return (1, 1);
     }
     let (Some(ns), Some(pod), Some(name)) = (&c.namespace, &c.pod_name, &c.container_name) else {
-        return Some(1.0 / replicas as f64);
+        return (1, replicas);
     };
     let held = metadata.replicas_held(ns, pod, name, gpu_uuid);
-    Some(held.clamp(1, replicas) as f64 / replicas as f64)
+    (held.clamp(1, replicas), replicas)
 }
 
 /// Ends the stretch in `l` (on device `uuid`) and returns its record.
@@ -172,6 +185,8 @@ pub fn end(l: &mut Ledger, uuid: &Name, reason: &str) -> Option<UsageRecord> {
         device_memory_bytes: device.memory_bytes,
         gpus_allocated: device.gpus_allocated,
         mig_profile: device.mig_profile,
+        claim: device.claim.as_ref().map(|d| d.claim_name.clone()),
+        claim_namespace: device.claim.as_ref().map(|d| d.claim_namespace.clone()),
         ..s.names.record()
     })
 }

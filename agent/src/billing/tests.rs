@@ -29,7 +29,7 @@ use crate::{
 
 /// What the account pass is given besides the snapshot: NVML accounting's stats, and how
 /// long a stretch runs before it is cut.
-struct Inputs<'a> {
+pub(super) struct Inputs<'a> {
     accounted: &'a [Accounted],
     max_record_ms: u64,
 }
@@ -45,13 +45,13 @@ impl Default for Inputs<'_> {
 
 /// What the join and billing carry after a run.
 #[derive(Default)]
-struct Carried {
+pub(super) struct Carried {
     join: Counters,
     books: Books,
 }
 
 /// One cycle: the join, then billing's pass over its snapshot.
-fn cycle(
+pub(super) fn cycle(
     md: &Metadata,
     s: &GpuSample,
     c: &mut Carried,
@@ -86,8 +86,8 @@ fn cycle(
     (snap, records)
 }
 
-const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+pub(super) const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+pub(super) const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
 /// pid -> (comm, container id): 1x in A, 2x in B.
 struct Procs;
@@ -118,7 +118,7 @@ impl Resolver for Procs {
     }
 }
 
-fn p(pid: u32, mem: u64, sm: Option<u32>) -> ProcessSample {
+pub(super) fn p(pid: u32, mem: u64, sm: Option<u32>) -> ProcessSample {
     ProcessSample {
         pid,
         used_memory_bytes: mem,
@@ -467,7 +467,7 @@ fn the_mps_server_is_charged_to_nobody() {
 
 #[test]
 fn dra_devices_by_minor_number_feed_the_allocation() {
-    let md = allocated_to_a("gpu.nvidia.com", "gpu-7", Some("ns/claim"));
+    let md = allocated_to_a("gpu.nvidia.com", "gpu-7", Some("claim"));
     let mut s = sample(1000, 0, vec![p(100, 1, Some(1))]);
     s.devices[0].sharing.minor_number = Some(7);
     let (snap, _, _) = run(&md, &[s], &Inputs::default());
@@ -502,7 +502,7 @@ fn a_mig_device_size_is_its_containers_memory_limit() {
 }
 
 /// Joins `samples`, each with its own metadata, and returns every record.
-fn run_with(steps: &[(&Metadata, GpuSample)], inputs: &Inputs) -> Vec<UsageRecord> {
+pub(super) fn run_with(steps: &[(&Metadata, GpuSample)], inputs: &Inputs) -> Vec<UsageRecord> {
     let mut c = Carried::default();
     let mut all = vec![];
     for (md, s) in steps {
@@ -512,7 +512,7 @@ fn run_with(steps: &[(&Metadata, GpuSample)], inputs: &Inputs) -> Vec<UsageRecor
     all
 }
 
-fn h100(t: u64, procs: Vec<ProcessSample>) -> GpuSample {
+pub(super) fn h100(t: u64, procs: Vec<ProcessSample>) -> GpuSample {
     let mut s = sample(t, 0, procs);
     s.devices[0].name = "NVIDIA H100 80GB HBM3".into();
     s.devices[0].memory_total_bytes = Some(80 << 30);

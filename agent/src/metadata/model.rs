@@ -6,7 +6,7 @@ use std::{
     sync::{atomic::Ordering, Arc},
 };
 
-use gpu_model::{Name, Workload};
+use gpu_model::{DraDevice, Name, Workload};
 use serde::Serialize;
 
 use super::devices::{parse_device_id, parse_dra_device, DeviceRef};
@@ -34,10 +34,12 @@ pub struct Allocation {
     pub resource_name: String,
     /// As the device plugin names them: `GPU-<uuid>`, `MIG-<uuid>`, an index, with an
     /// optional `::N` time-slicing replica suffix, or GKE's `nvidia0/gi0`. For a DRA
-    /// claim: the device's UUID, or the NVIDIA DRA driver's `gpu-<minor>`.
+    /// claim: its one device, as NVIDIA's DRA driver names it (`gpu-0`,
+    /// `gpu-0-mig-1g10gb-19-0`; `devices::parse_dra_device`).
     pub device_ids: Vec<Name>,
-    /// The DRA claim (`namespace/name`) the devices come from; None for device plugins.
-    pub claim: Option<String>,
+    /// The DRA claim's device this allocation is (one per `ClaimResource`); None for device
+    /// plugins.
+    pub claim: Option<Arc<DraDevice>>,
 }
 
 impl Allocation {
@@ -83,6 +85,9 @@ pub struct Metadata {
     /// container's names to its id held about 2 MB on a node of 9,000 containers.
     #[serde(skip)]
     allocated_ids: rustc_hash::FxHashMap<u64, Name>,
+    /// How many containers hold each DRA claim's device (`claim_holders`).
+    #[serde(skip)]
+    holders: HashMap<Arc<DraDevice>, u32>,
     /// Time-slicing replicas per GPU UUID (the kubelet's allocatable `<uuid>::N` devices).
     replicas: HashMap<String, u32>,
     /// Set anew by every change of the above (each goes through a method here), and unique
@@ -182,6 +187,11 @@ impl Metadata {
         &self.allocations
     }
 
+    /// Each allocation's devices as the join matches them, in `allocations`' order.
+    pub fn refs(&self) -> &[Vec<DeviceRef>] {
+        &self.refs
+    }
+
     /// Whether a listing says what this holds already.
     pub(super) fn holds(
         &self,
@@ -202,6 +212,12 @@ impl Metadata {
             let key = container_key(&a.namespace, &a.pod_name, &a.container_name);
             self.by_container.entry(key).or_default().push(i as u32);
         }
+        self.holders.clear();
+        for a in &allocations {
+            if let Some(d) = &a.claim {
+                *self.holders.entry(d.clone()).or_default() += 1;
+            }
+        }
         self.allocations = allocations;
         // Once per listing (every 30 s): one hash of each container's names.
         self.allocated_ids = self
@@ -212,6 +228,18 @@ impl Metadata {
                 Some((key, id.clone()))
             })
             .collect();
+    }
+
+    /// How many containers the kubelet lists holding DRA claim device `d`: a claim shared by
+    /// several pods (time-slicing or MPS in its config), or by several containers of one,
+    /// names the same device in each (at least 1).
+    pub fn claim_holders(&self, d: &DraDevice) -> u32 {
+        self.holders.get(d).copied().unwrap_or(0).max(1)
+    }
+
+    /// Whether the kubelet lists any device of a DRA claim.
+    pub fn has_claims(&self) -> bool {
+        !self.holders.is_empty()
     }
 
     /// How many of GPU `uuid`'s time-slicing replicas the container with these names holds.

@@ -1,15 +1,16 @@
 //! kubelet pod-resources v1: which container is allocated which GPU, through device
 //! plugins (`devices`) and DRA claims (`dynamic_resources`), and how many time-slicing
 //! replicas each GPU is cut into (`GetAllocatableResources`).
-use std::{collections::HashMap, path::Path};
+use std::{collections::HashMap, path::Path, sync::Arc};
 
+use gpu_model::DraDevice;
 use node_api::podresources::{
     pod_resources_lister_client::PodResourcesListerClient, AllocatableResourcesRequest,
-    ClaimResource, DynamicResource, ListPodResourcesRequest,
+    DynamicResource, ListPodResourcesRequest,
 };
 
 use super::{
-    devices::{is_gpu_resource, parse_device_id, parse_dra_minor, DeviceRef},
+    devices::{is_gpu_resource, parse_device_id, DeviceRef},
     Allocation,
 };
 
@@ -39,79 +40,44 @@ pub async fn list(socket: &Path) -> Result<Vec<Allocation>, String> {
                 }
             }
             for d in &c.dynamic_resources {
-                if let Some(a) = dra_allocation(&pod.namespace, &pod.name, &c.name, d) {
-                    out.push(a);
-                }
+                out.extend(dra_allocations(&pod.namespace, &pod.name, &c.name, d));
             }
         }
     }
     Ok(out)
 }
 
-/// The NVIDIA DRA driver's name for its GPU devices' driver.
+/// The name of NVIDIA's DRA driver for GPUs and MIG devices.
 pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
 
-/// One DRA claim's NVIDIA GPUs as an allocation: each device by the UUID its CDI device
-/// name (or device name) carries, else by the driver's `gpu-<minor>` name.
-fn dra_allocation(ns: &str, pod: &str, container: &str, d: &DynamicResource) -> Option<Allocation> {
-    let mut ids = vec![];
-    let mut driver = None;
-    for r in &d.claim_resources {
-        if let Some(id) = dra_device_id(r) {
-            driver.get_or_insert_with(|| r.driver_name.clone());
-            ids.push(id.into());
-        }
-    }
-    if ids.is_empty() {
-        return None;
-    }
-    Some(Allocation {
-        namespace: ns.to_string(),
-        pod_name: pod.to_string(),
-        container_name: container.to_string(),
-        resource_name: driver.unwrap_or_default(),
-        device_ids: ids,
-        claim: Some(format!("{}/{}", d.claim_namespace, d.claim_name)),
-    })
-}
-
-/// A GPU or MIG UUID anywhere in `s` (`k8s.gpu.nvidia.com/gpu=GPU-…`, `…-MIG-…`).
-pub fn find_uuid(s: &str) -> Option<String> {
-    for prefix in ["GPU-", "MIG-"] {
-        if let Some(i) = s.find(prefix) {
-            let rest = &s[i + prefix.len()..];
-            let end = rest
-                .find(|c: char| !(c.is_ascii_hexdigit() || c == '-'))
-                .unwrap_or(rest.len());
-            let hex = rest[..end].trim_end_matches('-');
-            if hex.chars().filter(char::is_ascii_hexdigit).count() >= 32 {
-                return Some(format!("{prefix}{hex}"));
-            }
-        }
-    }
-    None
-}
-
-/// The id the join can resolve for one DRA device, if it is an NVIDIA GPU: its UUID, or
-/// `gpu-<minor>` (how the NVIDIA DRA driver names a whole GPU).
-fn dra_device_id(r: &ClaimResource) -> Option<String> {
-    let nvidia = r.driver_name == NVIDIA_DRA_DRIVER
-        || r.cdi_devices.iter().any(|c| {
-            c.name
-                .split('=')
-                .next()
-                .is_some_and(|kind| kind.ends_with("nvidia.com/gpu"))
-        });
-    let uuid = r
-        .cdi_devices
-        .iter()
-        .find_map(|c| find_uuid(&c.name))
-        .or_else(|| find_uuid(&r.device_name));
-    match uuid {
-        Some(u) => Some(u),
-        None if nvidia && parse_dra_minor(&r.device_name).is_some() => Some(r.device_name.clone()),
-        None => None,
-    }
+/// One allocation per device of a DRA claim that NVIDIA's driver gave, named as the driver
+/// names it (`devices::parse_dra_device` reads the name). The device's own `ClaimResource`
+/// alone says which device it is: the kubelet declares a claim's CDI list outside its loop
+/// over the devices, so the Nth carries the CDI names of devices 1 to N, and none of
+/// NVIDIA's carries a UUID (`k8s.gpu.nvidia.com/claim=<claim UID>-gpu-0`, before v25.12
+/// `k8s.gpu.nvidia.com/device=gpu-0`).
+fn dra_allocations<'a>(
+    ns: &'a str,
+    pod: &'a str,
+    container: &'a str,
+    d: &'a DynamicResource,
+) -> impl Iterator<Item = Allocation> + 'a {
+    (d.claim_resources.iter())
+        .filter(|r| r.driver_name == NVIDIA_DRA_DRIVER)
+        .map(move |r| Allocation {
+            namespace: ns.to_string(),
+            pod_name: pod.to_string(),
+            container_name: container.to_string(),
+            resource_name: r.driver_name.clone(),
+            device_ids: vec![r.device_name.as_str().into()],
+            claim: Some(Arc::new(DraDevice {
+                claim_namespace: d.claim_namespace.clone(),
+                claim_name: d.claim_name.clone(),
+                driver: r.driver_name.clone(),
+                pool: r.pool_name.clone(),
+                device: r.device_name.clone(),
+            })),
+        })
 }
 
 /// Time-slicing replicas per GPU UUID, from the kubelet's allocatable devices
@@ -139,20 +105,15 @@ pub async fn replicas(socket: &Path) -> Result<HashMap<String, u32>, String> {
 
 #[cfg(test)]
 mod tests {
-    use node_api::podresources::CdiDevice;
+    use node_api::podresources::{CdiDevice, ClaimResource};
 
     use super::*;
     use crate::metadata::devices::parse_dra_device;
 
-    const U: &str = "GPU-6663f2bc-da9f-4cff-88fe-d84cc95fe598";
-
-    fn claim(driver: &str, device: &str, cdi: &[&str]) -> ClaimResource {
+    fn resource(driver: &str, device: &str, cdi: &[String]) -> ClaimResource {
         ClaimResource {
-            cdi_devices: cdi
-                .iter()
-                .map(|n| CdiDevice {
-                    name: n.to_string(),
-                })
+            cdi_devices: (cdi.iter())
+                .map(|n| CdiDevice { name: n.clone() })
                 .collect(),
             driver_name: driver.into(),
             pool_name: "node-1".into(),
@@ -160,39 +121,92 @@ mod tests {
         }
     }
 
-    #[test]
-    fn dra_devices_by_uuid_or_minor_and_nothing_else() {
-        let by_cdi = claim(
-            "gpu.nvidia.com",
-            "gpu-0",
-            &[&format!("k8s.gpu.nvidia.com/gpu={U}")],
-        );
-        assert_eq!(dra_device_id(&by_cdi).as_deref(), Some(U));
-        let by_minor = claim(
-            "gpu.nvidia.com",
-            "gpu-3",
-            &["k8s.gpu.nvidia.com/claim=abc-gpu-3"],
-        );
-        assert_eq!(dra_device_id(&by_minor).as_deref(), Some("gpu-3"));
-        assert_eq!(parse_dra_device("gpu-3"), Some(DeviceRef::Minor(3)));
-        assert_eq!(parse_dra_device(U), Some(DeviceRef::Uuid(U.into())));
-        // Another vendor's device with a minor-like name is not a GPU of ours.
-        let other = claim("gpu.example.com", "gpu-1", &["example.com/gpu=gpu-1"]);
-        assert_eq!(dra_device_id(&other), None);
-        let mig = "MIG-4f06c904-75ca-4d7d-a0bb-51f2b99055b2";
-        assert_eq!(
-            find_uuid(&format!("k8s.gpu.nvidia.com/mig={mig}")).as_deref(),
-            Some(mig)
-        );
-        assert_eq!(find_uuid("GPU-12"), None);
-        let d = DynamicResource {
+    /// A claim of `devices` as the kubelet reports it: each `ClaimResource` carries the CDI
+    /// names of the devices up to its own (`cdi` gives a device's).
+    fn kubelet_claim(devices: &[&str], cdi: impl Fn(&str) -> String) -> DynamicResource {
+        let mut names = vec![];
+        let claim_resources = (devices.iter())
+            .map(|d| {
+                names.push(cdi(d));
+                resource(NVIDIA_DRA_DRIVER, d, &names)
+            })
+            .collect();
+        DynamicResource {
             claim_name: "gpu-claim".into(),
             claim_namespace: "ml".into(),
-            claim_resources: vec![by_cdi, other],
+            claim_resources,
+        }
+    }
+
+    const UID: &str = "5a8b3f7e-1f1a-4c5e-9e44-0c6f2a3b9d11";
+
+    #[test]
+    fn each_claim_resource_is_its_own_device_whatever_its_cdi_list() {
+        // v25.12 (`claim=` CDI names) and before (`device=`), a claim of two GPUs.
+        let v25_12 = kubelet_claim(&["gpu-0", "gpu-1"], |d| {
+            format!("k8s.gpu.nvidia.com/claim={UID}-{d}")
+        });
+        let v25_8 = kubelet_claim(&["gpu-0", "gpu-1"], |d| {
+            format!("k8s.gpu.nvidia.com/device={d}")
+        });
+        for d in [v25_12, v25_8] {
+            assert_eq!(d.claim_resources[1].cdi_devices.len(), 2, "accumulated");
+            let a: Vec<Allocation> = dra_allocations("ml", "p", "main", &d).collect();
+            let ids: Vec<&str> = a.iter().map(|a| &*a.device_ids[0]).collect();
+            assert_eq!(ids, ["gpu-0", "gpu-1"]);
+            let refs: Vec<DeviceRef> = a.iter().flat_map(|a| a.device_refs()).collect();
+            assert_eq!(refs, [DeviceRef::Minor(0), DeviceRef::Minor(1)]);
+            let dra = a[1].claim.as_deref().unwrap();
+            assert_eq!(
+                (
+                    &*dra.claim_namespace,
+                    &*dra.claim_name,
+                    &*dra.pool,
+                    &*dra.device
+                ),
+                ("ml", "gpu-claim", "node-1", "gpu-1")
+            );
+            assert_eq!(a[1].resource_name, "gpu.nvidia.com");
+        }
+    }
+
+    #[test]
+    fn mig_devices_of_both_driver_versions_and_nothing_of_other_drivers() {
+        let v25_12 = kubelet_claim(&["gpu-0-mig-1g10gb-19-0", "gpu-1-mig-2g47gb-14-0"], |d| {
+            format!("k8s.gpu.nvidia.com/claim={UID}-{d}")
+        });
+        let v25_8 = kubelet_claim(&["gpu-0-mig-19-0-1"], |d| {
+            format!("k8s.gpu.nvidia.com/device={d}")
+        });
+        let refs = |d: &DynamicResource| -> Vec<DeviceRef> {
+            dra_allocations("ml", "p", "main", d)
+                .flat_map(|a| a.device_refs().collect::<Vec<_>>())
+                .collect()
         };
-        let a = dra_allocation("ml", "p", "c", &d).unwrap();
-        assert_eq!(a.device_ids, [U.into()]);
-        assert_eq!(a.claim.as_deref(), Some("ml/gpu-claim"));
-        assert_eq!(a.resource_name, "gpu.nvidia.com");
+        let mig = |parent_minor, profile_id, placement_start| DeviceRef::Mig {
+            parent_minor,
+            profile_id,
+            placement_start,
+        };
+        assert_eq!(refs(&v25_12), [mig(0, 19, 0), mig(1, 14, 0)]);
+        assert_eq!(refs(&v25_8), [mig(0, 19, 0)]);
+        assert_eq!(
+            parse_dra_device("gpu-0-mig-1g10gb-me-20-0"),
+            Some(mig(0, 20, 0))
+        );
+        // Another vendor's device with a GPU-like name is not one of NVIDIA's GPUs, nor is
+        // NVIDIA's compute-domain driver's.
+        let other = DynamicResource {
+            claim_resources: vec![
+                resource(
+                    "gpu.example.com",
+                    "gpu-1",
+                    &["example.com/gpu=gpu-1".into()],
+                ),
+                resource("compute-domain.nvidia.com", "channel-0", &[]),
+            ],
+            ..kubelet_claim(&[], |d| d.into())
+        };
+        assert_eq!(dra_allocations("ml", "p", "main", &other).count(), 0);
     }
 }

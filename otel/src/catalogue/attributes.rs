@@ -302,6 +302,18 @@ table! {
             doc: "where the limit comes from: HAMi's environment (enforced by HAMi), the MIG device's size, or the container's share of a time-sliced GPU (not enforced)",
             ..POINT
         },
+        ClaimName => Attribute {
+            otlp: Some("k8s.resourceclaim.name"),
+            prometheus: Some("claim"),
+            doc: "the DRA claim the device was allocated through (pod-resources `dynamic_resources`); absent for a device plugin's allocation",
+            ..POINT
+        },
+        ClaimNamespace => Attribute {
+            otlp: Some("k8s.resourceclaim.namespace"),
+            prometheus: Some("claim_namespace"),
+            doc: "the DRA claim's namespace, with `claim`",
+            ..POINT
+        },
         Mode => Attribute {
             otlp: Some("mode"),
             prometheus: Some("mode"),
@@ -382,6 +394,41 @@ table! {
         DcgmVgpu => Attribute {
             prometheus: Some("vgpu"),
             doc: "dcgm-exporter (`dcgm-virtual-gpus`): the time-slicing replica the pod holds (`::N`)",
+            ..LABEL
+        },
+        DcgmDraClaimName => Attribute {
+            prometheus: Some("dra_claim_name"),
+            doc: "dcgm-exporter (`KUBERNETES_ENABLE_DRA`): the DRA claim that allocated the device, on the series of each container holding it",
+            ..LABEL
+        },
+        DcgmDraClaimNamespace => Attribute {
+            prometheus: Some("dra_claim_namespace"),
+            doc: "dcgm-exporter: the DRA claim's namespace",
+            ..LABEL
+        },
+        DcgmDraDriverName => Attribute {
+            prometheus: Some("dra_driver_name"),
+            doc: "dcgm-exporter: the DRA driver (`gpu.nvidia.com`)",
+            ..LABEL
+        },
+        DcgmDraPoolName => Attribute {
+            prometheus: Some("dra_pool_name"),
+            doc: "dcgm-exporter: the DRA driver's pool (NVIDIA's: the node's name)",
+            ..LABEL
+        },
+        DcgmDraDeviceName => Attribute {
+            prometheus: Some("dra_device_name"),
+            doc: "dcgm-exporter: the DRA driver's name for the device (`gpu-0`, `gpu-0-mig-1g10gb-19-0`)",
+            ..LABEL
+        },
+        DcgmDraMigProfile => Attribute {
+            prometheus: Some("dra_mig_profile"),
+            doc: "dcgm-exporter: a DRA-allocated MIG device's profile (`1g.10gb`)",
+            ..LABEL
+        },
+        DcgmDraMigDeviceUuid => Attribute {
+            prometheus: Some("dra_mig_device_uuid"),
+            doc: "dcgm-exporter: a DRA-allocated MIG device's UUID (`MIG-...`), a dynamic MIG device's included",
             ..LABEL
         },
         DcgmErrCode => Attribute {
@@ -489,10 +536,10 @@ pub const HELD: AttrSet = AttrSet {
     otlp: &[],
     prometheus: container_labels!(Attr::HwModel, Attr::MigProfile),
 };
-/// A device the kubelet allocated to a container.
+/// A device the kubelet allocated to a container, and the DRA claim it came through.
 pub const ALLOCATION: AttrSet = AttrSet {
     name: "allocation",
-    otlp: container_resource!(Attr::HwId),
+    otlp: container_resource!(Attr::HwId, Attr::ClaimName, Attr::ClaimNamespace),
     prometheus: &[
         Attr::ContainerId,
         Attr::PodUid,
@@ -503,6 +550,8 @@ pub const ALLOCATION: AttrSet = AttrSet {
         Attr::Workload,
         Attr::HwId,
         Attr::Node,
+        Attr::ClaimName,
+        Attr::ClaimNamespace,
     ],
 };
 /// A process on a device.
@@ -541,7 +590,9 @@ pub const XID_CHARGE: AttrSet = AttrSet {
 };
 /// dcgm-exporter's labels: `GPU_I_PROFILE`, `GPU_I_ID` on MIG series; the allocated pod's
 /// where the kubelet allocated the device; `pod_uid` and `vgpu` on the per-pod series of
-/// `dcgm-virtual-gpus`; `err_code`, `err_msg` on `DCGM_FI_DEV_XID_ERRORS`.
+/// `dcgm-virtual-gpus`; the `dra_*` labels on the series of a device a DRA claim
+/// allocated, one per container holding it; `err_code`, `err_msg` on
+/// `DCGM_FI_DEV_XID_ERRORS`.
 pub const DCGM: AttrSet = AttrSet {
     name: "dcgm",
     otlp: &[],
@@ -561,6 +612,13 @@ pub const DCGM: AttrSet = AttrSet {
         Attr::PodName,
         Attr::PodUid,
         Attr::DcgmVgpu,
+        Attr::DcgmDraClaimName,
+        Attr::DcgmDraClaimNamespace,
+        Attr::DcgmDraDriverName,
+        Attr::DcgmDraPoolName,
+        Attr::DcgmDraDeviceName,
+        Attr::DcgmDraMigProfile,
+        Attr::DcgmDraMigDeviceUuid,
         Attr::DcgmErrCode,
         Attr::DcgmErrMsg,
     ],

@@ -373,6 +373,7 @@ table! {
             kind: UpDownCounter,
             help: "1 for each device the kubelet allocated to the container.",
             base: ALLOCATION,
+            note: "Through a device plugin or a DRA claim (`claim`, `claim_namespace`); a device one claim gives several containers is 1 in each",
             ..CONTAINER_METRIC
         },
         ContainerGpuAllocatedIdle => Metric {
@@ -419,7 +420,7 @@ table! {
             unit: "{gpu}",
             help: "The part of a GPU the container holds on the device while it has a process there or holds its allocation.",
             base: HELD,
-            note: "Its allocation: 1 for a whole GPU, the time-slicing replicas it holds over the GPU's, a MIG profile's compute slices over the GPU's; a device it uses without an allocation counts its part of the GPU. `model` is the GPU's (a MIG device's parent's). As the usage records' `gpus_allocated`; Prometheus only (OTLP has the records' logs)",
+            note: "Its allocation: 1 for a whole GPU, the time-slicing replicas it holds over the GPU's, a MIG profile's compute slices over the GPU's, and of a device one DRA claim gives N containers, 1/N of that (see [Shared DRA claims](#shared-dra-claims)); a device it uses without an allocation counts its part of the GPU. `model` is the GPU's (a MIG device's parent's). As the usage records' `gpus_allocated`; Prometheus only (OTLP has the records' logs)",
             ..CONTAINER_METRIC
         },
         ContainerGpuSmShare => Metric {

@@ -67,7 +67,13 @@ fn xid_metrics(m: &mut Metrics, xids: &[&ContainerXid]) {
 fn allocation_metrics(m: &mut Metrics, c: &ContainerUsage) {
     let idle = c.idle_allocations();
     for u in c.allocated_gpus.iter() {
-        let a = m.attrs([s(Attr::HwId, u)]);
+        let claim = c.claim_of(u).map(|d| {
+            [
+                s(Attr::ClaimName, &d.dra.claim_name),
+                s(Attr::ClaimNamespace, &d.dra.claim_namespace),
+            ]
+        });
+        let a = m.attrs(std::iter::once(s(Attr::HwId, u)).chain(claim.into_iter().flatten()));
         m.point(M::ContainerGpuAllocated, 1.0, a);
         let is_idle = idle.contains(&&**u);
         m.point(M::ContainerGpuAllocatedIdle, is_idle as u8 as f64, a);
@@ -301,5 +307,59 @@ mod tests {
                 == Some(AnyValue {
                     value: Some(any_value::Value::StringValue("idle".into()))
                 })));
+    }
+
+    /// A device a DRA claim allocated carries the claim on its allocation points; a device
+    /// plugin's does not.
+    #[test]
+    fn a_claimed_devices_allocation_names_its_claim() {
+        let mut sn = snap();
+        sn.containers[0].allocated_gpus = vec!["GPU-a".into(), "MIG-1".into()].into();
+        sn.containers[0].claims = vec![gpu_model::ClaimDevice {
+            uuid: "MIG-1".into(),
+            dra: std::sync::Arc::new(gpu_model::DraDevice {
+                claim_namespace: "ml".into(),
+                claim_name: "trainer-gpu".into(),
+                driver: "gpu.nvidia.com".into(),
+                pool: "node-1".into(),
+                device: "gpu-0-mig-1g10gb-19-0".into(),
+            }),
+            holders: 1,
+        }]
+        .into();
+        let r = build_request(&sn, &AgentStats::default(), &ctx(), 0);
+        let m = r.resource_metrics[1].scope_metrics[0].metrics.iter();
+        let m = m
+            .clone()
+            .find(|m| m.name == "container.gpu.allocated")
+            .unwrap();
+        let Some(Data::Sum(s)) = &m.data else {
+            panic!("{m:?}")
+        };
+        let attrs: Vec<Vec<(&str, String)>> = (s.data_points.iter())
+            .map(|p| {
+                (p.attributes.iter())
+                    .map(|k| {
+                        let v = match k.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(any_value::Value::StringValue(s)) => s.clone(),
+                            v => format!("{v:?}"),
+                        };
+                        (k.key.as_str(), v)
+                    })
+                    .collect()
+            })
+            .collect();
+        let s = |v: &str| v.to_string();
+        assert_eq!(
+            attrs,
+            [
+                vec![("hw.id", s("GPU-a"))],
+                vec![
+                    ("hw.id", s("MIG-1")),
+                    ("k8s.resourceclaim.name", s("trainer-gpu")),
+                    ("k8s.resourceclaim.namespace", s("ml")),
+                ],
+            ]
+        );
     }
 }

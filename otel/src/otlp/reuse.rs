@@ -17,7 +17,7 @@
 //! builds (the tests) encode every patched resource afresh too and compare the bytes.
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use gpu_model::{same, same_opt, ContainerUsage, GpuAccount, Name, Workload};
+use gpu_model::{same, same_opt, ClaimDevice, ContainerUsage, GpuAccount, Name, Workload};
 
 use crate::catalogue::Dropped;
 
@@ -171,6 +171,8 @@ pub(super) struct Shape {
     /// The pod's owner: one `Arc` per pod from the metadata, the same cycle after cycle.
     workload: Option<Arc<Workload>>,
     allocated: Arc<[Name]>,
+    /// The claims of the allocation (their attributes are on its points).
+    claims: Arc<[ClaimDevice]>,
     /// Per device used, its UUID, its GPU's and which utilizations are known; then per
     /// account, its device, its GPU's and which figures it has.
     devices: Vec<(Name, Name, u8)>,
@@ -234,6 +236,7 @@ impl Shape {
             runtime: c.runtime,
             workload: c.workload.clone(),
             allocated: c.allocated_gpus.clone(),
+            claims: c.claims.clone(),
             devices: (c.gpus.iter())
                 .map(|g| (g.uuid.clone(), g.gpu_uuid.clone(), util_bits(g)))
                 .chain(
@@ -265,6 +268,7 @@ impl Shape {
             })
             && self.allocated.len() == c.allocated_gpus.len()
             && (self.allocated.iter().zip(c.allocated_gpus.iter())).all(|(a, b)| same(a, b))
+            && (Arc::ptr_eq(&self.claims, &c.claims) || self.claims == c.claims)
     }
 
     /// The owner's names: the key of the last request's entries when they are looked up.

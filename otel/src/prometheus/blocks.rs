@@ -144,7 +144,14 @@ impl Blocks {
             self.accounts.push(accounts.collect());
             let allocated = c.allocated_gpus.iter().map(|u| {
                 let device = [(Attr::HwId, &**u), (Attr::Node, node)];
-                block_of(drop, container_labels(c).chain(device))
+                let claim = c.claim_of(u).map(|d| {
+                    [
+                        (Attr::ClaimName, d.dra.claim_name.as_str()),
+                        (Attr::ClaimNamespace, d.dra.claim_namespace.as_str()),
+                    ]
+                });
+                let labels = container_labels(c).chain(device);
+                block_of(drop, labels.chain(claim.into_iter().flatten()))
             });
             self.allocations.push(allocated.collect());
         }

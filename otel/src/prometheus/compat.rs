@@ -29,6 +29,13 @@ impl Renderer<'_> {
             let code = (id == M::DcgmXidErrors).then(|| v.to_string());
             let xid = code.as_deref().map(|c| (c, dcgm::xid_message(v as u64)));
             match compat.mode {
+                // dcgm-exporter's DRA transformation: a copy per container holding the
+                // device through a claim, the device's value in each.
+                _ if e.dra_pods().next().is_some() => {
+                    for p in e.dra_pods() {
+                        f.series(&e.labels, &dcgm::attributes(Some(p), false, xid), v);
+                    }
+                }
                 Mode::Default => {
                     let pod = dcgm::default_pod(&e.pods);
                     f.series(&e.labels, &dcgm::attributes(pod, false, xid), v);
@@ -113,7 +120,7 @@ pub(super) fn dcgm_entities(
             device: i,
             mig: None,
             labels: labels(None),
-            pods: dcgm::pods_of(snap, &d.uuid, compat.mode),
+            pods: dcgm::pods_of(snap, &d.uuid, None, compat.mode),
         });
         for (j, m) in d.mig_devices.iter().enumerate() {
             let gi = m.gpu_instance_id.to_string();
@@ -122,7 +129,7 @@ pub(super) fn dcgm_entities(
                 device: i,
                 mig: Some(j),
                 labels: labels(Some((profile, gi.as_str()))),
-                pods: dcgm::pods_of(snap, &m.uuid, compat.mode),
+                pods: dcgm::pods_of(snap, &m.uuid, Some(m), compat.mode),
             });
         }
     }

@@ -147,6 +147,8 @@ fn self_family(id: MetricId, st: &AgentStats, f: &mut Family) {
 
 #[cfg(test)]
 mod dcgm_tests;
+#[cfg(test)]
+mod dra_tests;
 
 #[cfg(test)]
 mod tests {

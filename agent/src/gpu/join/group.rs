@@ -102,6 +102,7 @@ pub(super) fn fill_entry(
         gpus: old_gpus,
         allocated_gpus: _,
         allocated_device_ids: _,
+        claims: _,
         accounts,
         workload: _,
     } = c;

@@ -14,6 +14,7 @@ pub use gpu_model::{ContainerGpu, ContainerUsage, ProcessUsage, Snapshot};
 use gpu_model::{Name, SourceStatus};
 
 use super::{
+    claims::Unmatched,
     counters::Counters,
     group::{fill_entry, group_processes, Group, AHEAD},
     ledger::{device, position, Accumulated, Ledgers, Slot},
@@ -261,6 +262,8 @@ fn join_in_place(
         for c in &mut idle {
             naming::name_and_allocate(c, metadata, &sample.devices, &names);
         }
+        // Allocated nothing the sample has (a DRA claim's MIG device not made yet).
+        idle.retain(|c| !c.allocated_gpus.is_empty());
         idle
     });
     containers.extend(idle);
@@ -311,8 +314,8 @@ pub struct Joined<'a> {
 const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
 
 /// The join's owner across cycles: the cumulative counters, the lists of the snapshot
-/// before, the XIDs charged, and the GPU PIDs that neither the cache nor /proc could
-/// place (not asked about again for a while).
+/// before, the XIDs charged, the GPU PIDs that neither the cache nor /proc could place
+/// (not asked about again for a while), and the DRA devices that match no device.
 #[derive(Debug, Default)]
 pub struct Joiner {
     counters: Counters,
@@ -321,6 +324,8 @@ pub struct Joiner {
     spare: Spare,
     unresolved: HashMap<u32, Instant>,
     xids: XidCharges,
+    /// DRA devices that match no device of the sample.
+    unmatched: Unmatched,
 }
 
 /// What one cycle found out about the sample's PIDs.
@@ -389,7 +394,14 @@ impl Joiner {
         let (mut snap, owners) = join_in_place(procs, &input, &mut self.counters, &mut self.spare);
         self.owners = owners;
         snap.container_xids = self.xids.charge(procs, metadata, sample);
+        self.unmatched.check(metadata, sample);
         snap
+    }
+
+    /// How many devices of the DRA claims the kubelet lists matched no device of the last
+    /// sample (each said once per claim at WARN).
+    pub fn dra_devices_unmatched(&self) -> usize {
+        self.unmatched.count()
     }
 
     /// A snapshot nobody holds any more: its lists are filled again by the next join.
@@ -1154,7 +1166,8 @@ pub(crate) mod tests {
         assert_eq!((cov.gpu_processes, cov.unresolved), (4, 2));
     }
 
-    /// Container A named ns/p/a and allocated `device` of `resource` (through `claim`).
+    /// Container A named ns/p/a and allocated `device` of `resource` (through DRA claim
+    /// ns/`claim`, where one is given).
     pub(crate) fn allocated_to_a(resource: &str, device: &str, claim: Option<&str>) -> Metadata {
         let mut md = Metadata::default();
         md.learn(
@@ -1172,7 +1185,15 @@ pub(crate) mod tests {
             container_name: "a".into(),
             resource_name: resource.into(),
             device_ids: vec![device.into()],
-            claim: claim.map(String::from),
+            claim: claim.map(|name| {
+                std::sync::Arc::new(gpu_model::DraDevice {
+                    claim_namespace: "ns".into(),
+                    claim_name: name.into(),
+                    driver: resource.into(),
+                    pool: "node-1".into(),
+                    device: device.into(),
+                })
+            }),
         }]);
         md
     }

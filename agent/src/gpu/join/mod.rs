@@ -6,8 +6,9 @@
 //! Lowest first: `owner.rs` (who a process is charged to; the sample's device names),
 //! `ledger.rs` (the owners' slots and each one's counters per device), `naming.rs`,
 //! `spare.rs`, `counters.rs` (all the join carries), `group.rs` (processes grouped by
-//! owner), `xid_charge.rs` (XIDs by container), `joiner.rs` (the join and its owner,
-//! `Joiner`). A file uses only those below it (agent/tests/layers.rs checks it).
+//! owner), `xid_charge.rs` (XIDs by container), `claims.rs` (DRA devices that match
+//! nothing), `joiner.rs` (the join and its owner, `Joiner`). A file uses only those below it (agent/tests/layers.rs checks it).
+pub mod claims;
 pub mod counters;
 pub mod group;
 pub mod joiner;

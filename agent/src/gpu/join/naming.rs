@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use gpu_model::{ContainerUsage, Name, Workload};
+use gpu_model::{ClaimDevice, ContainerUsage, Name, Workload};
 
 use super::{
     ledger::Slot,
@@ -50,6 +50,7 @@ struct Named {
     runtime: Option<&'static str>,
     allocated_gpus: Arc<[Name]>,
     allocated_device_ids: Arc<[Name]>,
+    claims: Arc<[ClaimDevice]>,
     workload: Option<Arc<Workload>>,
     seen_ms: u64,
 }
@@ -66,6 +67,7 @@ impl Named {
             runtime: c.runtime,
             allocated_gpus: c.allocated_gpus.clone(),
             allocated_device_ids: c.allocated_device_ids.clone(),
+            claims: c.claims.clone(),
             workload: c.workload.clone(),
             seen_ms: now,
         }
@@ -86,6 +88,7 @@ impl Named {
         c.runtime = self.runtime;
         set_list(&mut c.allocated_gpus, &self.allocated_gpus);
         set_list(&mut c.allocated_device_ids, &self.allocated_device_ids);
+        set_list(&mut c.claims, &self.claims);
         set_workload(&mut c.workload, self.workload.as_ref());
     }
 }
@@ -100,7 +103,7 @@ fn set_workload(slot: &mut Option<Arc<Workload>>, w: Option<&Arc<Workload>>) {
 }
 
 /// `set_name` for a list: two empty ones are the same, whichever allocation holds them.
-fn set_list(slot: &mut Arc<[Name]>, list: &Arc<[Name]>) {
+fn set_list<T>(slot: &mut Arc<[T]>, list: &Arc<[T]>) {
     if !(Arc::ptr_eq(slot, list) || slot.is_empty() && list.is_empty()) {
         *slot = list.clone();
     }
@@ -118,6 +121,9 @@ fn unnamed(c: &mut ContainerUsage) {
         if !a.is_empty() {
             *a = Arc::default();
         }
+    }
+    if !c.claims.is_empty() {
+        c.claims = Arc::default();
     }
 }
 
@@ -214,13 +220,19 @@ impl Naming {
 }
 
 /// What naming reads of the sample's devices: each one's index, minor number and uuid,
-/// and its MIG devices' uuids (allocations name devices by any of these).
-fn devices_signature(devices: &[DeviceSample]) -> u64 {
+/// and its MIG devices' uuids and GPU instances (allocations name devices by any of
+/// these). A MIG device made (dynamic MIG makes them as a claim is prepared) changes it,
+/// and every allocation is matched again.
+pub(super) fn devices_signature(devices: &[DeviceSample]) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     for d in devices {
         (d.index, d.sharing.minor_number, &d.uuid).hash(&mut h);
         for m in &d.mig_devices {
-            m.uuid.hash(&mut h);
+            (
+                &m.uuid,
+                m.gpu_instance.map(|g| (g.profile_id, g.placement_start)),
+            )
+                .hash(&mut h);
         }
     }
     h.finish()
@@ -246,7 +258,8 @@ pub fn name(c: &mut ContainerUsage, metadata: &Metadata) {
     }
 }
 
-/// Names from the runtime, and the devices the kubelet allocated, as UUIDs.
+/// Names from the runtime, and the devices the kubelet allocated, as UUIDs, with the DRA
+/// claims they came through.
 pub(super) fn name_and_allocate(
     c: &mut ContainerUsage,
     metadata: &Metadata,
@@ -259,32 +272,72 @@ pub(super) fn name_and_allocate(
     };
     let mut uuids = vec![];
     let mut ids = vec![];
+    let mut claims = vec![];
     for (a, refs) in metadata.allocations_of(ns, pod, name) {
         ids.extend(a.device_ids.iter().cloned());
         for r in refs {
-            // The sample's own name where the device is one of its: later comparisons
-            // are a pointer's.
-            let uuid = match *r {
-                DeviceRef::Uuid(ref u) => Some(
-                    names
-                        .lookup(u)
-                        .map_or_else(|| u.clone(), |(_, n)| n.clone()),
-                ),
-                DeviceRef::Index(i) => devices
-                    .iter()
-                    .position(|d| d.index == i)
-                    .map(|j| names.gpu(j).clone()),
-                DeviceRef::Minor(m) => devices
-                    .iter()
-                    .position(|d| d.sharing.minor_number == Some(m))
-                    .map(|j| names.gpu(j).clone()),
+            let Some(uuid) = resolve(r, devices, names) else {
+                continue;
             };
-            if let Some(u) = uuid.filter(|u| !uuids.contains(u)) {
-                uuids.push(u);
+            if let Some(dra) = &a.claim {
+                claims.push(ClaimDevice {
+                    uuid: uuid.clone(),
+                    holders: metadata.claim_holders(dra),
+                    dra: dra.clone(),
+                });
+            }
+            if !uuids.contains(&uuid) {
+                uuids.push(uuid);
             }
         }
     }
     uuids.sort();
     c.allocated_gpus = uuids.into();
     c.allocated_device_ids = ids.into();
+    c.claims = claims.into();
+}
+
+/// The device `r` names, as the sample's own shared name where it is one of its devices (later
+/// comparisons are a pointer's). A UUID is taken as it is, listed or not; an index, a minor
+/// number or a MIG device's DRA key only where the sample has that device.
+fn resolve(r: &DeviceRef, devices: &[DeviceSample], names: &DeviceNames) -> Option<Name> {
+    match *r {
+        DeviceRef::Uuid(ref u) => Some(
+            names
+                .lookup(u)
+                .map_or_else(|| u.clone(), |(_, n)| n.clone()),
+        ),
+        DeviceRef::Index(i) => devices
+            .iter()
+            .position(|d| d.index == i)
+            .map(|j| names.gpu(j).clone()),
+        _ => locate(r, devices).map(|(i, mig)| match mig {
+            Some(m) => devices[i].mig_devices[m].uuid.clone(),
+            None => names.gpu(i).clone(),
+        }),
+    }
+}
+
+/// Where a device NVIDIA's DRA driver names is in the sample: its GPU's position, and its
+/// position among the GPU's MIG devices for a MIG device. A GPU by its minor number; a MIG
+/// device by its parent's minor number, its GPU instance's profile id and placement start.
+pub(super) fn locate(r: &DeviceRef, devices: &[DeviceSample]) -> Option<(usize, Option<usize>)> {
+    let gpu_of = |minor| (devices.iter()).position(|d| d.sharing.minor_number == Some(minor));
+    match *r {
+        DeviceRef::Minor(m) => gpu_of(m).map(|i| (i, None)),
+        DeviceRef::Mig {
+            parent_minor,
+            profile_id,
+            placement_start,
+        } => {
+            let i = gpu_of(parent_minor)?;
+            let m = devices[i].mig_devices.iter().position(|m| {
+                m.gpu_instance.is_some_and(|g| {
+                    g.profile_id == profile_id && g.placement_start == placement_start
+                })
+            })?;
+            Some((i, Some(m)))
+        }
+        DeviceRef::Uuid(_) | DeviceRef::Index(_) => None,
+    }
 }

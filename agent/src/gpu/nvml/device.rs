@@ -12,7 +12,7 @@ use nvml_wrapper::{
     Device, Nvml,
 };
 
-use gpu_model::{DeviceStatus, GpmMetrics};
+use gpu_model::{DeviceStatus, GpmMetrics, GpuInstance};
 
 use super::{
     fields::{self, NvlinkRates},
@@ -101,6 +101,7 @@ struct MigFixed {
     gpu_instance_id: u32,
     compute_instance_id: u32,
     profile: Option<String>,
+    gpu_instance: Option<GpuInstance>,
 }
 
 /// Readings that cost milliseconds of CPU per call on a real driver and are counters or
@@ -384,7 +385,7 @@ fn read_mig_devices(
         let uuid = mig.uuid().unwrap_or_default();
         let f = match fixed.migs.get(&uuid) {
             Some(f) => f,
-            None => read_mig_fixed(nvml, &mig, &uuid, &mut fixed.migs),
+            None => read_mig_fixed(nvml, dev, &mig, &uuid, &mut fixed.migs),
         };
         d.mig_devices.push(MigSample {
             uuid: f.uuid,
@@ -393,22 +394,32 @@ fn read_mig_devices(
             memory_total_bytes: mem.as_ref().map(|m| m.total),
             memory_used_bytes: mem.as_ref().map(|m| m.used),
             profile: f.profile,
+            gpu_instance: f.gpu_instance,
             gpm: None,
         });
     }
 }
 
-/// A MIG device's instance ids and profile, read now; kept when all three answered.
-fn read_mig_fixed(nvml: &Nvml, mig: &Device, uuid: &str, kept: &mut Kept<MigFixed>) -> MigFixed {
+/// A MIG device's instance ids, profile and GPU instance (of `parent`), read now; kept when
+/// each answered, or said for good that it cannot.
+fn read_mig_fixed(
+    nvml: &Nvml,
+    parent: &Device,
+    mig: &Device,
+    uuid: &str,
+    kept: &mut Kept<MigFixed>,
+) -> MigFixed {
     let (gi, ci) = instance_ids(nvml, mig);
     let name = mig.name().ok();
+    let gpu_instance = gi.map(|gi| gpu_instance(nvml, parent, gi));
     let f = MigFixed {
         uuid: uuid.into(),
         gpu_instance_id: gi.unwrap_or(u32::MAX),
         compute_instance_id: ci.unwrap_or(u32::MAX),
         profile: name.as_deref().and_then(mig_profile),
+        gpu_instance: gpu_instance.and_then(|g| g.ok().flatten()),
     };
-    if gi.is_some() && ci.is_some() && name.is_some() {
+    if ci.is_some() && name.is_some() && gpu_instance.is_some_and(|g| g.is_ok()) {
         kept.keep(uuid, &f);
     }
     f
@@ -440,6 +451,50 @@ fn instance_ids(nvml: &Nvml, mig: &Device) -> (Option<u32>, Option<u32>) {
                 (f(handle, &mut id) == 0).then_some(id)
             });
         (gi, ci)
+    }
+}
+
+/// GPU instance `gi` of `parent`: its profile id and placement (`nvmlDeviceGetGpuInstanceById`,
+/// `nvmlGpuInstanceGetInfo`, which nvml-wrapper has no method for). Ok(None) where NVML
+/// says for good that it cannot (no such call, not supported, no permission: in a
+/// container, the MIG monitor capability); Err where it may answer next time.
+fn gpu_instance(nvml: &Nvml, parent: &Device, gi: u32) -> Result<Option<GpuInstance>, ()> {
+    use nvml_wrapper_sys::bindings::{
+        nvmlGpuInstanceInfo_t, nvmlGpuInstance_t,
+        nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND as FUNCTION_NOT_FOUND,
+        nvmlReturn_enum_NVML_ERROR_NOT_FOUND as NOT_FOUND,
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED as NOT_SUPPORTED,
+        nvmlReturn_enum_NVML_ERROR_NO_PERMISSION as NO_PERMISSION,
+        nvmlReturn_enum_NVML_SUCCESS as OK,
+    };
+    let lib = nvml.lib();
+    let (Ok(by_id), Ok(info_of)) = (
+        lib.nvmlDeviceGetGpuInstanceById.as_ref(),
+        lib.nvmlGpuInstanceGetInfo.as_ref(),
+    ) else {
+        return Ok(None);
+    };
+    let answer = |r| match r {
+        OK => Ok(()),
+        FUNCTION_NOT_FOUND | NOT_SUPPORTED | NO_PERMISSION | NOT_FOUND => Err(Ok(None)),
+        _ => Err(Err(())),
+    };
+    let mut handle: nvmlGpuInstance_t = std::ptr::null_mut();
+    // SAFETY: a plain C struct; all-zero is a valid value.
+    let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `parent` is a live handle from this library; the out-pointers are valid, and
+    // the instance handle is used only after the call that wrote it succeeded.
+    let read = unsafe {
+        answer(by_id(parent.handle(), gi, &mut handle))
+            .and_then(|()| answer(info_of(handle, &mut info)))
+    };
+    match read {
+        Ok(()) => Ok(Some(GpuInstance {
+            profile_id: info.profileId,
+            placement_start: info.placement.start,
+            placement_size: info.placement.size,
+        })),
+        Err(r) => r,
     }
 }
 
