@@ -300,3 +300,52 @@ fn a_mig_device_made_after_its_claim_is_listed_resolves_once_it_exists() {
     assert_eq!(agent.stats()["dra_devices_unmatched"], 0);
     assert_eq!(warned(&agent), 1);
 }
+
+/// The agent's own pod (POD_NAMESPACE and POD_NAME, as the DaemonSet sets them) holding an
+/// admin-access claim on a GPU that a workload's claim holds too: the kubelet lists it under
+/// the agent's container, and the agent leaves it out, so the workload keeps the whole GPU
+/// and the agent is never allocated-but-idle.
+#[test]
+#[ignore = "needs root: loads the eBPF programs"]
+fn the_agents_own_admin_access_claim_is_no_allocation() {
+    let dir = Dir::new("dra");
+    let sc = Scenario::new(&node(vec![]));
+    let work = pod("work");
+    let mut own = pod("gpu-agent-x7k2p");
+    own.namespace = "gpu-agent".into();
+    let world = World::default();
+    world.set(vec![work.clone(), own.clone()]);
+    let mut admin = claim(
+        "gpu-agent-x7k2p",
+        "gpu-agent-admin-access",
+        &["gpu-6"],
+        true,
+    );
+    admin.namespace = "gpu-agent".into();
+    world.set_claims(vec![claim("work", "work-gpu", &["gpu-6"], true), admin]);
+    let node = FakeNode::start(&dir.0, world);
+    let lib = fake_nvml_lib();
+    let cfg = format!(
+        "[nvml]\ninterval_ms = 200\n{}",
+        metadata_config(&dir.0, Some(&node))
+    );
+    let env = [
+        ("FAKE_NVML_SCENARIO", sc.path()),
+        ("POD_NAMESPACE", "gpu-agent"),
+        ("POD_NAME", "gpu-agent-x7k2p"),
+    ];
+    let agent = Agent::start_env(
+        &cfg,
+        &["--nvml-lib", lib.to_str().unwrap(), "--prometheus"],
+        &env,
+    );
+    let mut text = String::new();
+    agent.wait_until("the workload's share", Duration::from_secs(25), || {
+        text = metrics(&agent);
+        line(&text, "container_gpu_share", &["pod=\"work\"", G4]).is_some()
+    });
+    let share = line(&text, "container_gpu_share", &["pod=\"work\"", G4]).unwrap();
+    assert!(share.ends_with(" 1"), "{text}");
+    assert!(!text.contains("pod=\"gpu-agent-x7k2p\""), "{text}");
+    assert!(container(&agent.json("/debug/snapshot"), &own.id).is_none());
+}

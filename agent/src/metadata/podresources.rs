@@ -25,7 +25,11 @@ pub async fn list(socket: &Path) -> Result<Vec<Allocation>, String> {
         .await
         .map_err(|s| format!("List: {}", s.message()))?;
     let mut out = vec![];
+    let own = own_pod();
     for pod in resp.into_inner().pod_resources {
+        if is_own(own, &pod.namespace, &pod.name) {
+            continue;
+        }
         for c in pod.containers {
             for d in c.devices {
                 if is_gpu_resource(&d.resource_name) && !d.device_ids.is_empty() {
@@ -45,6 +49,25 @@ pub async fn list(socket: &Path) -> Result<Vec<Allocation>, String> {
         }
     }
     Ok(out)
+}
+
+/// The agent's own pod (POD_NAMESPACE and POD_NAME, from the downward API): its
+/// admin-access claim on every GPU reaches the driver and allocates nothing to a workload,
+/// so the listing leaves it out.
+fn own_pod() -> Option<&'static (String, String)> {
+    static OWN: std::sync::OnceLock<Option<(String, String)>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        let ns = std::env::var("POD_NAMESPACE")
+            .ok()
+            .filter(|v| !v.is_empty())?;
+        let name = std::env::var("POD_NAME").ok().filter(|v| !v.is_empty())?;
+        Some((ns, name))
+    })
+    .as_ref()
+}
+
+fn is_own(own: Option<&(String, String)>, namespace: &str, name: &str) -> bool {
+    own.is_some_and(|(ns, n)| ns == namespace && n == name)
 }
 
 /// The name of NVIDIA's DRA driver for GPUs and MIG devices.

@@ -106,6 +106,8 @@ pub fn check_config(r: &Rendered, secrets: SecretData) -> (bool, String) {
             match s(&from["fieldRef"]["fieldPath"]) {
                 "" => s(&e["value"]).to_string(),
                 "spec.nodeName" => "gpu-node-1".into(),
+                "metadata.name" => "gpu-agent-x7k2p".into(),
+                "metadata.namespace" => "gpu-agent".into(),
                 _ => "192.0.2.10".into(),
             }
         };

@@ -337,6 +337,8 @@ impl AgentSpec {
                 EnvSource::Field(f) => match f.as_str() {
                     "spec.nodeName" => p.node_name.clone(),
                     "status.hostIP" | "status.podIP" => p.host_ip.clone(),
+                    // The agent's own pod: outside Kubernetes there is none.
+                    "metadata.name" | "metadata.namespace" => continue,
                     other => bail!("env {name}: fieldRef {other} has no value outside Kubernetes"),
                 },
                 EnvSource::Value(v) => expand(v, &out),
