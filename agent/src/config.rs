@@ -94,6 +94,8 @@ pub struct NvmlConfig {
     /// How long the process lists of a GPU with many processes (`CROWDED_GPU_PROCESSES`)
     /// may be held between reads: a real driver takes about 50 µs per listed process. Read
     /// at once when the device's memory moves or a new PID shows up in its utilization.
+    /// Another GPU's lists are held only while nothing moves, for `LISTS_MAX_AGE`; zero
+    /// reads every GPU's lists every cycle.
     pub crowded_list_interval_ms: u64,
     /// A GPU whose NVML call or cycle has not returned for this long is reported stalled
     /// (a wedged driver). Unset: three intervals, at least 5 s.

@@ -517,10 +517,12 @@ fn nvml() -> Vec<KeyDoc> {
         key(
             "nvml.crowded_list_interval_ms",
             Type::Millis,
-            "How long the process lists of a GPU with many processes may be held between \
-             reads (a real driver takes about 50 µs per listed process); read at once \
-             when the GPU's memory in use moves or a new PID shows up in its utilization. \
-             0: every cycle.",
+            "How long the process lists of a GPU with many processes (32 or more) may be \
+             held between reads (a real driver takes about 50 µs per listed process); read \
+             at once when the GPU's memory in use moves by 64 MiB or a new PID shows up in \
+             its utilization. A GPU with fewer has its lists held while its memory in use \
+             and the PIDs in its utilization samples stay exactly the same, for 10 s at \
+             most. 0: every GPU's lists every cycle.",
         )
         .range(NvmlConfig::CROWDED_LIST_INTERVAL_MS),
         key(
