@@ -89,7 +89,8 @@ pub struct NvmlConfig {
     /// Per-process rows in the snapshot (and later as metrics): cardinality, so opt-in.
     pub process_detail: bool,
     /// How often the readings that cost milliseconds per call on a real driver and change
-    /// slowly are taken (energy, GPM profiling, PCIe replays, MIG mode); held in between.
+    /// slowly are taken (GPM profiling, PCIe replays, MIG mode); the energy counter every
+    /// `slow::ENERGY_EVERY` intervals; held in between.
     pub slow_interval_ms: u64,
     /// How long the process lists of a GPU with many processes (`CROWDED_GPU_PROCESSES`)
     /// may be held between reads: a real driver takes about 50 µs per listed process. Read

@@ -510,8 +510,9 @@ fn nvml() -> Vec<KeyDoc> {
             "nvml.slow_interval_ms",
             Type::Millis,
             "How often the readings that cost milliseconds per call on a real driver and \
-             change slowly are taken (energy, GPM profiling, PCIe replays, MIG mode); \
-             held in between.",
+             change slowly are taken (GPM profiling, PCIe replays, MIG mode), each GPU at \
+             its own point of the interval; the energy counter every 6 intervals, on a \
+             cycle of its own; held in between.",
         )
         .range(NvmlConfig::SLOW_INTERVAL_MS),
         key(

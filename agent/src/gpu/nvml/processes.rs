@@ -452,7 +452,12 @@ mod tests {
             mig_devices: migs.iter().map(|u| mig(u)).collect(),
             ..Default::default()
         };
-        let procs = |n: u32| (1..=n).map(|pid| ProcessSample { pid, ..Default::default() });
+        let procs = |n: u32| {
+            (1..=n).map(|pid| ProcessSample {
+                pid,
+                ..Default::default()
+            })
+        };
         let mut held = HeldLists {
             procs: procs(CROWDED_GPU_PROCESSES as u32).collect(),
             unsupported: vec![],
@@ -485,16 +490,31 @@ mod tests {
         let one_byte = device(Some((10 << 30) + 1), &["MIG-a", "MIG-b"]);
         let minute = Duration::from_secs(60);
         assert!(held.stand(&same, at(9_999), minute));
-        assert!(!held.stand(&same, at(10_000), minute), "LISTS_MAX_AGE is up");
-        assert!(held.stand(&same, at(9_999), five_s), "whatever the crowded interval");
-        assert!(!held.stand(&one_byte, at(1), minute), "the memory moved a byte");
+        assert!(
+            !held.stand(&same, at(10_000), minute),
+            "LISTS_MAX_AGE is up"
+        );
+        assert!(
+            held.stand(&same, at(9_999), five_s),
+            "whatever the crowded interval"
+        );
+        assert!(
+            !held.stand(&one_byte, at(1), minute),
+            "the memory moved a byte"
+        );
     }
 
     #[test]
     fn held_lists_miss_a_new_pid_and_when_not_crowded_any_change_of_the_pids_sampled() {
-        let util = |pids: &[u32]| -> Utilization { pids.iter().map(|p| (*p, (1, [0; 4]))).collect() };
+        let util =
+            |pids: &[u32]| -> Utilization { pids.iter().map(|p| (*p, (1, [0; 4]))).collect() };
         let mut held = HeldLists {
-            procs: (1..=5).map(|pid| ProcessSample { pid, ..Default::default() }).collect(),
+            procs: (1..=5)
+                .map(|pid| ProcessSample {
+                    pid,
+                    ..Default::default()
+                })
+                .collect(),
             unsupported: vec![],
             memory_used: Some(1 << 30),
             migs: vec![],
@@ -503,12 +523,21 @@ mod tests {
         };
         assert!(!held.missed(&util(&[3, 2])), "the same PIDs sampled");
         assert!(held.missed(&util(&[2, 3, 9])), "a PID the lists lack");
-        assert!(held.missed(&util(&[2])), "a PID no longer sampled: it may have ended");
+        assert!(
+            held.missed(&util(&[2])),
+            "a PID no longer sampled: it may have ended"
+        );
         assert!(held.missed(&util(&[2, 3, 4])), "a listed PID sampled again");
         held.procs = (1..=CROWDED_GPU_PROCESSES as u32)
-            .map(|pid| ProcessSample { pid, ..Default::default() })
+            .map(|pid| ProcessSample {
+                pid,
+                ..Default::default()
+            })
             .collect();
-        assert!(!held.missed(&util(&[2])), "crowded: only a PID the lists lack");
+        assert!(
+            !held.missed(&util(&[2])),
+            "crowded: only a PID the lists lack"
+        );
         assert!(held.missed(&util(&[2, 900])));
     }
 
