@@ -1,8 +1,8 @@
 //! `cargo xtask bench gpu --real-node`: what a real node pays for NVML. The 8-GPU scenario
 //! through the fake library with `FAKE_NVML_COST=measured` (each call spins for the CPU a
 //! real driver took for it), a few real processes per GPU. The agent's CPU is read from
-//! /proc every second, half-way between its cycles, and the fake library's call counts
-//! (FAKE_NVML_CALLS) tell how many cycles each second held, so each cycle's cost is known.
+//! /proc after each cycle, whose start the fake library's call counts (FAKE_NVML_CALLS) tell,
+//! so each cycle's cost is known.
 //! With `GPU_AGENT_BENCH_PAIR=PATH` the agent at PATH runs beside this tree's over the same
 //! window and processes: the same-run pair.
 use std::{
@@ -18,7 +18,9 @@ use tests::{random_hex, Agent};
 
 use crate::{
     bench::gpu_scenario,
-    benchkit::host::{cpu_ns, machine, make_pods, median, release_agent, require_root, write_section},
+    benchkit::host::{
+        cpu_ns, machine, make_pods, median, release_agent, require_root, write_section,
+    },
     cargo, workspace_root,
 };
 
@@ -90,33 +92,39 @@ fn poll(pid: u32, calls: &Path) -> Result<Poll> {
     })
 }
 
-/// Polls one agent every second for `cycles` cycles, half-way between its cycle starts
-/// (a cycle's spin then never straddles two polls), after `warm` cycles.
+/// Reads one agent 450 ms after each cycle starts (its work done by then) for `cycles`
+/// cycles, after `warm`: each reading then spans whole cycles, whatever the agent's timer
+/// drifts by. The counts file is read every 10 ms meanwhile, at the bench's own cost.
 fn watch(pid: u32, calls: &Path, warm: u64, cycles: u64) -> Result<Vec<Poll>> {
-    let deadline = Instant::now() + Duration::from_secs(warm + cycles + 30);
-    // The first cycle after the warm-up: its start sets the phase.
-    let first = loop {
-        if Instant::now() > deadline {
-            bail!("the agent did not reach {warm} cycles");
-        }
-        if let Ok(p) = poll(pid, calls) {
-            if p.cycles > warm {
-                break Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(warm + 2 * cycles + 30);
+    let started = |n: u64| -> Result<Instant> {
+        loop {
+            if Instant::now() > deadline {
+                bail!("the agent did not reach {n} cycles");
             }
+            if tests::nvml::read_calls(calls).is_some_and(|c| {
+                let k = |f: &str| c["calls"][f].as_u64().unwrap_or(0);
+                k("nvmlDeviceGetCount_v2") + k("nvmlDeviceGetCount") >= n
+            }) {
+                return Ok(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
     };
-    let mut polls = vec![];
-    for k in 0..=cycles {
-        let at = first + Duration::from_millis(500 + 1000 * k);
+    let mut polls: Vec<Poll> = vec![];
+    let mut next = warm + 1;
+    while polls.len() as u64 <= cycles {
+        let at = started(next)? + Duration::from_millis(450);
         std::thread::sleep(at.saturating_duration_since(Instant::now()));
-        polls.push(poll(pid, calls)?);
+        let p = poll(pid, calls)?;
+        next = p.cycles + 1;
+        polls.push(p);
     }
     Ok(polls)
 }
 
-/// Each cycle's cost from the polls: a second that held n cycles gives each 1/n of its CPU;
-/// one that held none adds its CPU to the next.
+/// Each cycle's cost from the polls: a reading that spans n cycles gives each 1/n of its
+/// CPU.
 fn figures(polls: &[Poll]) -> Figures {
     let mut cpu = vec![];
     let mut from = &polls[0];
@@ -134,7 +142,12 @@ fn figures(polls: &[Poll]) -> Figures {
     let cycles = (b.cycles - a.cycles).max(1);
     let count = |v: &Value, k: &str| v["calls"][k].as_u64().unwrap_or(0) as f64;
     let calls = (b.calls["calls"].as_object().into_iter().flatten())
-        .map(|(k, _)| (k.clone(), (count(&b.calls, k) - count(&a.calls, k)) / cycles as f64))
+        .map(|(k, _)| {
+            (
+                k.clone(),
+                (count(&b.calls, k) - count(&a.calls, k)) / cycles as f64,
+            )
+        })
         .filter(|(_, n)| *n > 0.0)
         .collect();
     let total = |v: &Value| v["total"].as_u64().unwrap_or(0) as f64;
@@ -223,10 +236,14 @@ pub(crate) fn run(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> 
     );
     if let Some(o) = figs.get(1) {
         result.push_str(&format!(
-            " pair_mean_ms={:.2} pair_worst_ms={:.2} pair_ratio={:.3}",
+            " pair_mean_ms={:.2} pair_median_ms={:.2} pair_worst_ms={:.2} pair_nvml_ms={:.2} \
+             pair_ratio={:.3} pair_median_ratio={:.3}",
             o.mean_ms,
+            o.median_ms(),
             o.worst_ms(),
-            o.mean_ms / f.mean_ms
+            o.nvml_mean_ms,
+            o.mean_ms / f.mean_ms,
+            o.median_ms() / f.median_ms()
         ));
     }
     println!("{result}");
@@ -244,21 +261,25 @@ fn report(n: u32, figs: &[Figures], paired: bool) -> String {
         "Measured by `cargo xtask bench gpu --real-node` (tests/scenarios/h100-8gpu.json's 8 \
          GPUs through the fake libnvidia-ml.so with `FAKE_NVML_COST=measured`, {n} GPU \
          processes that are real processes, 1 Hz, {} cycles after 3 of warm-up; the whole \
-         agent's CPU from /proc every second) on {}.\n\n",
+         agent's CPU from /proc after each cycle) on {}.\n\n",
         f.cycles,
         machine()
     );
     let ms = |v: f64| format!("{v:.1} ms");
-    let col = |g: &dyn Fn(&Figures) -> String| {
-        figs.iter().map(g).collect::<Vec<_>>().join(" | ")
-    };
+    let col = |g: &dyn Fn(&Figures) -> String| figs.iter().map(g).collect::<Vec<_>>().join(" | ");
     md.push_str(if paired {
         "| per cycle | this build | the pair's |\n| --- | --- | --- |\n"
     } else {
         "| per cycle | value |\n| --- | --- |\n"
     });
-    md.push_str(&format!("| agent CPU, mean | {} |\n", col(&|f| ms(f.mean_ms))));
-    md.push_str(&format!("| agent CPU, median | {} |\n", col(&|f| ms(f.median_ms()))));
+    md.push_str(&format!(
+        "| agent CPU, mean | {} |\n",
+        col(&|f| ms(f.mean_ms))
+    ));
+    md.push_str(&format!(
+        "| agent CPU, median | {} |\n",
+        col(&|f| ms(f.median_ms()))
+    ));
     md.push_str(&format!(
         "| agent CPU, worst cycle of each 10 s | {} |\n",
         col(&|f| (f.worst_by_window().iter().map(|w| format!("{w:.1}")))
@@ -289,7 +310,10 @@ fn report(n: u32, figs: &[Figures], paired: bool) -> String {
     let per = |f: &Figures, name: &str| f.calls.get(name).copied().unwrap_or(0.0);
     names.sort_by(|a, b| per(f, b).total_cmp(&per(f, a)).then(a.cmp(b)));
     for name in names {
-        md.push_str(&format!("| {name} | {} |\n", col(&|f| format!("{:.2}", per(f, name)))));
+        md.push_str(&format!(
+            "| {name} | {} |\n",
+            col(&|f| format!("{:.2}", per(f, name)))
+        ));
     }
     md
 }
