@@ -210,7 +210,12 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         let values = unsafe { std::slice::from_raw_parts_mut(values, n) };
         let stamp = crate::now_us() as i64;
         if crate::cost::on() {
-            crate::cost::spend(values.iter().map(|v| crate::cost::field_us(v.field_id)).sum());
+            crate::cost::spend(
+                values
+                    .iter()
+                    .map(|v| crate::cost::field_us(v.field_id))
+                    .sum(),
+            );
         }
         for v in values {
             v.timestamp = stamp;

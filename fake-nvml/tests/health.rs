@@ -177,10 +177,7 @@ fn folded_ids_answer_what_their_own_calls_do(nvml: &Nvml) {
         SampleValue::U64(x) => *x,
         other => panic!("{other:?}"),
     };
-    let ecc = |e| {
-        d.total_ecc_errors(e, EccCounter::Volatile)
-            .unwrap()
-    };
+    let ecc = |e| d.total_ecc_errors(e, EccCounter::Volatile).unwrap();
     let f = nvml.lib().nvmlDeviceGetRemappedRows.as_ref().unwrap();
     let (mut c, mut u, mut p, mut fail) = (0, 0, 0, 0);
     // SAFETY: a live handle; valid out-pointers.

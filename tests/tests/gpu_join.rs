@@ -643,7 +643,11 @@ fn a_gpu_s_process_lists_are_held_while_nothing_moves_and_10_s_at_most() {
     wait_snapshot(&agent, "the ended process gone", |s| {
         !host_pids(s).contains(&json!(b))
     });
-    assert!(ended.elapsed() < Duration::from_secs(2), "{:?}", ended.elapsed());
+    assert!(
+        ended.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        ended.elapsed()
+    );
     assert!(lists() > held, "read again");
 
     // The device's memory moves by a byte: read at once.
@@ -653,5 +657,9 @@ fn a_gpu_s_process_lists_are_held_while_nothing_moves_and_10_s_at_most() {
     wait_snapshot(&agent, "the container's 3 GiB", |s| {
         memory(s) == Some(json!(3 * GIB))
     });
-    assert!(moved.elapsed() < Duration::from_secs(2), "{:?}", moved.elapsed());
+    assert!(
+        moved.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        moved.elapsed()
+    );
 }
