@@ -119,9 +119,11 @@ fn step(at: Instant, interval: Duration, now: Instant) -> Instant {
 mod tests {
     use super::*;
 
-    /// Cycles of 1 s over `secs` seconds for `n` GPUs: per cycle, (GPUs reading the slow
-    /// readings, GPUs reading energy).
-    fn run(s: &mut Slow, n: usize, secs: u64) -> Vec<(Vec<usize>, Vec<usize>)> {
+    /// Per cycle: (GPUs reading the slow readings, GPUs reading energy).
+    type Cycle = (Vec<usize>, Vec<usize>);
+
+    /// Cycles of 1 s over `secs` seconds for `n` GPUs.
+    fn run(s: &mut Slow, n: usize, secs: u64) -> Vec<Cycle> {
         let t0 = Instant::now();
         (0..secs)
             .map(|k| {
@@ -151,7 +153,7 @@ mod tests {
             );
         }
         for gpu in 0..8 {
-            let at = |f: fn(&(Vec<usize>, Vec<usize>)) -> &Vec<usize>| -> Vec<usize> {
+            let at = |f: fn(&Cycle) -> &Vec<usize>| -> Vec<usize> {
                 (2..cycles.len())
                     .filter(|&k| f(&cycles[k]).contains(&gpu))
                     .collect()
