@@ -648,6 +648,7 @@ fn a_gpu_s_process_lists_are_held_while_nothing_moves_and_10_s_at_most() {
         "{:?}",
         ended.elapsed()
     );
+    calls.wait_cycles(2); // the record is written at the start of a cycle
     assert!(lists() > held, "read again");
 
     // The device's memory moves by a byte: read at once.
