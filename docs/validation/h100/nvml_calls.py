@@ -121,7 +121,7 @@ def handle():
 
 
 ALL = 0xFFFFFFFF
-THREE = [(82, 0), (138, ALL), (139, ALL)]  # memory temperature, NVLink tx/rx: the agent's today
+THREE = [(82, 0), (138, ALL), (139, ALL)]  # memory temperature, NVLink tx/rx: what the agent asks
 # nvml.h: 3/4 ECC single/double bit volatile totals (nvmlDeviceGetTotalEccErrors corrected /
 # uncorrected, volatile), 142-145 remapped rows (nvmlDeviceGetRemappedRows), 185/186 power
 # average/instant (nvmlDeviceGetPowerUsage is the 1 s average from Ampere on, except GA100),
@@ -146,7 +146,7 @@ calls = {
     "DeviceGetEncoderUtilization": out1("nvmlDeviceGetEncoderUtilization", U, U),
     "DeviceGetRemappedRows": out1("nvmlDeviceGetRemappedRows", U, U, U, U),
     "DeviceGetGridLicensableFeatures_v4": grid,
-    "DeviceGetFieldValues (the 3 ids read today)": lambda: fields(THREE),
+    "DeviceGetFieldValues (the 3 ids the agent asks)": lambda: fields(THREE),
     "DeviceGetFieldValues (the 3 + ECC, remapped, power)": lambda: fields(FOLD),
     "DeviceGetFieldValues (energy alone)": lambda: fields([(83, 0)]),
     "DeviceGetTotalEnergyConsumption": out1("nvmlDeviceGetTotalEnergyConsumption", ULL),
@@ -189,8 +189,8 @@ for n in ["ProcessUtilization", "ComputeRunningProcesses", "GraphicsRunningProce
 print("\n== field values against the separate calls (us)")
 sep = (a["DeviceGetTotalEccErrors (corrected)"] + a["DeviceGetTotalEccErrors (uncorrected)"]
        + a["DeviceGetRemappedRows"] + a["DeviceGetPowerUsage"])
-print(f"3 ids {a['DeviceGetFieldValues (the 3 ids read today)']:.1f} + ECC x2, remapped rows, power {sep:.1f}"
-      f" = {a['DeviceGetFieldValues (the 3 ids read today)'] + sep:.1f}"
+print(f"3 ids {a['DeviceGetFieldValues (the 3 ids the agent asks)']:.1f} + ECC x2, remapped rows, power {sep:.1f}"
+      f" = {a['DeviceGetFieldValues (the 3 ids the agent asks)'] + sep:.1f}"
       f"  against one call of {len(FOLD)} ids {a['DeviceGetFieldValues (the 3 + ECC, remapped, power)']:.1f}")
 fv = dict((fid, (ret, v)) for fid, ret, v in answers["DeviceGetFieldValues (the 3 + ECC, remapped, power)"][1])
 pairs = [("ECC corrected / id 3", answers["DeviceGetTotalEccErrors (corrected)"][1][0], fv.get(3)),

@@ -6,14 +6,15 @@
 //! charges each read's increase by the mean of the shares of the cycles since the last read
 //! (`billing::ledger::EnergyShares`).
 //!
-//! Read on one cycle for every GPU, they made that cycle three times the others on an 8-GPU
-//! node. So each GPU reads them at its own point of the interval (GPU i of n at i+1 n-ths),
+//! Read on one cycle for every GPU, they would make that cycle three times the others on an
+//! 8-GPU node. So each GPU reads them at its own point of the interval (GPU i of n at i+1 n-ths),
 //! and the energy counter, the costliest call, every `ENERGY_EVERY` intervals on a cycle
 //! where no GPU reads the others, unless it is an interval late.
 use std::time::{Duration, Instant};
 
-/// The energy counter is read every this many slow intervals (60 s by default): 5 ms a read
-/// on a real driver was 4 ms a cycle on 8 GPUs at 10 s, the largest single cost of a cycle.
+/// The energy counter is read every this many slow intervals (60 s by default): at 5 ms a
+/// read on a real driver, every 10 s would cost 4 ms a cycle on 8 GPUs, the largest single
+/// cost of a cycle.
 /// Power is read every cycle; the energy split spreads each increase over the cycles since
 /// the last read, so a container's energy is as complete, only known later.
 pub(super) const ENERGY_EVERY: u32 = 6;
