@@ -511,10 +511,18 @@ fn nvml() -> Vec<KeyDoc> {
             Type::Millis,
             "How often the readings that cost milliseconds per call on a real driver and \
              change slowly are taken (GPM profiling, PCIe replays, MIG mode), each GPU at \
-             its own point of the interval; the energy counter every 6 intervals, on a \
-             cycle of its own; held in between.",
+             its own point of the interval; held in between.",
         )
         .range(NvmlConfig::SLOW_INTERVAL_MS),
+        key(
+            "nvml.energy_interval_ms",
+            Type::Millis,
+            "How often each GPU's energy counter is read (3-6 ms of CPU a read on a real \
+             driver); held in between, each increase split over the cycles since the last \
+             read. Longer than `nvml.slow_interval_ms`: on a cycle where no GPU takes its \
+             slow readings, at most one slow interval late.",
+        )
+        .range(NvmlConfig::ENERGY_INTERVAL_MS),
         key(
             "nvml.crowded_list_interval_ms",
             Type::Millis,

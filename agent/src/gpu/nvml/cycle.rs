@@ -88,7 +88,7 @@ impl NvmlSampler {
             xids: Arc::new(Mutex::new(Xids::new(None))),
             gpm: BTreeMap::new(),
             accounting: vec![],
-            slow: Slow::new(Duration::from_secs(10)),
+            slow: Slow::new(Duration::from_secs(10), Duration::from_secs(60)),
             reader_cpu_ns: 0,
         }
     }
@@ -100,11 +100,11 @@ impl NvmlSampler {
         self
     }
 
-    /// Reads GPM, PCIe replays and MIG mode every `interval`
-    /// (`nvml.slow_interval_ms`), each GPU at its own point of it; the energy counter every
-    /// `slow::ENERGY_EVERY` intervals (slow.rs).
-    pub fn with_slow_interval(mut self, interval: Duration) -> NvmlSampler {
-        self.slow.interval = interval;
+    /// Reads GPM, PCIe replays and MIG mode every `interval` (`nvml.slow_interval_ms`), each
+    /// GPU at its own point of it, and the energy counter every `energy`
+    /// (`nvml.energy_interval_ms`; slow.rs).
+    pub fn with_slow_interval(mut self, interval: Duration, energy: Duration) -> NvmlSampler {
+        self.slow = Slow::new(interval, energy);
         self
     }
 

@@ -158,7 +158,7 @@ impl Held {
     }
 }
 
-/// One device's energy counter, as last read (every `slow::ENERGY_EVERY` intervals).
+/// One device's energy counter, as last read (every `nvml.energy_interval_ms`).
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct HeldEnergy {
     uuid: String,

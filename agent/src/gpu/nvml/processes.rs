@@ -210,6 +210,8 @@ pub(super) fn sample_processes(
             at: now,
             util_pids: util_pids.unwrap_or_default(),
         };
+        // One GPU's state: the lists of another uuid at this index are of a GPU gone.
+        lists.held.retain(|uuid, _| *uuid == d.uuid);
         let was_crowded = (lists.held.insert(d.uuid.clone(), held)).is_some_and(|h| h.crowded());
         // Logged as it becomes crowded.
         if crowded && !was_crowded {

@@ -7,17 +7,13 @@
 //! (`billing::ledger::EnergyShares`).
 //!
 //! Read on one cycle for every GPU, they would make that cycle three times the others on an
-//! 8-GPU node. So each GPU reads them at its own point of the interval (GPU i of n at i+1 n-ths),
-//! and the energy counter, the costliest call, every `ENERGY_EVERY` intervals on a cycle
-//! where no GPU reads the others, unless it is an interval late.
+//! 8-GPU node. So each GPU reads them at its own point of the interval (GPU i of n at i+1
+//! n-ths), and the energy counter, the costliest call, every `nvml.energy_interval_ms` (60 s:
+//! every 10 s it would cost 4 ms a cycle on 8 GPUs, the largest single cost of a cycle) on
+//! a cycle where no GPU reads the others, unless it is a slow interval late. Power is read
+//! every cycle; the energy split spreads each increase over the cycles since the last read,
+//! so a container's energy is as complete, only known later.
 use std::time::{Duration, Instant};
-
-/// The energy counter is read every this many slow intervals (60 s by default): at 5 ms a
-/// read on a real driver, every 10 s would cost 4 ms a cycle on 8 GPUs, the largest single
-/// cost of a cycle.
-/// Power is read every cycle; the energy split spreads each increase over the cycles since
-/// the last read, so a container's energy is as complete, only known later.
-pub(super) const ENERGY_EVERY: u32 = 6;
 
 /// What one GPU reads afresh this cycle, rather than hold what it read last.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,7 +32,8 @@ impl Due {
 
 /// The schedule of every GPU's slow readings.
 pub(super) struct Slow {
-    pub(super) interval: Duration,
+    interval: Duration,
+    energy_interval: Duration,
     /// Per GPU index.
     gpus: Vec<GpuSlow>,
 }
@@ -51,20 +48,19 @@ struct GpuSlow {
 }
 
 impl Slow {
-    pub(super) fn new(interval: Duration) -> Slow {
+    pub(super) fn new(interval: Duration, energy_interval: Duration) -> Slow {
         Slow {
             interval,
+            energy_interval,
             gpus: vec![],
         }
     }
 
-    fn energy_interval(&self) -> Duration {
-        self.interval * ENERGY_EVERY
-    }
-
     /// What each of `count` GPUs reads afresh this cycle (and records that it does).
     pub(super) fn due(&mut self, now: Instant, count: usize) -> Vec<Due> {
-        let (interval, energy_interval) = (self.interval, self.energy_interval());
+        let (interval, energy_interval) = (self.interval, self.energy_interval);
+        // An energy interval no longer than the slow one reads it when due, as they are.
+        let own_cycle = energy_interval > interval;
         let first = GpuSlow {
             reads: 0,
             next: now,
@@ -89,7 +85,7 @@ impl Slow {
         let mut busy = due.iter().any(|d| d.slow);
         for (g, d) in self.gpus.iter_mut().zip(&mut due) {
             let late = now >= g.energy_next + interval;
-            if d.energy || now < g.energy_next || (busy && !late) {
+            if d.energy || now < g.energy_next || (own_cycle && busy && !late) {
                 continue;
             }
             d.energy = true;
@@ -139,7 +135,7 @@ mod tests {
 
     #[test]
     fn every_gpu_reads_its_slow_readings_every_interval_one_gpu_a_cycle() {
-        let mut s = Slow::new(Duration::from_secs(10));
+        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
         let cycles = run(&mut s, 8, 200);
         assert_eq!(
             cycles[0],
@@ -178,7 +174,7 @@ mod tests {
     #[test]
     fn energy_waits_for_a_free_cycle_at_most_an_interval() {
         // 16 GPUs at 10 s: every cycle has a GPU's slow readings.
-        let mut s = Slow::new(Duration::from_secs(10));
+        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
         let cycles = run(&mut s, 16, 150);
         for gpu in 0..16 {
             let energy: Vec<usize> = (2..cycles.len())
@@ -192,8 +188,18 @@ mod tests {
     }
 
     #[test]
+    fn an_energy_interval_as_short_as_the_slow_one_reads_it_when_due() {
+        let mut s = Slow::new(Duration::from_millis(200), Duration::from_millis(200));
+        let t0 = Instant::now();
+        for k in 0..20 {
+            let due = s.due(t0 + Duration::from_millis(200 * k), 2);
+            assert!(due.iter().all(|d| d.energy && d.slow), "cycle {k}: {due:?}");
+        }
+    }
+
+    #[test]
     fn a_new_gpu_and_a_restart_read_everything_at_once() {
-        let mut s = Slow::new(Duration::from_secs(10));
+        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
         let t0 = Instant::now();
         s.due(t0, 2);
         s.due(t0 + Duration::from_secs(1), 2);
