@@ -89,11 +89,16 @@ pub struct NvmlConfig {
     /// Per-process rows in the snapshot (and later as metrics): cardinality, so opt-in.
     pub process_detail: bool,
     /// How often the readings that cost milliseconds per call on a real driver and change
-    /// slowly are taken (energy, GPM profiling, PCIe replays, MIG mode); held in between.
+    /// slowly are taken (GPM profiling, PCIe replays, MIG mode); held in between.
     pub slow_interval_ms: u64,
+    /// How often the energy counter is read (5 ms a read on a real driver); held in between.
+    /// Longer than `slow_interval_ms`, on a cycle where no GPU takes its slow readings.
+    pub energy_interval_ms: u64,
     /// How long the process lists of a GPU with many processes (`CROWDED_GPU_PROCESSES`)
     /// may be held between reads: a real driver takes about 50 µs per listed process. Read
     /// at once when the device's memory moves or a new PID shows up in its utilization.
+    /// Another GPU's lists are held only while nothing moves, for `LISTS_MAX_AGE`; zero
+    /// reads every GPU's lists every cycle.
     pub crowded_list_interval_ms: u64,
     /// A GPU whose NVML call or cycle has not returned for this long is reported stalled
     /// (a wedged driver). Unset: three intervals, at least 5 s.
@@ -108,6 +113,7 @@ impl Default for NvmlConfig {
             interval_ms: 1000,
             process_detail: false,
             slow_interval_ms: 10_000,
+            energy_interval_ms: 60_000,
             crowded_list_interval_ms: 5_000,
             stall_timeout_ms: None,
         }
@@ -440,6 +446,7 @@ impl EbpfConfig {
 impl NvmlConfig {
     const INTERVAL_MS: Bounds = Bounds::new(100, 60_000, "ms");
     const SLOW_INTERVAL_MS: Bounds = Bounds::new(100, 600_000, "ms");
+    const ENERGY_INTERVAL_MS: Bounds = Bounds::new(100, 600_000, "ms");
     const CROWDED_LIST_INTERVAL_MS: Bounds = Bounds::new(0, 60_000, "ms");
     const STALL_TIMEOUT_MS: Bounds = Bounds::new(1_000, 3_600_000, "ms");
 
@@ -455,6 +462,7 @@ impl NvmlConfig {
         }
         Self::INTERVAL_MS.check("nvml.interval_ms", self.interval_ms)?;
         Self::SLOW_INTERVAL_MS.check("nvml.slow_interval_ms", self.slow_interval_ms)?;
+        Self::ENERGY_INTERVAL_MS.check("nvml.energy_interval_ms", self.energy_interval_ms)?;
         Self::CROWDED_LIST_INTERVAL_MS.check(
             "nvml.crowded_list_interval_ms",
             self.crowded_list_interval_ms,

@@ -61,8 +61,22 @@ const _: () = {
     assert!(std::mem::size_of::<GridLicensableFeatures>() == 860);
 };
 
+// Field ids, as nvml.h numbers them (NVML_FI_DEV_*). Each folded id answers what its own
+// call does: ECC_SBE/DBE_VOL_TOTAL = nvmlDeviceGetTotalEccErrors(corrected / uncorrected,
+// volatile); REMAPPED_* = nvmlDeviceGetRemappedRows; POWER_AVERAGE / POWER_INSTANT =
+// nvmlDeviceGetPowerUsage (the fake has one power figure; a real driver's call answers the
+// 1 s average from Ampere on, except GA100); TOTAL_ENERGY_CONSUMPTION = the energy counter.
+pub const FI_DEV_ECC_SBE_VOL_TOTAL: c_uint = 3;
+pub const FI_DEV_ECC_DBE_VOL_TOTAL: c_uint = 4;
 pub const FI_DEV_MEMORY_TEMP: c_uint = 82;
+pub const FI_DEV_TOTAL_ENERGY_CONSUMPTION: c_uint = 83;
 pub const FI_DEV_PCIE_REPLAY_COUNTER: c_uint = 94;
+pub const FI_DEV_REMAPPED_COR: c_uint = 142;
+pub const FI_DEV_REMAPPED_UNC: c_uint = 143;
+pub const FI_DEV_REMAPPED_PENDING: c_uint = 144;
+pub const FI_DEV_REMAPPED_FAILURE: c_uint = 145;
+pub const FI_DEV_POWER_AVERAGE: c_uint = 185;
+pub const FI_DEV_POWER_INSTANT: c_uint = 186;
 pub const FI_DEV_NVLINK_THROUGHPUT_DATA_TX: c_uint = 138;
 pub const FI_DEV_NVLINK_THROUGHPUT_DATA_RX: c_uint = 139;
 const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
@@ -139,7 +153,25 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
 /// One field's answer: (value type, value), or the per-field error.
 fn field(l: &crate::Loaded, pos: usize, id: c_uint, now: Instant) -> Result<(c_uint, u64), Ret> {
     let d = &l.scenario.devices[pos];
+    let uint = |v: u32| Ok((VALUE_TYPE_UNSIGNED_INT, u64::from(v)));
+    let r = d.remapped_rows;
     match id {
+        FI_DEV_ECC_SBE_VOL_TOTAL if d.supports(Feature::Ecc) => {
+            Ok((VALUE_TYPE_UNSIGNED_LONG_LONG, d.ecc_corrected.get(false)))
+        }
+        FI_DEV_ECC_DBE_VOL_TOTAL if d.supports(Feature::Ecc) => {
+            Ok((VALUE_TYPE_UNSIGNED_LONG_LONG, d.ecc_uncorrected.get(false)))
+        }
+        FI_DEV_TOTAL_ENERGY_CONSUMPTION if d.supports(Feature::Energy) => {
+            Ok((VALUE_TYPE_UNSIGNED_LONG_LONG, l.energy_at(pos, now)))
+        }
+        FI_DEV_REMAPPED_COR if d.supports(Feature::RemappedRows) => uint(r.correctable),
+        FI_DEV_REMAPPED_UNC if d.supports(Feature::RemappedRows) => uint(r.uncorrectable),
+        FI_DEV_REMAPPED_PENDING if d.supports(Feature::RemappedRows) => uint(r.pending.into()),
+        FI_DEV_REMAPPED_FAILURE if d.supports(Feature::RemappedRows) => uint(r.failure.into()),
+        FI_DEV_POWER_AVERAGE | FI_DEV_POWER_INSTANT if d.supports(Feature::PowerUsage) => {
+            uint(d.power_mw)
+        }
         FI_DEV_MEMORY_TEMP => d
             .memory_temperature_c
             .map(|t| (VALUE_TYPE_UNSIGNED_INT, u64::from(t)))
@@ -177,6 +209,14 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         // SAFETY: nvml.h makes the caller pass `values_count` valid, writable entries.
         let values = unsafe { std::slice::from_raw_parts_mut(values, n) };
         let stamp = crate::now_us() as i64;
+        if crate::cost::on() {
+            crate::cost::spend(
+                values
+                    .iter()
+                    .map(|v| crate::cost::field_us(v.field_id))
+                    .sum(),
+            );
+        }
         for v in values {
             v.timestamp = stamp;
             v.latency_usec = 0;

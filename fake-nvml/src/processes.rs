@@ -126,7 +126,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
-    counted!();
+    counted!(size_query = infos.is_null());
     running_processes(device, count, infos, false)
 }
 
@@ -136,7 +136,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
-    counted!();
+    counted!(size_query = infos.is_null());
     running_processes(device, count, infos, true)
 }
 
@@ -147,7 +147,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
-    counted!();
+    counted!(size_query = infos.is_null());
     running_processes(device, count, infos, false)
 }
 
@@ -157,7 +157,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
-    counted!();
+    counted!(size_query = infos.is_null());
     running_processes(device, count, infos, true)
 }
 
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     count: *mut c_uint,
     last_seen: c_ulonglong,
 ) -> Ret {
-    counted!();
+    counted!(size_query = utilization.is_null());
     with_loaded(|l, _| {
         let t = resolve(l, device)?;
         // The driver has no per-process utilization under MIG.

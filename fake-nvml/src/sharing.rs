@@ -34,7 +34,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfo,
 ) -> Ret {
-    counted!();
+    counted!(size_query = infos.is_null());
     let mut list = Vec::new();
     let ret = with_loaded(|l, _| {
         let t = resolve(l, device)?;

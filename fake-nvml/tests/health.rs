@@ -60,6 +60,8 @@ fn scenario(extra_xid: Option<u64>) -> Value {
     json!({"devices": [
         {"uuid": "GPU-00000000-0000-0000-0000-000000000000", "fb_reserved": 536870912u64,
          "memory_temperature_c": 61, "encoder_util": 12, "decoder_util": 34, "pcie_replay": 5,
+         "ecc_corrected": {"volatile": 7, "aggregate": 70}, "ecc_uncorrected": 2,
+         "power_mw": 250000, "energy_mj": 1000,
          "remapped_rows": {"correctable": 3, "uncorrectable": 1, "pending": true},
          "nvlink_bandwidth": {"tx_kib": 1000, "rx_kib": 2000, "tx_kib_per_s": 100000},
          "gpm": {"gr_engine_active": 0.75, "sm_active": 0.5, "tensor_active": 0.25,
@@ -126,6 +128,7 @@ fn fields(nvml: &Nvml) {
         Err("NotSupported".into()),
         "a field the fake has not"
     );
+    folded_ids_answer_what_their_own_calls_do(nvml);
     // Remapped rows: no nvml-wrapper method; the raw symbol.
     let f = nvml.lib().nvmlDeviceGetRemappedRows.as_ref().unwrap();
     let (mut c, mut u, mut p, mut fail) = (0, 0, 0, 9);
@@ -147,6 +150,60 @@ fn fields(nvml: &Nvml) {
         Err(NvmlError::NotSupported)
     ));
     assert!(a10.encoder_utilization().is_ok());
+}
+
+/// The readings that have a field id (nvml.h's NVML_FI_DEV_*) give, through one
+/// `nvmlDeviceGetFieldValues`, what their own calls give.
+fn folded_ids_answer_what_their_own_calls_do(nvml: &Nvml) {
+    use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+    let d = nvml.device_by_index(0).unwrap();
+    let ids = [
+        NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+        NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        NVML_FI_DEV_REMAPPED_COR,
+        NVML_FI_DEV_REMAPPED_UNC,
+        NVML_FI_DEV_REMAPPED_PENDING,
+        NVML_FI_DEV_REMAPPED_FAILURE,
+        NVML_FI_DEV_POWER_INSTANT,
+        NVML_FI_DEV_POWER_AVERAGE,
+        NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+        NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+    ];
+    let energy_before = d.total_energy_consumption().unwrap();
+    let v = d.field_values_for(&ids.map(FieldId)).unwrap();
+    let energy_after = d.total_energy_consumption().unwrap();
+    let value = |i: usize| match v[i].as_ref().unwrap().value.as_ref().unwrap() {
+        SampleValue::U32(x) => u64::from(*x),
+        SampleValue::U64(x) => *x,
+        other => panic!("{other:?}"),
+    };
+    let ecc = |e| d.total_ecc_errors(e, EccCounter::Volatile).unwrap();
+    let f = nvml.lib().nvmlDeviceGetRemappedRows.as_ref().unwrap();
+    let (mut c, mut u, mut p, mut fail) = (0, 0, 0, 0);
+    // SAFETY: a live handle; valid out-pointers.
+    assert_eq!(
+        unsafe { f(d.handle(), &mut c, &mut u, &mut p, &mut fail) },
+        0
+    );
+    let power = u64::from(d.power_usage().unwrap());
+    let calls = [
+        ecc(MemoryError::Corrected),
+        ecc(MemoryError::Uncorrected),
+        c.into(),
+        u.into(),
+        p.into(),
+        fail.into(),
+        power,
+        power,
+        d.pcie_replay_counter().unwrap().into(),
+    ];
+    for (i, call) in calls.iter().enumerate() {
+        assert_eq!(value(i), *call, "field id {}", ids[i]);
+    }
+    assert!(
+        (energy_before..=energy_after).contains(&value(9)),
+        "the energy counter between the calls before and after"
+    );
 }
 
 fn gpm(nvml: &Nvml) {

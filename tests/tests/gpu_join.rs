@@ -1,7 +1,10 @@
 //! GPU use joined to containers, end to end: the real agent with real eBPF, processes in
 //! pod cgroups, and NVML answered by the fake libnvidia-ml.so (loaded through nvml-wrapper
 //! exactly as the real one is) driven by a scenario file the test writes and edits.
-use std::{process::Command, time::Duration};
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use serde_json::{json, Value};
 use tests::{
@@ -582,4 +585,82 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
     });
     wait_cycles(2);
     assert!(lists() > held, "read again for the new PID");
+}
+
+/// A GPU with a few processes has its process lists held while nothing at all moves (its
+/// memory in use, the PIDs in its utilization samples): what can be stale is a process's
+/// own memory when the device's total stays the same, for 10 s at most. A process that
+/// starts or ends computing, or memory the device gains or frees, reads them at once.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_gpu_s_process_lists_are_held_while_nothing_moves_and_10_s_at_most() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let w = Proc(cg.spawn(&mut sleeper()));
+    // The container's process and two that no host has (above any pid_max in use).
+    let device = |own: u64, used: u64, others: &[u32]| {
+        let mut procs = vec![p(w.pid(), own, 10)];
+        procs.extend(others.iter().map(|&pid| p(pid, 256 << 20, 5)));
+        let mut d = gpu("GPU-88888888-2222-3333-4444-666666666666", json!(procs));
+        d["memory_used"] = json!(used);
+        scenario(json!([d]))
+    };
+    let (a, b) = (4_191_000, 4_191_001);
+    let sc = Scenario::new(&device(GIB, 20 * GIB, &[a, b]));
+    let calls = Calls::new();
+    let agent = start_counting(&sc, "", &calls);
+    let memory =
+        |s: &Value| container(s, Some(&id)).map(|c| c["gpus"][0]["memory_used_bytes"].clone());
+    let host_pids = |s: &Value| {
+        container(s, None).map_or(vec![], |c| c["gpus"][0]["pids"].as_array().unwrap().clone())
+    };
+    wait_snapshot(&agent, "the container's 1 GiB", |s| {
+        memory(s) == Some(json!(GIB))
+    });
+    let lists = || calls.count("nvmlDeviceGetComputeRunningProcesses");
+    calls.wait_cycles(2);
+    let held = lists();
+    calls.wait_cycles(5);
+    assert_eq!(lists(), held, "held while nothing moves");
+
+    // The process grows while the device's total stays: stale, then read within 10 s.
+    sc.write(&device(2 * GIB, 20 * GIB, &[a, b]));
+    let written = Instant::now();
+    calls.wait_cycles(5);
+    let s = agent.json("/debug/snapshot");
+    assert_eq!(memory(&s), Some(json!(GIB)), "the held list's memory");
+    agent.wait_snapshot(Duration::from_secs(15), "the 2 GiB, at the latest", |s| {
+        memory(s) == Some(json!(2 * GIB))
+    });
+    let stale = written.elapsed();
+    assert!(stale < Duration::from_millis(11_000), "stale for {stale:?}");
+
+    // A process ends (no more utilization samples): read at once.
+    calls.wait_cycles(2);
+    let held = lists();
+    sc.write(&device(2 * GIB, 20 * GIB, &[a]));
+    let ended = Instant::now();
+    wait_snapshot(&agent, "the ended process gone", |s| {
+        !host_pids(s).contains(&json!(b))
+    });
+    assert!(
+        ended.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        ended.elapsed()
+    );
+    calls.wait_cycles(2); // the record is written at the start of a cycle
+    assert!(lists() > held, "read again");
+
+    // The device's memory moves by a byte: read at once.
+    calls.wait_cycles(2);
+    sc.write(&device(3 * GIB, 20 * GIB + 1, &[a]));
+    let moved = Instant::now();
+    wait_snapshot(&agent, "the container's 3 GiB", |s| {
+        memory(s) == Some(json!(3 * GIB))
+    });
+    assert!(
+        moved.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        moved.elapsed()
+    );
 }

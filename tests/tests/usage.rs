@@ -34,8 +34,9 @@ fn start(
 ) -> Agent {
     let lib = fake_nvml_lib();
     let cfg = format!(
-        // Energy read every cycle (not every 10 s): these tests follow the split by cycle.
-        "[nvml]\ninterval_ms = 200\nslow_interval_ms = 200\n[cache]\ntombstone_secs = 60\n{}{extra}",
+        // Energy read every cycle (not every 60 s): these tests follow the split by cycle.
+        "[nvml]\ninterval_ms = 200\nslow_interval_ms = 200\nenergy_interval_ms = 200\n\
+         [cache]\ntombstone_secs = 60\n{}{extra}",
         metadata_config(dir, node)
     );
     let mut all = vec![("FAKE_NVML_SCENARIO", sc.path())];
@@ -432,12 +433,12 @@ fn nvml_calls(path: &Path) -> Value {
 }
 
 /// Energy costs milliseconds per call on a real driver (docs/validation): it is read every
-/// `slow_interval_ms`, not every cycle, and per-process utilization is not asked of a GPU
+/// `energy_interval_ms`, not every cycle, and per-process utilization is not asked of a GPU
 /// with no process. Each read's delta is still charged whole: containers plus the idle
 /// entry add up to the GPU's energy.
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
-fn energy_is_read_once_per_slow_interval_and_still_sums_to_the_device() {
+fn energy_is_read_once_per_energy_interval_and_still_sums_to_the_device() {
     let dir = Dir::new("usage-slow");
     let (uid, id) = (random_uid(), random_hex(64));
     let cg = TestCgroup::v2(&systemd_container(&uid, &id));
@@ -450,7 +451,7 @@ fn energy_is_read_once_per_slow_interval_and_still_sums_to_the_device() {
     let calls = dir.0.join("calls.json");
     let lib = fake_nvml_lib();
     let agent = Agent::start_env(
-        "[nvml]\ninterval_ms = 200\nslow_interval_ms = 1000\n",
+        "[nvml]\ninterval_ms = 200\nslow_interval_ms = 1000\nenergy_interval_ms = 1000\n",
         &["--nvml-lib", lib.to_str().unwrap()],
         &[
             ("FAKE_NVML_SCENARIO", sc.path()),

@@ -70,16 +70,23 @@ pub enum Which {
     },
     /// One NVML collection + join cycle: the 8-GPU H100 scenario (fake libnvidia-ml.so)
     /// with GPU processes that are real processes spread over pod cgroups.
+    /// `--real-node`: what a real node pays, each call charged the CPU a real driver takes
+    /// (`FAKE_NVML_COST=measured`), 5 processes per GPU: the agent's CPU per cycle (mean,
+    /// median, the worst of each 10 s) and the calls per cycle by function;
+    /// `GPU_AGENT_BENCH_PAIR=PATH` runs that agent beside this tree's.
     Gpu {
-        /// GPU processes, spread over the 8 GPUs.
-        #[arg(long, default_value_t = 400)]
-        processes: u32,
-        /// Pods (cgroups) they live in.
-        #[arg(long, default_value_t = 50)]
-        pods: u32,
-        /// Cycles measured (1 Hz).
-        #[arg(long, default_value_t = 20)]
-        cycles: u32,
+        /// GPU processes, spread over the 8 GPUs (default 400; 40 with --real-node).
+        #[arg(long)]
+        processes: Option<u32>,
+        /// Pods (cgroups) they live in (default 50; 40 with --real-node).
+        #[arg(long)]
+        pods: Option<u32>,
+        /// Cycles measured, 1 Hz (default 20; 50 with --real-node).
+        #[arg(long)]
+        cycles: Option<u32>,
+        /// A real node's cost through the measured-cost model (section `gpu-cost`).
+        #[arg(long)]
+        real_node: bool,
         #[arg(long)]
         no_write: bool,
     },
@@ -112,8 +119,26 @@ pub fn run(which: Which) -> Result<()> {
             processes,
             pods,
             cycles,
+            real_node: true,
             no_write,
-        } => gpu(processes, pods.max(1), cycles.max(1), no_write),
+        } => crate::gpu_cost::run(
+            processes.unwrap_or(40),
+            pods.unwrap_or(40).max(1),
+            cycles.unwrap_or(50).max(10),
+            no_write,
+        ),
+        Which::Gpu {
+            processes,
+            pods,
+            cycles,
+            real_node: false,
+            no_write,
+        } => gpu(
+            processes.unwrap_or(400),
+            pods.unwrap_or(50).max(1),
+            cycles.unwrap_or(20).max(1),
+            no_write,
+        ),
         Which::Export {
             containers,
             minutes,
@@ -290,8 +315,8 @@ pub(crate) fn storm_with(bin: &Path, n: u32, rounds: u32) -> Result<StormFigures
     })
 }
 
-/// The 8-GPU scenario with `procs` spread over its devices.
-fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) -> Result<Value> {
+/// The 8-GPU scenario with `procs` spread over its devices (in turn: 5 per GPU for 40).
+pub(crate) fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) -> Result<Value> {
     let devices = scenario["devices"].as_array_mut().context("devices")?;
     let ndev = devices.len();
     for d in devices.iter_mut() {

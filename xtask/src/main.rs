@@ -10,6 +10,7 @@ mod e2e;
 mod ebpf;
 mod floor;
 mod generated;
+mod gpu_cost;
 mod helm;
 mod image;
 mod kernels;

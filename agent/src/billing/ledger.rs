@@ -240,7 +240,7 @@ pub struct Books {
 }
 
 /// The shares of the cycles since a GPU's energy counter last moved: energy is read every
-/// `nvml.slow_interval_ms` and held in between, and each increase is split by the mean of
+/// `nvml.energy_interval_ms` and held in between, and each increase is split by the mean of
 /// the shares of the cycles it spans, so that a container that ran between two reads is
 /// charged its part. Fractions of one cycle each.
 #[derive(Debug, Clone, Default, PartialEq)]

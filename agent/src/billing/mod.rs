@@ -174,7 +174,7 @@ impl Billing {
 
     /// Forgets the ledgers of the gone owners that have no stretch open (its record is yet
     /// to be written) and no energy share pending (charged when the GPU's energy counter
-    /// next moves, within `nvml.slow_interval_ms`); the others are asked again each cycle.
+    /// next moves, within `nvml.energy_interval_ms`); the others are asked again each cycle.
     fn forget_gone(&mut self) {
         if self.gone.is_empty() {
             return;

@@ -510,17 +510,28 @@ fn nvml() -> Vec<KeyDoc> {
             "nvml.slow_interval_ms",
             Type::Millis,
             "How often the readings that cost milliseconds per call on a real driver and \
-             change slowly are taken (energy, GPM profiling, PCIe replays, MIG mode); \
-             held in between.",
+             change slowly are taken (GPM profiling, PCIe replays, MIG mode), each GPU at \
+             its own point of the interval; held in between.",
         )
         .range(NvmlConfig::SLOW_INTERVAL_MS),
         key(
+            "nvml.energy_interval_ms",
+            Type::Millis,
+            "How often each GPU's energy counter is read (3-6 ms of CPU a read on a real \
+             driver); held in between, each increase split over the cycles since the last \
+             read. Longer than `nvml.slow_interval_ms`: on a cycle where no GPU takes its \
+             slow readings, at most one slow interval late.",
+        )
+        .range(NvmlConfig::ENERGY_INTERVAL_MS),
+        key(
             "nvml.crowded_list_interval_ms",
             Type::Millis,
-            "How long the process lists of a GPU with many processes may be held between \
-             reads (a real driver takes about 50 µs per listed process); read at once \
-             when the GPU's memory in use moves or a new PID shows up in its utilization. \
-             0: every cycle.",
+            "How long the process lists of a GPU with many processes (32 or more) may be \
+             held between reads (a real driver takes about 50 µs per listed process); read \
+             at once when the GPU's memory in use moves by 64 MiB or a new PID shows up in \
+             its utilization. A GPU with fewer has its lists held while its memory in use \
+             and the PIDs in its utilization samples stay exactly the same, for 10 s at \
+             most. 0: every GPU's lists every cycle.",
         )
         .range(NvmlConfig::CROWDED_LIST_INTERVAL_MS),
         key(

@@ -14,9 +14,9 @@ use nvml_wrapper::{error::NvmlError, Nvml};
 use gpu_model::{DeviceStatus, NvmlFeatures, SourceStatus};
 
 use super::{
-    device::Slow,
     reader::in_call,
     readers::{Readers, Settings},
+    slow::{Due, Slow},
     xid::Xids,
     DeviceSample, GpuSample,
 };
@@ -88,11 +88,7 @@ impl NvmlSampler {
             xids: Arc::new(Mutex::new(Xids::new(None))),
             gpm: BTreeMap::new(),
             accounting: vec![],
-            slow: Slow {
-                interval: Duration::from_secs(10),
-                last: None,
-                reads: 0,
-            },
+            slow: Slow::new(Duration::from_secs(10), Duration::from_secs(60)),
             reader_cpu_ns: 0,
         }
     }
@@ -104,9 +100,11 @@ impl NvmlSampler {
         self
     }
 
-    /// Reads energy, GPM, PCIe replays and MIG mode every `interval` (`nvml.slow_interval_ms`).
-    pub fn with_slow_interval(mut self, interval: Duration) -> NvmlSampler {
-        self.slow.interval = interval;
+    /// Reads GPM, PCIe replays and MIG mode every `interval` (`nvml.slow_interval_ms`), each
+    /// GPU at its own point of it, and the energy counter every `energy`
+    /// (`nvml.energy_interval_ms`; slow.rs).
+    pub fn with_slow_interval(mut self, interval: Duration, energy: Duration) -> NvmlSampler {
+        self.slow = Slow::new(interval, energy);
         self
     }
 
@@ -219,8 +217,8 @@ impl NvmlSampler {
             }
         };
         let driver_version = in_call(&"nvmlSystemGetDriverVersion", || nvml.sys_driver_version());
-        let due = self.slow.due(Instant::now());
-        let mut devices = self.read_devices(&nvml, count, due);
+        let due = self.slow.due(Instant::now(), count as usize);
+        let mut devices = self.read_devices(&nvml, count, &due);
         // A lost device may no longer tell its name: use what it said before.
         for d in &mut devices {
             if d.uuid.is_empty() {
@@ -253,7 +251,7 @@ impl NvmlSampler {
     /// Every device's sample of this cycle, in index order: the readers are asked and
     /// awaited until the cycle's deadlines. A device a stuck read holds is left out, and
     /// reported stalled once it has been for the stall timeout.
-    fn read_devices(&mut self, nvml: &Arc<Nvml>, count: u32, due: bool) -> Vec<DeviceSample> {
+    fn read_devices(&mut self, nvml: &Arc<Nvml>, count: u32, due: &[Due]) -> Vec<DeviceSample> {
         self.cycle += 1;
         let (xids, settings) = (&self.xids, &self.settings);
         let readers = (self.readers)

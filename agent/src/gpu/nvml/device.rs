@@ -1,10 +1,9 @@
 //! One device's readings in a cycle: its metrics, the fixed ones read once per uuid, the
-//! slow ones read every `nvml.slow_interval_ms` and held in between, its MIG devices, its
-//! processes (processes.rs), and dcgm-exporter's further fields.
+//! slow ones read when due (slow.rs) and held in between, its MIG devices, its processes
+//! (processes.rs), and dcgm-exporter's further fields.
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
 };
 
 use nvml_wrapper::{
@@ -104,28 +103,13 @@ struct MigFixed {
     gpu_instance: Option<GpuInstance>,
 }
 
-/// Readings that cost milliseconds of CPU per call on a real driver and are counters or
-/// change slowly (H100, driver 580, docs/validation: energy 3-6 ms, GPM 1.6 ms, PCIe replays
-/// 0.2-0.4 ms, MIG mode 0.3 ms, against 10 ms for a whole cycle of one GPU). They are read
-/// every `interval`, and held in between: a counter's rate and GPM's averages then span the
-/// interval, and the energy split charges each read's increase by the mean of the shares of
-/// the cycles since the last read (`account::EnergyShares`).
-pub(super) struct Slow {
-    pub(super) interval: Duration,
-    pub(super) last: Option<Instant>,
-    /// Reads since NVML was initialised: the first two cycles read everything, so that
-    /// rates (GPM, the energy split) are known from the second cycle on.
-    pub(super) reads: u32,
-}
-
 /// Names of the slow readings, as `DeviceSample::unsupported` lists them.
-const SLOW_READINGS: [&str; 3] = ["energy", "mig", "pcie_replay"];
+const SLOW_READINGS: [&str; 2] = ["mig", "pcie_replay"];
 
 /// One device's slow readings, as last read.
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct Held {
     uuid: String,
-    energy_mj: Option<u64>,
     mig_enabled: bool,
     pcie_replay: Option<u64>,
     gpm: Option<GpmMetrics>,
@@ -134,28 +118,10 @@ pub(super) struct Held {
     unsupported: Vec<&'static str>,
 }
 
-impl Slow {
-    /// Whether this cycle reads the slow readings (and records that it does).
-    pub(super) fn due(&mut self, now: Instant) -> bool {
-        let due = self.reads < 2 || self.last.is_none_or(|t| now >= t + self.interval);
-        if due {
-            self.last = Some(now);
-            self.reads += 1;
-        }
-        due
-    }
-
-    pub(super) fn forget(&mut self) {
-        self.last = None;
-        self.reads = 0;
-    }
-}
-
 impl Held {
     pub(super) fn of(d: &DeviceSample) -> Held {
         Held {
             uuid: d.uuid.clone(),
-            energy_mj: d.energy_mj,
             mig_enabled: d.mig_enabled,
             pcie_replay: d.fields.pcie_replay,
             gpm: d.fields.gpm,
@@ -175,7 +141,6 @@ impl Held {
 
     /// The device's own slow readings (read before its MIG devices are listed).
     fn restore_device(&self, d: &mut DeviceSample) {
-        d.energy_mj = self.energy_mj;
         d.mig_enabled = self.mig_enabled;
         d.unsupported.extend(&self.unsupported);
     }
@@ -192,6 +157,38 @@ impl Held {
                 .and_then(|(_, g)| *g);
         }
     }
+}
+
+/// One device's energy counter, as last read (every `nvml.energy_interval_ms`).
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct HeldEnergy {
+    uuid: String,
+    mj: Option<u64>,
+    unsupported: bool,
+}
+
+impl HeldEnergy {
+    pub(super) fn of(d: &DeviceSample) -> HeldEnergy {
+        HeldEnergy {
+            uuid: d.uuid.clone(),
+            mj: d.energy_mj,
+            unsupported: d.unsupported.contains(&"energy"),
+        }
+    }
+
+    fn restore(&self, d: &mut DeviceSample) {
+        d.energy_mj = self.mj;
+        if self.unsupported {
+            d.unsupported.push("energy");
+        }
+    }
+}
+
+/// What a device's read holds rather than reads this cycle; None: read afresh.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Holding<'h> {
+    pub(super) slow: Option<&'h Held>,
+    pub(super) energy: Option<&'h HeldEnergy>,
 }
 
 /// What dcgm-exporter's further fields keep between cycles: profiling samples, the XID
@@ -254,15 +251,15 @@ pub(super) struct DeviceCtx<'a> {
     pub(super) lists: &'a mut Lists,
 }
 
-/// One device's sample. With `held` (and the same uuid), the slow readings are those and
-/// are not read; the `held` returned is what was used.
+/// One device's sample. What `held` holds (for the same uuid) is not read; the `Holding`
+/// returned is what was used.
 pub(super) fn sample_device<'h>(
     nvml: &Nvml,
     dev: &Device,
     index: u32,
     ctx: &mut DeviceCtx,
-    held: Option<&'h Held>,
-) -> (DeviceSample, Option<&'h Held>) {
+    held: Holding<'h>,
+) -> (DeviceSample, Holding<'h>) {
     let mut d = DeviceSample {
         index,
         status: DeviceStatus::Ok,
@@ -274,10 +271,21 @@ pub(super) fn sample_device<'h>(
     };
     read_device_metrics(&mut r, dev, &mut d, ctx.fixed);
     // A device that was replaced at this index since (another uuid) is read afresh.
-    let held = held.filter(|h| h.uuid == d.uuid);
-    match held {
+    let held = Holding {
+        slow: held.slow.filter(|h| h.uuid == d.uuid),
+        energy: held.energy.filter(|h| h.uuid == d.uuid),
+    };
+    match held.energy {
+        Some(h) => h.restore(&mut d),
+        None => d.energy_mj = r.read(&"energy", || dev.total_energy_consumption()),
+    }
+    match held.slow {
         Some(h) => h.restore_device(&mut d),
-        None => read_slow_device_metrics(&mut r, dev, &mut d),
+        None => {
+            d.mig_enabled = r
+                .read(&"mig", || dev.mig_mode())
+                .is_some_and(|m| m.current == 1)
+        }
     }
     if d.mig_enabled && !r.lost {
         read_mig_devices(&mut r, nvml, dev, &mut d, ctx.fixed);
@@ -358,14 +366,6 @@ fn read_gpu_fixed(
         kept.keep(&d.uuid, &f);
     }
     f
-}
-
-/// The device's readings of `SLOW_READINGS` (the fields' and GPM's are read with them).
-fn read_slow_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
-    d.energy_mj = r.read(&"energy", || dev.total_energy_consumption());
-    d.mig_enabled = r
-        .read(&"mig", || dev.mig_mode())
-        .is_some_and(|m| m.current == 1);
 }
 
 fn read_mig_devices(
@@ -502,32 +502,6 @@ fn gpu_instance(nvml: &Nvml, parent: &Device, gi: u32) -> Result<Option<GpuInsta
 mod tests {
     use super::*;
 
-    fn slow(interval_ms: u64) -> Slow {
-        Slow {
-            interval: Duration::from_millis(interval_ms),
-            last: None,
-            reads: 0,
-        }
-    }
-
-    #[test]
-    fn slow_readings_are_due_at_the_first_two_cycles_then_once_per_interval() {
-        let mut s = slow(1000);
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let due: Vec<bool> = [0, 200, 400, 1000, 1199, 1200, 1400, 2200]
-            .into_iter()
-            .map(|ms| s.due(at(ms)))
-            .collect();
-        assert_eq!(
-            due,
-            [true, true, false, false, false, true, false, true],
-            "reads at 0 and 200 ms, then 1 s after the last read"
-        );
-        s.forget();
-        assert!(s.due(at(2300)), "NVML restarted: read at once");
-    }
-
     #[test]
     fn held_readings_restore_what_was_read_and_only_that() {
         let gpm = |v: f64| GpmMetrics {
@@ -543,13 +517,14 @@ mod tests {
             uuid: "GPU-a".into(),
             energy_mj: Some(7_000),
             mig_enabled: true,
-            unsupported: vec!["ecc", "pcie_replay"],
+            unsupported: vec!["energy", "ecc", "pcie_replay"],
             mig_devices: vec![mig(1, Some(gpm(0.5))), mig(2, None)],
             ..Default::default()
         };
         read.fields.pcie_replay = None;
         read.fields.gpm = Some(gpm(0.75));
         let held = Held::of(&read);
+        let energy = HeldEnergy::of(&read);
         assert_eq!(held.unsupported, ["pcie_replay"], "only the slow readings'");
 
         // A later cycle: the fast readings are new, the slow ones are not read.
@@ -561,9 +536,11 @@ mod tests {
         };
         held.restore_device(&mut later);
         held.restore_extras(&mut later);
+        assert_eq!(later.energy_mj, None, "energy is held on its own");
+        energy.restore(&mut later);
         assert_eq!(later.energy_mj, Some(7_000));
         assert!(later.mig_enabled);
-        assert_eq!(later.unsupported, ["ecc", "pcie_replay"]);
+        assert_eq!(later.unsupported, ["ecc", "pcie_replay", "energy"]);
         assert_eq!(later.fields.gpm, Some(gpm(0.75)));
         assert_eq!(later.mig_devices[0].gpm, None);
         assert_eq!(later.mig_devices[1].gpm, Some(gpm(0.5)), "by GPU instance");

@@ -13,6 +13,7 @@ pub mod processes;
 pub mod reader;
 pub mod readers;
 pub mod sampler;
+pub mod slow;
 pub mod xid;
 
 pub use cycle::{describe_init_error, open};

@@ -1,6 +1,6 @@
 //! One device's processes: the compute, graphics and MPS lists merged by PID, their
-//! utilization since the last sample, a crowded GPU's lists held between reads, and NVML's
-//! accounting stats of processes that exited.
+//! utilization since the last sample, the lists held between reads while nothing moved, and
+//! NVML's accounting stats of processes that exited.
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -18,8 +18,9 @@ use super::{reader::Reader, DeviceSample, MigSample, ProcessSample};
 /// (the driver may lag the kernel's exit by a cycle).
 const ACCOUNTING_TRIES: u8 = 5;
 
-/// A GPU listing at least this many processes has its process lists held between reads:
-/// on a real driver the compute list costs about 49 µs per process (docs/validation: 3.3 ms
+/// A GPU listing at least this many processes is crowded: its lists are held while its
+/// memory moves by less than `LISTS_MEMORY_MOVED`, for `nvml.crowded_list_interval_ms`. On
+/// a real driver the compute list costs about 49 µs per process (docs/validation: 3.3 ms
 /// for 64 on an H200), so 32 cost about what the per-process utilization call does, and
 /// 250 (a GPU of the benchmark's large node) would cost 12 ms a cycle.
 const CROWDED_GPU_PROCESSES: usize = 32;
@@ -29,15 +30,22 @@ const CROWDED_GPU_PROCESSES: usize = 32;
 /// 500 MiB.
 const LISTS_MEMORY_MOVED: u64 = 64 << 20;
 
-/// Per GPU uuid, its process lists as last read, while it is crowded.
+/// A GPU listing fewer processes has its lists held only while nothing at all moved: its
+/// memory in use to the byte, the PIDs in its utilization samples, its MIG devices; and at
+/// most this long.
+const LISTS_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// Per GPU uuid, its process lists as last read, while they are held.
 #[derive(Debug, Default)]
 pub(super) struct Lists {
+    /// A crowded GPU's most time between reads (zero: every GPU's lists read every cycle).
     pub(super) interval: Duration,
     held: HashMap<String, HeldLists>,
 }
 
 impl Lists {
-    /// Holds a crowded GPU's lists up to `interval` between reads.
+    /// Holds a crowded GPU's lists up to `interval` between reads, another's up to
+    /// `LISTS_MAX_AGE`; none with a zero `interval`.
     pub(super) fn new(interval: Duration) -> Lists {
         Lists {
             interval,
@@ -57,13 +65,26 @@ struct HeldLists {
     /// Its MIG devices then, whose positions the processes name.
     migs: Vec<Name>,
     at: Instant,
+    /// The PIDs in the last utilization samples, sorted; a GPU with fewer than
+    /// `CROWDED_GPU_PROCESSES` has its lists held only while these stay the same.
+    util_pids: Vec<u32>,
 }
 
 impl HeldLists {
-    /// Whether the held lists still stand for the device as read this cycle.
+    fn crowded(&self) -> bool {
+        self.procs.len() >= CROWDED_GPU_PROCESSES
+    }
+
+    /// Whether the held lists still stand for the device as read this cycle: a crowded
+    /// GPU's while its memory in use stays within `LISTS_MEMORY_MOVED`, for `interval`;
+    /// another's while it does not move at all, for `LISTS_MAX_AGE`.
     fn stand(&self, d: &DeviceSample, now: Instant, interval: Duration) -> bool {
+        let (tolerance, max_age) = match self.crowded() {
+            true => (LISTS_MEMORY_MOVED, interval),
+            false => (0, LISTS_MAX_AGE),
+        };
         let moved = match (self.memory_used, d.memory_used_bytes) {
-            (Some(a), Some(b)) => a.abs_diff(b) > LISTS_MEMORY_MOVED,
+            (Some(a), Some(b)) => a.abs_diff(b) > tolerance,
             _ => true,
         };
         let same_migs = self.migs.len() == d.mig_devices.len()
@@ -72,8 +93,21 @@ impl HeldLists {
                 .iter()
                 .zip(&d.mig_devices)
                 .all(|(a, m)| gpu_model::same(a, &m.uuid));
-        !moved && same_migs && now.saturating_duration_since(self.at) < interval
+        !moved && same_migs && now.saturating_duration_since(self.at) < max_age
     }
+
+    /// Whether this cycle's utilization samples name a process the lists may have missed:
+    /// a PID they lack; on a GPU that is not crowded, any change of the PIDs sampled.
+    fn missed(&self, util: &Utilization) -> bool {
+        let lacks = |pid: &u32| self.procs.binary_search_by_key(pid, |p| p.pid).is_err();
+        util.keys().any(lacks) || (!self.crowded() && sorted_pids(util) != self.util_pids)
+    }
+}
+
+fn sorted_pids(util: &Utilization) -> Vec<u32> {
+    let mut v: Vec<u32> = util.keys().copied().collect();
+    v.sort_unstable();
+    v
 }
 
 /// Accounting state across cycles.
@@ -110,8 +144,9 @@ impl Accounting {
     }
 }
 
-/// The device's processes by PID, with this cycle's utilization. A crowded GPU's lists are held
-/// (`Lists`) while its memory in use stays put and no new PID shows up in its utilization.
+/// The device's processes by PID, with this cycle's utilization. The lists are held
+/// (`Lists`) while the device's memory in use stays put and its utilization samples name
+/// no PID the lists lack (on a GPU that is not crowded: the same PIDs as the cycle before).
 pub(super) fn sample_processes(
     r: &mut Reader,
     dev: &Device,
@@ -123,6 +158,7 @@ pub(super) fn sample_processes(
     let interval = lists.interval;
     let held = (lists.held.get(&d.uuid)).filter(|h| h.stand(d, now, interval));
     let mut unsupported = vec![];
+    let mut util_pids = None;
     // By PID, as the sample's lists are: sorted once as read, and held so (a crowded GPU's
     // held lists were sorted again every cycle).
     let mut read = |r: &mut Reader| {
@@ -143,19 +179,25 @@ pub(super) fn sample_processes(
     // say: the call costs 2-3 ms on a real driver all the same (it answers NotFound).
     if !r.lost && !d.mig_enabled && !procs.is_empty() {
         let util = read_process_utilization(r, dev, &d.uuid, last_seen);
-        // A PID the held lists do not name is a process they missed: read them now.
-        let missed = |u: &Utilization| u.keys().any(|pid| procs.iter().all(|p| p.pid != *pid));
-        if from_held && util.as_ref().is_some_and(missed) {
+        // Without utilization samples only a crowded GPU's lists are held.
+        let missed = |h: &HeldLists| util.as_ref().map_or(!h.crowded(), |u| h.missed(u));
+        if held.is_some_and(missed) {
             procs = read(r);
             from_held = false;
         }
         if let Some(u) = &util {
             apply_utilization(u, &mut procs);
+            util_pids = Some(sorted_pids(u));
         }
     }
-    if r.lost || procs.len() < CROWDED_GPU_PROCESSES || interval.is_zero() {
+    let crowded = procs.len() >= CROWDED_GPU_PROCESSES;
+    if r.lost || interval.is_zero() || procs.is_empty() || !(crowded || util_pids.is_some()) {
         lists.held.remove(&d.uuid);
-    } else if !from_held {
+    } else if from_held {
+        if let Some(h) = lists.held.get_mut(&d.uuid) {
+            h.util_pids = util_pids.unwrap_or_default();
+        }
+    } else {
         let mut kept = procs.clone();
         for p in &mut kept {
             (p.sm_util, p.mem_util, p.enc_util, p.dec_util) = (None, None, None, None);
@@ -166,9 +208,13 @@ pub(super) fn sample_processes(
             memory_used: d.memory_used_bytes,
             migs: d.mig_devices.iter().map(|m| m.uuid.clone()).collect(),
             at: now,
+            util_pids: util_pids.unwrap_or_default(),
         };
-        // Logged as it becomes crowded: its lists were not held before.
-        if lists.held.insert(d.uuid.clone(), held).is_none() {
+        // One GPU's state: the lists of another uuid at this index are of a GPU gone.
+        lists.held.retain(|uuid, _| *uuid == d.uuid);
+        let was_crowded = (lists.held.insert(d.uuid.clone(), held)).is_some_and(|h| h.crowded());
+        // Logged as it becomes crowded.
+        if crowded && !was_crowded {
             tracing::info!(
                 uuid = d.uuid,
                 processes = procs.len(),
@@ -408,12 +454,19 @@ mod tests {
             mig_devices: migs.iter().map(|u| mig(u)).collect(),
             ..Default::default()
         };
-        let held = HeldLists {
-            procs: vec![],
+        let procs = |n: u32| {
+            (1..=n).map(|pid| ProcessSample {
+                pid,
+                ..Default::default()
+            })
+        };
+        let mut held = HeldLists {
+            procs: procs(CROWDED_GPU_PROCESSES as u32).collect(),
             unsupported: vec![],
             memory_used: Some(10 << 30),
             migs: vec!["MIG-a".into(), "MIG-b".into()],
             at: t0,
+            util_pids: vec![],
         };
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let five_s = Duration::from_secs(5);
@@ -432,6 +485,62 @@ mod tests {
             "a MIG device made again"
         );
         assert!(!held.stand(&device(Some(10 << 30), &["MIG-a"]), at(1), five_s));
+
+        // Fewer processes: held only while the memory holds to the byte, for 10 s at most.
+        held.procs = procs(5).collect();
+        let same = device(Some(10 << 30), &["MIG-a", "MIG-b"]);
+        let one_byte = device(Some((10 << 30) + 1), &["MIG-a", "MIG-b"]);
+        let minute = Duration::from_secs(60);
+        assert!(held.stand(&same, at(9_999), minute));
+        assert!(
+            !held.stand(&same, at(10_000), minute),
+            "LISTS_MAX_AGE is up"
+        );
+        assert!(
+            held.stand(&same, at(9_999), five_s),
+            "whatever the crowded interval"
+        );
+        assert!(
+            !held.stand(&one_byte, at(1), minute),
+            "the memory moved a byte"
+        );
+    }
+
+    #[test]
+    fn held_lists_miss_a_new_pid_and_when_not_crowded_any_change_of_the_pids_sampled() {
+        let util =
+            |pids: &[u32]| -> Utilization { pids.iter().map(|p| (*p, (1, [0; 4]))).collect() };
+        let mut held = HeldLists {
+            procs: (1..=5)
+                .map(|pid| ProcessSample {
+                    pid,
+                    ..Default::default()
+                })
+                .collect(),
+            unsupported: vec![],
+            memory_used: Some(1 << 30),
+            migs: vec![],
+            at: Instant::now(),
+            util_pids: vec![2, 3],
+        };
+        assert!(!held.missed(&util(&[3, 2])), "the same PIDs sampled");
+        assert!(held.missed(&util(&[2, 3, 9])), "a PID the lists lack");
+        assert!(
+            held.missed(&util(&[2])),
+            "a PID no longer sampled: it may have ended"
+        );
+        assert!(held.missed(&util(&[2, 3, 4])), "a listed PID sampled again");
+        held.procs = (1..=CROWDED_GPU_PROCESSES as u32)
+            .map(|pid| ProcessSample {
+                pid,
+                ..Default::default()
+            })
+            .collect();
+        assert!(
+            !held.missed(&util(&[2])),
+            "crowded: only a PID the lists lack"
+        );
+        assert!(held.missed(&util(&[2, 900])));
     }
 
     #[test]

@@ -19,11 +19,12 @@ use nvml_wrapper::{error::NvmlError, Nvml};
 use gpu_model::{DeviceStatus, SourceStatus};
 
 use super::{
-    device::{sample_device, DeviceCtx, Extras, Fixed, Held},
+    device::{sample_device, DeviceCtx, Extras, Fixed, Held, HeldEnergy, Holding},
     fields::NvlinkRates,
     gpm::Gpm,
     processes::{read_accounting, Accounting, Lists},
     reader::{in_call, track, Progress},
+    slow::Due,
     xid::Xids,
     DeviceSample,
 };
@@ -31,11 +32,11 @@ use crate::stats::thread_cpu_ns;
 
 /// What reads a GPU into its state: NVML, or a test's stand-in.
 pub(super) trait Source: Send + Sync + 'static {
-    /// The GPU's sample; `due` reads the slow readings afresh.
+    /// The GPU's sample; what is `due` is read afresh.
     fn read(
         &self,
         state: &mut DeviceState,
-        due: bool,
+        due: Due,
         accounting: Vec<(String, u32)>,
     ) -> DeviceSample;
     /// Frees what the source allocated for the GPU.
@@ -46,7 +47,7 @@ impl Source for Nvml {
     fn read(
         &self,
         state: &mut DeviceState,
-        due: bool,
+        due: Due,
         accounting: Vec<(String, u32)>,
     ) -> DeviceSample {
         state.read(self, due, accounting)
@@ -61,8 +62,8 @@ impl Source for Nvml {
 struct Ask {
     index: u32,
     state: Arc<Mutex<DeviceState>>,
-    /// Read the slow readings afresh rather than hold the last ones.
-    due: bool,
+    /// The slow readings to read afresh rather than hold.
+    due: Due,
     /// Accounting stats to read: (device uuid, pid) of processes that exited.
     accounting: Vec<(String, u32)>,
 }
@@ -181,13 +182,13 @@ impl<S: Source> Readers<S> {
     }
 
     /// Reads GPUs `0..count` for `cycle`, waiting up to `wait`, and up to `wait` again for
-    /// the GPUs after one that is stuck. `accounting` holds each GPU's accounting requests,
-    /// by index.
+    /// the GPUs after one that is stuck. `due` says what each reads afresh, `accounting`
+    /// holds each GPU's accounting requests, by index.
     pub fn read(
         &mut self,
         cycle: u64,
         count: u32,
-        due: bool,
+        due: &[Due],
         mut accounting: HashMap<u32, Vec<(String, u32)>>,
         wait: Duration,
     ) -> Cycle {
@@ -206,7 +207,10 @@ impl<S: Source> Readers<S> {
             .map(|index| Ask {
                 index,
                 state: self.states[index as usize].clone(),
-                due: due || std::mem::take(&mut self.afresh[index as usize]),
+                due: match std::mem::take(&mut self.afresh[index as usize]) {
+                    true => Due::ALL,
+                    false => due.get(index as usize).copied().unwrap_or(Due::ALL),
+                },
                 accounting: accounting.remove(&index).unwrap_or_default(),
             })
             .collect::<Vec<_>>();
@@ -407,8 +411,9 @@ pub(super) struct DeviceState {
     last_seen: HashMap<String, u64>,
     fixed: Fixed,
     lists: Lists,
-    /// Its slow readings as last read.
+    /// Its slow readings and its energy counter as last read.
     held: Option<Held>,
+    energy: Option<HeldEnergy>,
     extras: Extras,
     accounting: Accounting,
     /// Profiling's status as last answered.
@@ -423,6 +428,7 @@ impl DeviceState {
             fixed: Fixed::default(),
             lists: Lists::new(settings.crowded_list_interval),
             held: None,
+            energy: None,
             extras: Extras {
                 gpm: Gpm::default(),
                 xids,
@@ -433,8 +439,8 @@ impl DeviceState {
         }
     }
 
-    /// The device's sample; `due` reads the slow readings afresh.
-    fn read(&mut self, nvml: &Nvml, due: bool, accounting: Vec<(String, u32)>) -> DeviceSample {
+    /// The device's sample; what is `due` is read afresh.
+    fn read(&mut self, nvml: &Nvml, due: Due, accounting: Vec<(String, u32)>) -> DeviceSample {
         let index = self.index;
         let dev = match in_call(&"nvmlDeviceGetHandleByIndex", || {
             nvml.device_by_index(index)
@@ -453,7 +459,10 @@ impl DeviceState {
             }
         };
         self.accounting.request(accounting);
-        let held = (!due).then_some(self.held.as_ref()).flatten();
+        let held = Holding {
+            slow: (!due.slow).then_some(self.held.as_ref()).flatten(),
+            energy: (!due.energy).then_some(self.energy.as_ref()).flatten(),
+        };
         let mut ctx = DeviceCtx {
             last_seen: &mut self.last_seen,
             fixed: &mut self.fixed,
@@ -465,10 +474,13 @@ impl DeviceState {
                 read_accounting(&dev, &mut d, &mut self.accounting)
             });
         }
-        let fresh = held.is_none();
-        let d = self.extras.device(nvml, &dev, d, held);
+        let (fresh, fresh_energy) = (held.slow.is_none(), held.energy.is_none());
+        let d = self.extras.device(nvml, &dev, d, held.slow);
         if fresh && d.status.is_ok() {
             self.held = Some(Held::of(&d));
+        }
+        if fresh_energy && d.status.is_ok() {
+            self.energy = Some(HeldEnergy::of(&d));
         }
         self.fixed.end_cycle(std::slice::from_ref(&d));
         d
@@ -491,6 +503,10 @@ mod tests {
     use super::*;
 
     const WAIT: Duration = Duration::from_millis(300);
+    const NOT_DUE: [Due; 4] = [Due {
+        slow: false,
+        energy: false,
+    }; 4];
 
     /// GPUs that answer at once, but those in `hung`, whose power reading does not return
     /// while they are listed.
@@ -502,9 +518,9 @@ mod tests {
     }
 
     impl Source for Gpus {
-        fn read(&self, st: &mut DeviceState, due: bool, acc: Vec<(String, u32)>) -> DeviceSample {
+        fn read(&self, st: &mut DeviceState, due: Due, acc: Vec<(String, u32)>) -> DeviceSample {
             let index = st.index;
-            self.reads.lock().unwrap().push((index, due));
+            self.reads.lock().unwrap().push((index, due.slow));
             in_call(&"nvmlDeviceGetPowerUsage", || {
                 while self.hung.lock().unwrap().contains(&index) {
                     std::thread::sleep(Duration::from_millis(2));
@@ -560,12 +576,12 @@ mod tests {
         let gpus = Arc::new(Gpus::default());
         let mut r = readers(&gpus);
         gpus.hang(&[1]);
-        let c = r.read(1, 4, false, HashMap::new(), WAIT);
+        let c = r.read(1, 4, &NOT_DUE, HashMap::new(), WAIT);
         assert_eq!(answered(&c), [0, 2, 3]);
         assert_eq!(stuck(&c), [(1, "nvmlDeviceGetPowerUsage")]);
         for cycle in 2..5 {
             let t = Instant::now();
-            let c = r.read(cycle, 4, false, HashMap::new(), WAIT);
+            let c = r.read(cycle, 4, &NOT_DUE, HashMap::new(), WAIT);
             assert_eq!(answered(&c), [0, 2, 3], "cycle {cycle}");
             assert_eq!(stuck(&c), [(1, "nvmlDeviceGetPowerUsage")]);
             assert!(
@@ -582,7 +598,7 @@ mod tests {
         while r.answers.lock().unwrap().is_empty() && Instant::now() < back {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let c = r.read(5, 4, false, HashMap::new(), WAIT);
+        let c = r.read(5, 4, &NOT_DUE, HashMap::new(), WAIT);
         assert_eq!(
             answered(&c),
             [0, 1, 2, 3],
@@ -603,7 +619,7 @@ mod tests {
         gpus.hang(&[1, 2]);
         let acc = HashMap::from([(3, vec![("GPU-3".to_string(), 42)])]);
         let t = Instant::now();
-        let c = r.read(1, 4, false, acc, WAIT);
+        let c = r.read(1, 4, &NOT_DUE, acc, WAIT);
         let took = t.elapsed();
         assert!(took >= WAIT * 2 && took < WAIT * 3, "{took:?}");
         assert_eq!(answered(&c), [0]);
@@ -611,7 +627,7 @@ mod tests {
         s.sort_unstable();
         assert_eq!(s, [1, 2]);
         // GPU 3 was not begun: its accounting request waits for the next cycle.
-        let c = r.read(2, 4, false, HashMap::new(), WAIT);
+        let c = r.read(2, 4, &NOT_DUE, HashMap::new(), WAIT);
         assert_eq!(answered(&c), [0, 3]);
         let a3 = c.answers.iter().find(|a| a.index == 3).unwrap();
         assert_eq!(a3.sample.name, r#"[("GPU-3", 42)]"#);
@@ -627,7 +643,7 @@ mod tests {
         Ask {
             index,
             state: Arc::new(Mutex::new(DeviceState::new(index, xids, &settings))),
-            due: false,
+            due: Due::default(),
             accounting: vec![],
         }
     }

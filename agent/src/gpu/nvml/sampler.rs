@@ -76,7 +76,10 @@ pub fn spawn(
             let mut sampler = NvmlSampler::new(cfg.lib_path)
                 .with_deadlines(interval, stall_timeout)
                 .with_kmsg(xid.kmsg_path())
-                .with_slow_interval(Duration::from_millis(cfg.slow_interval_ms))
+                .with_slow_interval(
+                    Duration::from_millis(cfg.slow_interval_ms),
+                    Duration::from_millis(cfg.energy_interval_ms),
+                )
                 .with_crowded_list_interval(Duration::from_millis(cfg.crowded_list_interval_ms));
             sampler.enable_accounting(accounting.is_some());
             let mut next = Instant::now();

@@ -1,0 +1,212 @@
+//! When each GPU reads its slow readings. They cost milliseconds of CPU per call on a real
+//! driver and are counters or change slowly (H100, driver 580, docs/validation: energy 3-6
+//! ms, GPM 1.6 ms, PCIe replays 0.2-0.4 ms, MIG mode 0.3 ms, against about 2 ms for the rest
+//! of a busy GPU's cycle), so they are read every `nvml.slow_interval_ms` and held in
+//! between: a counter's rate and GPM's averages then span the interval, and the energy split
+//! charges each read's increase by the mean of the shares of the cycles since the last read
+//! (`billing::ledger::EnergyShares`).
+//!
+//! Read on one cycle for every GPU, they would make that cycle three times the others on an
+//! 8-GPU node. So each GPU reads them at its own point of the interval (GPU i of n at i+1
+//! n-ths), and the energy counter, the costliest call, every `nvml.energy_interval_ms` (60 s:
+//! every 10 s it would cost 4 ms a cycle on 8 GPUs, the largest single cost of a cycle) on
+//! a cycle where no GPU reads the others, unless it is a slow interval late. Power is read
+//! every cycle; the energy split spreads each increase over the cycles since the last read,
+//! so a container's energy is as complete, only known later.
+use std::time::{Duration, Instant};
+
+/// What one GPU reads afresh this cycle, rather than hold what it read last.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Due {
+    /// GPM, PCIe replays, MIG mode.
+    pub slow: bool,
+    pub energy: bool,
+}
+
+impl Due {
+    pub(super) const ALL: Due = Due {
+        slow: true,
+        energy: true,
+    };
+}
+
+/// The schedule of every GPU's slow readings.
+pub(super) struct Slow {
+    interval: Duration,
+    energy_interval: Duration,
+    /// Per GPU index.
+    gpus: Vec<GpuSlow>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct GpuSlow {
+    /// Cycles that read everything since NVML was initialised: the first two do, so that
+    /// rates (GPM, the energy split) are known from the second cycle on.
+    reads: u32,
+    next: Instant,
+    energy_next: Instant,
+}
+
+impl Slow {
+    pub(super) fn new(interval: Duration, energy_interval: Duration) -> Slow {
+        Slow {
+            interval,
+            energy_interval,
+            gpus: vec![],
+        }
+    }
+
+    /// What each of `count` GPUs reads afresh this cycle (and records that it does).
+    pub(super) fn due(&mut self, now: Instant, count: usize) -> Vec<Due> {
+        let (interval, energy_interval) = (self.interval, self.energy_interval);
+        // An energy interval no longer than the slow one reads it when due, as they are.
+        let own_cycle = energy_interval > interval;
+        let first = GpuSlow {
+            reads: 0,
+            next: now,
+            energy_next: now,
+        };
+        self.gpus.resize(count, first);
+        let n = count.max(1) as u32;
+        let mut due = vec![Due::default(); count];
+        for (i, (g, d)) in self.gpus.iter_mut().zip(&mut due).enumerate() {
+            if g.reads < 2 {
+                g.reads += 1;
+                *d = Due::ALL;
+                // GPU i of n next at i+1 n-ths of each interval.
+                let k = i as u32 + 1;
+                g.next = now + interval * k / n;
+                g.energy_next = now + energy_interval * k / n;
+            } else if now >= g.next {
+                d.slow = true;
+                g.next = step(g.next, interval, now);
+            }
+        }
+        let mut busy = due.iter().any(|d| d.slow);
+        for (g, d) in self.gpus.iter_mut().zip(&mut due) {
+            let late = now >= g.energy_next + interval;
+            if d.energy || now < g.energy_next || (own_cycle && busy && !late) {
+                continue;
+            }
+            d.energy = true;
+            busy = true;
+            g.energy_next = step(g.energy_next, energy_interval, now);
+        }
+        due
+    }
+
+    /// NVML restarted: every GPU reads everything at once.
+    pub(super) fn forget(&mut self) {
+        self.gpus.clear();
+    }
+}
+
+/// The next due time after `at`, keeping its phase; a full interval on if that has passed
+/// (the cycles stopped for a while).
+fn step(at: Instant, interval: Duration, now: Instant) -> Instant {
+    let next = at + interval;
+    if next <= now {
+        now + interval
+    } else {
+        next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per cycle: (GPUs reading the slow readings, GPUs reading energy).
+    type Cycle = (Vec<usize>, Vec<usize>);
+
+    /// Cycles of 1 s over `secs` seconds for `n` GPUs.
+    fn run(s: &mut Slow, n: usize, secs: u64) -> Vec<Cycle> {
+        let t0 = Instant::now();
+        (0..secs)
+            .map(|k| {
+                let due = s.due(t0 + Duration::from_secs(k), n);
+                let which = |f: fn(&Due) -> bool| -> Vec<usize> {
+                    (0..n).filter(|&i| f(&due[i])).collect()
+                };
+                (which(|d| d.slow), which(|d| d.energy))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_gpu_reads_its_slow_readings_every_interval_one_gpu_a_cycle() {
+        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
+        let cycles = run(&mut s, 8, 200);
+        assert_eq!(
+            cycles[0],
+            ((0..8).collect(), (0..8).collect()),
+            "all at first"
+        );
+        assert_eq!(cycles[1], cycles[0], "and at the second cycle");
+        for (k, (slow, energy)) in cycles.iter().enumerate().skip(2) {
+            assert!(
+                slow.len() + energy.len() <= 1,
+                "cycle {k}: {slow:?} {energy:?}"
+            );
+        }
+        for gpu in 0..8 {
+            let at = |f: fn(&Cycle) -> &Vec<usize>| -> Vec<usize> {
+                (2..cycles.len())
+                    .filter(|&k| f(&cycles[k]).contains(&gpu))
+                    .collect()
+            };
+            let (slow, energy) = (at(|c| &c.0), at(|c| &c.1));
+            assert!(slow[0] <= 11, "GPU {gpu} first at {}", slow[0]);
+            assert!(
+                slow.windows(2).all(|w| w[1] - w[0] <= 10),
+                "GPU {gpu}: {slow:?}"
+            );
+            assert!(energy[0] <= 71, "GPU {gpu}'s energy first at {}", energy[0]);
+            assert!(
+                energy
+                    .windows(2)
+                    .all(|w| (59..=70).contains(&(w[1] - w[0]))),
+                "GPU {gpu}'s energy: {energy:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn energy_waits_for_a_free_cycle_at_most_an_interval() {
+        // 16 GPUs at 10 s: every cycle has a GPU's slow readings.
+        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
+        let cycles = run(&mut s, 16, 150);
+        for gpu in 0..16 {
+            let energy: Vec<usize> = (2..cycles.len())
+                .filter(|&k| cycles[k].1.contains(&gpu))
+                .collect();
+            assert!(
+                !energy.is_empty() && energy[0] <= 71,
+                "GPU {gpu}: {energy:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_energy_interval_as_short_as_the_slow_one_reads_it_when_due() {
+        let mut s = Slow::new(Duration::from_millis(200), Duration::from_millis(200));
+        let t0 = Instant::now();
+        for k in 0..20 {
+            let due = s.due(t0 + Duration::from_millis(200 * k), 2);
+            assert!(due.iter().all(|d| d.energy && d.slow), "cycle {k}: {due:?}");
+        }
+    }
+
+    #[test]
+    fn a_new_gpu_and_a_restart_read_everything_at_once() {
+        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
+        let t0 = Instant::now();
+        s.due(t0, 2);
+        s.due(t0 + Duration::from_secs(1), 2);
+        let d = s.due(t0 + Duration::from_secs(2), 3);
+        assert_eq!(d[2], Due::ALL, "GPU 2 is new");
+        s.forget();
+        let d = s.due(t0 + Duration::from_secs(3), 3);
+        assert!(d.iter().all(|d| *d == Due::ALL));
+    }
+}
