@@ -701,16 +701,10 @@ pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()
 }
 
 fn print_memory(who: &str, m: &Memory) {
-    let mib = |k: u64| k as f64 / 1024.0;
+    let c = crate::report::memory_column(m);
     eprintln!(
-        "  {who}'s RSS: binary {:.1}, libraries {:.1}, heap and stacks {:.1} (live heap {:.1}), \
-         BPF {:.1}, other {:.1} MiB; state {:?}",
-        mib(m.map.binary),
-        mib(m.map.libraries),
-        mib(m.map.heap),
-        mib(m.heap_live_kib),
-        mib(m.map.bpf),
-        mib(m.map.stacks + m.map.other),
-        m.lengths
+        "  {who}'s RSS: binary {}, libraries {}, heap and stacks {} (live heap {}), BPF {}, \
+         other {} MiB; state {}",
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6]
     );
 }

@@ -227,7 +227,8 @@ fn memory(md: &mut String, bench: &Memory, deployed: Option<&Memory>) {
     }
 }
 
-fn memory_column(m: &Memory) -> Vec<String> {
+/// An agent's `Memory` as the table's cells: MiB by mapping, then the state lengths.
+pub(crate) fn memory_column(m: &Memory) -> Vec<String> {
     let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
     let lengths: Vec<String> = m.lengths.iter().map(|(k, n)| format!("{k} {n}")).collect();
     vec![
