@@ -45,21 +45,6 @@ pub fn per_call_us(name: &str) -> u64 {
     }
 }
 
-/// What one more field id adds to a `nvmlDeviceGetFieldValues` call, beyond the call's own
-/// cost (74 µs measured for the three ids the agent asks: memory temperature, NVLink tx and
-/// rx). Through field values the energy counter and the PCIe replays took what their own
-/// calls take (docs/validation, H100); another id is charged a cheap call until measured.
-pub fn field_us(id: u32) -> u64 {
-    match id {
-        crate::fields::FI_DEV_TOTAL_ENERGY_CONSUMPTION => 5_081,
-        crate::fields::FI_DEV_PCIE_REPLAY_COUNTER => 363,
-        crate::fields::FI_DEV_MEMORY_TEMP
-        | crate::fields::FI_DEV_NVLINK_THROUGHPUT_DATA_TX
-        | crate::fields::FI_DEV_NVLINK_THROUGHPUT_DATA_RX => 0,
-        _ => SIZE_QUERY_US,
-    }
-}
-
 /// Spins for `us` of this thread's CPU time.
 pub fn spend(us: u64) {
     if us == 0 {

@@ -315,26 +315,6 @@ pub(crate) fn storm_with(bin: &Path, n: u32, rounds: u32) -> Result<StormFigures
     })
 }
 
-/// The 8-GPU scenario with `procs` spread over its devices (in turn: 5 per GPU for 40).
-pub(crate) fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) -> Result<Value> {
-    let devices = scenario["devices"].as_array_mut().context("devices")?;
-    let ndev = devices.len();
-    for d in devices.iter_mut() {
-        d["processes"] = Value::Array(vec![]);
-    }
-    for (i, p) in procs.iter().enumerate() {
-        let d = &mut devices[i % ndev];
-        d["processes"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({
-                "pid": p.pid(), "used_memory": (1u64 << 28) * (1 + i as u64 % 8),
-                "sm_util": i % 100, "mem_util": i % 40, "enc_util": 0, "dec_util": 0
-            }));
-    }
-    Ok(scenario)
-}
-
 /// The agent's CPU per second with GPU sampling off.
 fn idle_cost(bin: &Path, env: &[(&str, &str)]) -> Result<f64> {
     let idle_secs = 10.0;
@@ -365,7 +345,7 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
             pod_cgroups[(i % pods) as usize].cg.spawn(&mut c),
         ));
     }
-    let scenario = gpu_scenario(template, &procs)?;
+    let scenario = crate::benchkit::agent::gpu_scenario(template, &procs)?;
     let path = std::env::temp_dir().join(format!("bench-gpu-{}.json", random_hex(8)));
     std::fs::write(&path, serde_json::to_vec(&scenario)?)?;
     let env = [("FAKE_NVML_SCENARIO", path.to_str().unwrap())];

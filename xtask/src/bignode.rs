@@ -701,7 +701,7 @@ pub(crate) fn pair(bin: &Path, other: &Path, lib: &Path, secs: u64) -> Result<()
 }
 
 fn print_memory(who: &str, m: &Memory) {
-    let c = crate::report::memory_column(m);
+    let c = m.cells();
     eprintln!(
         "  {who}'s RSS: binary {}, libraries {}, heap and stacks {} (live heap {}), BPF {}, \
          other {} MiB; state {}",

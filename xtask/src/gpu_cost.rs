@@ -17,7 +17,7 @@ use serde_json::Value;
 use tests::{random_hex, Agent};
 
 use crate::{
-    bench::gpu_scenario,
+    benchkit::agent::gpu_scenario,
     benchkit::host::{
         cpu_ns, machine, make_pods, median, release_agent, require_root, write_section,
     },

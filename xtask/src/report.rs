@@ -211,7 +211,7 @@ fn memory(md: &mut String, bench: &Memory, deployed: Option<&Memory>) {
         "\nWhere the RSS is (MiB; /proc/PID/smaps, and the allocator's live heap from \
          `/debug/stats?heap=true`):\n\n| | the bench's agent | as deployed |\n| --- | --- | --- |\n",
     );
-    let (b, d) = (memory_column(bench), deployed.map(memory_column));
+    let (b, d) = (bench.cells(), deployed.map(Memory::cells));
     let what = [
         "the agent's binary (text and data)",
         "shared libraries (libc, the NVML library)",
@@ -225,21 +225,6 @@ fn memory(md: &mut String, bench: &Memory, deployed: Option<&Memory>) {
         let d = d.as_ref().map_or("", |d| d[i].as_str());
         let _ = writeln!(md, "| {what} | {} | {d} |", b[i]);
     }
-}
-
-/// An agent's `Memory` as the table's cells: MiB by mapping, then the state lengths.
-pub(crate) fn memory_column(m: &Memory) -> Vec<String> {
-    let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
-    let lengths: Vec<String> = m.lengths.iter().map(|(k, n)| format!("{k} {n}")).collect();
-    vec![
-        mib(m.map.binary),
-        mib(m.map.libraries),
-        mib(m.map.heap),
-        mib(m.heap_live_kib),
-        mib(m.map.bpf),
-        mib(m.map.stacks + m.map.other),
-        lengths.join(", "),
-    ]
 }
 
 /// A protocol as the docs name it.

@@ -252,3 +252,20 @@ impl Mark {
         })
     }
 }
+
+/// The 8-GPU scenario with `procs` spread over its devices (in turn: 5 per GPU for 40).
+pub(crate) fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) -> Result<Value> {
+    let devices = scenario["devices"].as_array_mut().context("devices")?;
+    let ndev = devices.len();
+    for d in devices.iter_mut() {
+        d["processes"] = Value::Array(vec![]);
+    }
+    for (i, p) in procs.iter().enumerate() {
+        let d = &mut devices[i % ndev];
+        d["processes"].as_array_mut().unwrap().push(json!({
+            "pid": p.pid(), "used_memory": (1u64 << 28) * (1 + i as u64 % 8),
+            "sm_util": i % 100, "mem_util": i % 40, "enc_util": 0, "dec_util": 0
+        }));
+    }
+    Ok(scenario)
+}

@@ -125,6 +125,25 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
+    /// An agent's `Memory` as the table's cells: MiB by mapping, then the state lengths.
+    pub(crate) fn cells(&self) -> Vec<String> {
+        let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
+        let lengths: Vec<String> = self
+            .lengths
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        vec![
+            mib(self.map.binary),
+            mib(self.map.libraries),
+            mib(self.map.heap),
+            mib(self.heap_live_kib),
+            mib(self.map.bpf),
+            mib(self.map.stacks + self.map.other),
+            lengths.join(", "),
+        ]
+    }
+
     pub(crate) fn read(agent: &tests::Agent) -> anyhow::Result<Memory> {
         let stats = agent.json("/debug/stats?heap=true");
         let lengths = stats["state_lengths"]
