@@ -329,26 +329,9 @@ fn idle_cost(bin: &Path, env: &[(&str, &str)]) -> Result<f64> {
 fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
     require_root()?;
     let bin = release_agent()?;
-    cargo(&["build", "--release", "-p", "fake-nvml"])?;
-    let lib = workspace_root().join("target/release/libnvidia_ml.so");
-    let template: Value = serde_json::from_str(&std::fs::read_to_string(
-        workspace_root().join("tests/scenarios/h100-8gpu.json"),
-    )?)?;
-
-    // Real processes in real pod cgroups, so every GPU PID joins through the cache.
-    let pod_cgroups = make_pods(pods as usize);
-    let mut procs = vec![];
-    for i in 0..n {
-        let mut c = Command::new("sleep");
-        c.arg("3600");
-        procs.push(tests::cgroups::Proc(
-            pod_cgroups[(i % pods) as usize].cg.spawn(&mut c),
-        ));
-    }
-    let scenario = crate::benchkit::agent::gpu_scenario(template, &procs)?;
-    let path = std::env::temp_dir().join(format!("bench-gpu-{}.json", random_hex(8)));
-    std::fs::write(&path, serde_json::to_vec(&scenario)?)?;
-    let env = [("FAKE_NVML_SCENARIO", path.to_str().unwrap())];
+    let node = crate::benchkit::agent::GpuNode::build(n, pods)?;
+    let lib = &node.lib;
+    let env = [("FAKE_NVML_SCENARIO", node.scenario.to_str().unwrap())];
     let lib_arg = lib.to_str().unwrap();
 
     // Baseline: the same agent with GPU sampling off.
@@ -376,7 +359,6 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
     let rss = rss_kib(agent.pid())?;
     let snap = agent.json("/debug/snapshot");
     drop(agent);
-    let _ = std::fs::remove_file(&path);
 
     let k = (counter(&s1, "nvml_samples") - counter(&s0, "nvml_samples")).max(1) as f64;
     let join_us = (counter(&s1, "join_cpu_ns") - counter(&s0, "join_cpu_ns")) as f64 / k / 1000.0;
@@ -394,7 +376,7 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
         "Measured by `cargo xtask bench gpu` ({} GPUs from tests/scenarios/h100-8gpu.json \
          through the fake libnvidia-ml.so, {n} GPU processes that are real processes in {pods} \
          pod cgroups, 1 Hz, {k} cycles) on {}.\n\n",
-        scenario["devices"].as_array().map_or(0, Vec::len),
+        node.gpus,
         machine()
     );
     md.push_str("| figure (per cycle) | value | goal |\n| --- | --- | --- |\n");
@@ -420,8 +402,6 @@ fn gpu(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
     if !no_write {
         write_section("gpu", &md)?;
     }
-    drop(procs);
-    drop(pod_cgroups);
     Ok(())
 }
 

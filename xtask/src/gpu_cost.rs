@@ -8,7 +8,6 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -16,13 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use tests::{random_hex, Agent};
 
-use crate::{
-    benchkit::agent::gpu_scenario,
-    benchkit::host::{
-        cpu_ns, machine, make_pods, median, release_agent, require_root, write_section,
-    },
-    cargo, workspace_root,
-};
+use crate::benchkit::host::{cpu_ns, machine, median, release_agent, require_root, write_section};
 
 /// One poll of one agent: cycles begun (the device count's calls), the whole process's CPU
 /// and the NVML threads' (the sampler and its readers), ns.
@@ -186,26 +179,12 @@ pub(crate) fn run(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> 
     require_root()?;
     let bin = release_agent()?;
     let pair = std::env::var_os("GPU_AGENT_BENCH_PAIR").map(PathBuf::from);
-    cargo(&["build", "--release", "-p", "fake-nvml"])?;
-    let lib = workspace_root().join("target/release/libnvidia_ml.so");
-    let template: Value = serde_json::from_str(&std::fs::read_to_string(
-        workspace_root().join("tests/scenarios/h100-8gpu.json"),
-    )?)?;
-    let pod_cgroups = make_pods(pods as usize);
-    let procs: Vec<_> = (0..n)
-        .map(|i| {
-            let mut c = Command::new("sleep");
-            c.arg("3600");
-            tests::cgroups::Proc(pod_cgroups[(i % pods) as usize].cg.spawn(&mut c))
-        })
-        .collect();
-    let scenario = gpu_scenario(template, &procs)?;
-    let path = std::env::temp_dir().join(format!("bench-gpu-cost-{}.json", random_hex(8)));
-    std::fs::write(&path, serde_json::to_vec(&scenario)?)?;
+    let node = crate::benchkit::agent::GpuNode::build(n, pods)?;
+    let (lib, path) = (&node.lib, &node.scenario);
 
-    let mut agents = vec![("this build".to_string(), start(&bin, &lib, &path))];
+    let mut agents = vec![("this build".to_string(), start(&bin, lib, path))];
     if let Some(p) = &pair {
-        agents.push((p.display().to_string(), start(p, &lib, &path)));
+        agents.push((p.display().to_string(), start(p, lib, path)));
     }
     // Both watched over the same seconds, each at its own phase.
     let figs: Vec<Figures> = std::thread::scope(|s| {
@@ -220,7 +199,6 @@ pub(crate) fn run(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> 
         let _ = std::fs::remove_file(&r.calls);
     }
     drop(agents);
-    let _ = std::fs::remove_file(&path);
 
     let md = report(n, &figs, pair.is_some());
     println!("{md}");
@@ -250,8 +228,6 @@ pub(crate) fn run(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> 
     if !no_write && pair.is_none() {
         write_section("gpu-cost", &md)?;
     }
-    drop(procs);
-    drop(pod_cgroups);
     Ok(())
 }
 

@@ -254,7 +254,7 @@ impl Mark {
 }
 
 /// The 8-GPU scenario with `procs` spread over its devices (in turn: 5 per GPU for 40).
-pub(crate) fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) -> Result<Value> {
+fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) -> Result<Value> {
     let devices = scenario["devices"].as_array_mut().context("devices")?;
     let ndev = devices.len();
     for d in devices.iter_mut() {
@@ -268,4 +268,56 @@ pub(crate) fn gpu_scenario(mut scenario: Value, procs: &[tests::cgroups::Proc]) 
         }));
     }
     Ok(scenario)
+}
+
+/// tests/scenarios/h100-8gpu.json's 8 GPUs on the release fake NVML library, with `n` real
+/// processes (`sleep`) spread over `pods` pod cgroups and the GPUs (`gpu_scenario`), the
+/// scenario written to a file of its own. Dropped: the processes, then their cgroups and
+/// the file.
+pub(crate) struct GpuNode {
+    pub lib: PathBuf,
+    pub scenario: PathBuf,
+    pub gpus: usize,
+    pub procs: Vec<tests::cgroups::Proc>,
+    pods: Vec<crate::benchkit::host::Pod>,
+}
+
+impl GpuNode {
+    pub(crate) fn build(n: u32, pods: u32) -> Result<GpuNode> {
+        crate::cargo(&["build", "--release", "-p", "fake-nvml"])?;
+        let lib = workspace_root().join("target/release/libnvidia_ml.so");
+        let template: Value = serde_json::from_str(&std::fs::read_to_string(
+            workspace_root().join("tests/scenarios/h100-8gpu.json"),
+        )?)?;
+        // Real processes in real pod cgroups, so every GPU PID joins through the cache.
+        let pod_cgroups = crate::benchkit::host::make_pods(pods as usize);
+        let procs: Vec<_> = (0..n)
+            .map(|i| {
+                let mut c = std::process::Command::new("sleep");
+                c.arg("3600");
+                tests::cgroups::Proc(pod_cgroups[(i % pods) as usize].cg.spawn(&mut c))
+            })
+            .collect();
+        let gpus = template["devices"].as_array().map_or(0, Vec::len);
+        let scenario = std::env::temp_dir().join(format!("bench-gpu-{}.json", random_hex(8)));
+        std::fs::write(
+            &scenario,
+            serde_json::to_vec(&gpu_scenario(template, &procs)?)?,
+        )?;
+        Ok(GpuNode {
+            lib,
+            scenario,
+            gpus,
+            procs,
+            pods: pod_cgroups,
+        })
+    }
+}
+
+impl Drop for GpuNode {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.scenario);
+        self.procs.clear();
+        self.pods.clear();
+    }
 }
