@@ -139,7 +139,7 @@ impl Memory {
             mib(self.map.heap),
             mib(self.heap_live_kib),
             mib(self.map.bpf),
-            mib(self.map.stacks + self.map.other),
+            mib(self.map.other),
             lengths.join(", "),
         ]
     }

@@ -178,14 +178,13 @@ pub(crate) fn attributed_in(snap: &Value) -> usize {
 
 /// Where a process's resident memory is, KiB, from /proc/PID/smaps: the agent's own
 /// binary, shared libraries, the heap (glibc's main arena and its other arenas, which are
-/// anonymous maps), BPF maps and rings, stacks, the rest.
-#[derive(Debug, Default, Clone)]
+/// anonymous maps, as thread stacks are), BPF maps and rings, the rest.
+#[derive(Debug)]
 pub(crate) struct MemoryMap {
     pub binary: u64,
     pub libraries: u64,
     pub heap: u64,
     pub bpf: u64,
-    pub stacks: u64,
     pub other: u64,
 }
 
@@ -193,7 +192,8 @@ pub(crate) fn memory_map(pid: u32) -> Result<MemoryMap> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))?;
     let exe = exe.to_string_lossy();
-    let mut m = MemoryMap::default();
+    // binary, libraries, heap, BPF, other
+    let mut kib = [0u64; 5];
     let mut class = 0;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or_default();
@@ -204,22 +204,20 @@ pub(crate) fn memory_map(pid: u32) -> Result<MemoryMap> {
                 p if p.contains(".so") => 1,
                 "[heap]" | "" => 2,
                 p if p.contains("bpf") => 3,
-                p if p.starts_with("[stack") => 4,
-                _ => 5,
+                _ => 4,
             };
         } else if let Some(v) = line.strip_prefix("Rss:") {
-            let kib: u64 = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
-            *[
-                &mut m.binary,
-                &mut m.libraries,
-                &mut m.heap,
-                &mut m.bpf,
-                &mut m.stacks,
-                &mut m.other,
-            ][class] += kib;
+            kib[class] += v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
         }
     }
-    Ok(m)
+    let [binary, libraries, heap, bpf, other] = kib;
+    Ok(MemoryMap {
+        binary,
+        libraries,
+        heap,
+        bpf,
+        other,
+    })
 }
 
 #[cfg(test)]
