@@ -88,9 +88,13 @@ pub struct NvmlConfig {
     pub interval_ms: u64,
     /// Per-process rows in the snapshot (and later as metrics): cardinality, so opt-in.
     pub process_detail: bool,
-    /// How often the readings that cost milliseconds per call on a real driver and change
-    /// slowly are taken (GPM profiling, PCIe replays, MIG mode); held in between.
+    /// How often each GPU's own readings are taken (everything but its memory in use, its
+    /// processes and their utilization, which charge containers every cycle); held in
+    /// between.
     pub slow_interval_ms: u64,
+    /// How often GPM profiling is sampled (1.6 ms a GPU on a real driver), on one of the
+    /// GPU's slow cycles; its metrics average over the time between samples.
+    pub gpm_interval_ms: u64,
     /// How often the energy counter is read (5 ms a read on a real driver); held in between.
     /// Longer than `slow_interval_ms`, on a cycle where no GPU takes its slow readings.
     pub energy_interval_ms: u64,
@@ -113,6 +117,7 @@ impl Default for NvmlConfig {
             interval_ms: 1000,
             process_detail: false,
             slow_interval_ms: 10_000,
+            gpm_interval_ms: 30_000,
             energy_interval_ms: 60_000,
             crowded_list_interval_ms: 5_000,
             stall_timeout_ms: None,
@@ -446,6 +451,7 @@ impl EbpfConfig {
 impl NvmlConfig {
     const INTERVAL_MS: Bounds = Bounds::new(100, 60_000, "ms");
     const SLOW_INTERVAL_MS: Bounds = Bounds::new(100, 600_000, "ms");
+    const GPM_INTERVAL_MS: Bounds = Bounds::new(100, 600_000, "ms");
     const ENERGY_INTERVAL_MS: Bounds = Bounds::new(100, 600_000, "ms");
     const CROWDED_LIST_INTERVAL_MS: Bounds = Bounds::new(0, 60_000, "ms");
     const STALL_TIMEOUT_MS: Bounds = Bounds::new(1_000, 3_600_000, "ms");
@@ -462,6 +468,7 @@ impl NvmlConfig {
         }
         Self::INTERVAL_MS.check("nvml.interval_ms", self.interval_ms)?;
         Self::SLOW_INTERVAL_MS.check("nvml.slow_interval_ms", self.slow_interval_ms)?;
+        Self::GPM_INTERVAL_MS.check("nvml.gpm_interval_ms", self.gpm_interval_ms)?;
         Self::ENERGY_INTERVAL_MS.check("nvml.energy_interval_ms", self.energy_interval_ms)?;
         Self::CROWDED_LIST_INTERVAL_MS.check(
             "nvml.crowded_list_interval_ms",

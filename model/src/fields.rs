@@ -29,7 +29,7 @@ pub struct DeviceFields {
     pub nvlink_bandwidth_total: Option<u64>,
     /// Whether the vGPU license is held (false where the device has no GRID licensing).
     pub vgpu_licensed: Option<bool>,
-    /// Profiling over the last profiling period (`nvml.slow_interval_ms`); None where GPM is
+    /// Profiling over the last profiling period (`nvml.gpm_interval_ms`); None where GPM is
     /// unsupported or has only one sample yet (the agent's stats say why).
     pub gpm: Option<GpmMetrics>,
     /// Critical XID errors since the agent started, by code (NVML's event API); None

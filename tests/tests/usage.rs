@@ -481,6 +481,18 @@ fn energy_is_read_once_per_energy_interval_and_still_sums_to_the_device() {
         2.0 * cycles,
         "asked of GPU 0 each cycle (twice: the count, then the samples), never of GPU 1"
     );
+    assert_eq!(
+        d("nvmlDeviceGetMemoryInfo_v2"),
+        2.0 * cycles,
+        "each GPU's memory every cycle"
+    );
+    for f in ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"] {
+        let reads = d(f) / 2.0;
+        assert!(
+            (2.0..=5.0).contains(&reads),
+            "{f}: a slow reading, about once a second, not each of the {cycles} cycles: {reads}"
+        );
+    }
     let (d0, d1) = (
         device(&s2, 0) - device(&s1, 0),
         device(&s2, 1) - device(&s1, 1),
@@ -500,6 +512,55 @@ fn energy_is_read_once_per_energy_interval_and_still_sums_to_the_device() {
         (i1 - d1).abs() <= 1e-6 * d1,
         "GPU 1's energy is idle: {i1} vs {d1}"
     );
+}
+
+/// What charges a container (its processes' memory and utilization) is read every cycle;
+/// the GPU's own readings (power here) every `slow_interval_ms`, so a change shows within
+/// that interval (docs/metrics.md, "How fresh each reading is").
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn a_gpus_own_readings_are_at_most_a_slow_interval_old_its_processes_a_cycle() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&systemd_container(&uid, &id));
+    let a = Proc(cg.spawn(&mut sleeper()));
+    let scenario = |power, mem| json!({"devices": [gpu(0, G0, power, vec![p(a.pid(), mem, 40)])]});
+    let sc = Scenario::new(&scenario(300_000, GIB));
+    let lib = fake_nvml_lib();
+    let agent = Agent::start_env(
+        "[nvml]\ninterval_ms = 200\nslow_interval_ms = 2000\n",
+        &["--nvml-lib", lib.to_str().unwrap()],
+        &[("FAKE_NVML_SCENARIO", sc.path())],
+    );
+    let memory = |s: &Value| {
+        container(s, &id).map(|c| c["gpus"][0]["memory_used_bytes"].as_u64().unwrap_or(0))
+    };
+    let power = |s: &Value| s["devices"][0]["power_mw"].as_u64();
+    wait_snapshot(&agent, "the container", |s| memory(s) == Some(GIB));
+    // Past the first two cycles, which read everything.
+    std::thread::sleep(Duration::from_millis(600));
+    sc.write(&scenario(450_000, 2 * GIB));
+    let t0 = Instant::now();
+    let s = wait_snapshot(&agent, "the memory moved", |s| memory(s) == Some(2 * GIB));
+    let (memory_after, power_then) = (t0.elapsed(), power(&s));
+    wait_snapshot(&agent, "the power moved", |s| power(s) == Some(450_000));
+    let power_after = t0.elapsed();
+    // A cycle and the snapshot's publication; the slow interval and a cycle. Stretched
+    // under load, as every wait.
+    assert!(
+        memory_after <= tests::slow(Duration::from_millis(900)),
+        "the memory showed after {memory_after:?}"
+    );
+    assert!(
+        power_after <= tests::slow(Duration::from_millis(2_700)),
+        "the power showed after {power_after:?}"
+    );
+    // Held between reads: the power is still the old one when the memory has moved,
+    // unless this GPU's slow cycle happened to come first.
+    if power_then == Some(450_000) {
+        eprintln!("the slow cycle came with the memory's ({power_after:?})");
+    } else {
+        assert_eq!(power_then, Some(300_000));
+    }
 }
 
 /// The record's log, as the receiver got it, with its resource's attributes.

@@ -509,11 +509,22 @@ fn nvml() -> Vec<KeyDoc> {
         key(
             "nvml.slow_interval_ms",
             Type::Millis,
-            "How often the readings that cost milliseconds per call on a real driver and \
-             change slowly are taken (GPM profiling, PCIe replays, MIG mode), each GPU at \
-             its own point of the interval; held in between.",
+            "How often each GPU's own readings are taken (utilization, power, temperature, \
+             clocks, ECC, throttle reasons, encoder and decoder, remapped rows, NVLink, \
+             memory temperature, vGPU licence, accounting mode, PCIe replays, MIG mode), \
+             each GPU at its own point of the interval; held in between. What charges \
+             containers (the GPU's memory in use, its processes and their utilization) is \
+             read every cycle.",
         )
         .range(NvmlConfig::SLOW_INTERVAL_MS),
+        key(
+            "nvml.gpm_interval_ms",
+            Type::Millis,
+            "How often GPM profiling is sampled (1.6 ms of CPU a GPU on a real driver), on \
+             the first of the GPU's slow cycles when due; the profiling metrics average \
+             over the time between two samples.",
+        )
+        .range(NvmlConfig::GPM_INTERVAL_MS),
         key(
             "nvml.energy_interval_ms",
             Type::Millis,

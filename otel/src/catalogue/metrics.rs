@@ -289,7 +289,7 @@ table! {
             otlp: Some("hw.gpu.bandwidth"),
             prometheus: Some("hw_gpu_bandwidth_bytes_per_second"),
             unit: "By/s",
-            help: "PCIe and NVLink traffic over the last profiling period (nvml.slow_interval_ms), bytes per second (NVML GPM).",
+            help: "PCIe and NVLink traffic over the last profiling period (nvml.gpm_interval_ms), bytes per second (NVML GPM).",
             extra: &[Attr::HwGpuLink, Attr::NetworkIoDirection],
             note: "GPU and MIG devices, Hopper and later; absent where GPM is unsupported (`/debug/stats` says why)",
             ..DEVICE_METRIC
@@ -297,7 +297,7 @@ table! {
         HwGpuActivity => Metric {
             otlp: Some("hw.gpu.activity"),
             prometheus: Some("hw_gpu_activity_ratio"),
-            help: "Fraction of the last profiling period (nvml.slow_interval_ms) each unit was active (NVML GPM).",
+            help: "Fraction of the last profiling period (nvml.gpm_interval_ms) each unit was active (NVML GPM).",
             extra: &[Attr::HwGpuEngine],
             note: "GPU and MIG devices, Hopper and later; absent where GPM is unsupported (`/debug/stats` says why)",
             ..DEVICE_METRIC
@@ -305,7 +305,7 @@ table! {
         HwGpuSmOccupancy => Metric {
             otlp: Some("hw.gpu.sm.occupancy"),
             prometheus: Some("hw_gpu_sm_occupancy_ratio"),
-            help: "Warps resident on the SMs over the maximum, averaged over the last profiling period (nvml.slow_interval_ms; NVML GPM).",
+            help: "Warps resident on the SMs over the maximum, averaged over the last profiling period (nvml.gpm_interval_ms; NVML GPM).",
             note: "As `hw.gpu.activity`",
             ..DEVICE_METRIC
         },

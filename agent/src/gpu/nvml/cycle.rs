@@ -88,7 +88,11 @@ impl NvmlSampler {
             xids: Arc::new(Mutex::new(Xids::new(None))),
             gpm: BTreeMap::new(),
             accounting: vec![],
-            slow: Slow::new(Duration::from_secs(10), Duration::from_secs(60)),
+            slow: Slow::new(
+                Duration::from_secs(10),
+                Duration::from_secs(30),
+                Duration::from_secs(60),
+            ),
             reader_cpu_ns: 0,
         }
     }
@@ -100,11 +104,16 @@ impl NvmlSampler {
         self
     }
 
-    /// Reads GPM, PCIe replays and MIG mode every `interval` (`nvml.slow_interval_ms`), each
-    /// GPU at its own point of it, and the energy counter every `energy`
-    /// (`nvml.energy_interval_ms`; slow.rs).
-    pub fn with_slow_interval(mut self, interval: Duration, energy: Duration) -> NvmlSampler {
-        self.slow = Slow::new(interval, energy);
+    /// Reads each GPU's own readings every `interval` (`nvml.slow_interval_ms`), each GPU at
+    /// its own point of it, GPM every `gpm` and the energy counter every `energy`
+    /// (`nvml.gpm_interval_ms`, `nvml.energy_interval_ms`; slow.rs).
+    pub fn with_slow_interval(
+        mut self,
+        interval: Duration,
+        gpm: Duration,
+        energy: Duration,
+    ) -> NvmlSampler {
+        self.slow = Slow::new(interval, gpm, energy);
         self
     }
 

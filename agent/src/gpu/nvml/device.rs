@@ -1,6 +1,7 @@
-//! One device's readings in a cycle: its metrics, the fixed ones read once per uuid, the
-//! slow ones read when due (slow.rs) and held in between, its MIG devices, its processes
-//! (processes.rs), and dcgm-exporter's further fields.
+//! One device's readings in a cycle: its memory, the fixed ones read once per uuid, the slow
+//! ones (everything else the device says of itself) read when due (slow.rs) and held in
+//! between, its MIG devices, its processes (processes.rs), and dcgm-exporter's further
+//! fields.
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -11,7 +12,7 @@ use nvml_wrapper::{
     Device, Nvml,
 };
 
-use gpu_model::{DeviceStatus, GpmMetrics, GpuInstance};
+use gpu_model::{DeviceFields, DeviceStatus, GpmMetrics, GpuInstance};
 
 use super::{
     fields::{self, NvlinkRates},
@@ -104,15 +105,75 @@ struct MigFixed {
 }
 
 /// Names of the slow readings, as `DeviceSample::unsupported` lists them.
-const SLOW_READINGS: [&str; 2] = ["mig", "pcie_replay"];
+const SLOW_READINGS: [&str; 14] = [
+    "utilization",
+    "power",
+    "temperature",
+    "clocks",
+    "ecc",
+    "throttle",
+    "mig",
+    "encoder_utilization",
+    "decoder_utilization",
+    "pcie_replay",
+    "remapped_rows",
+    "vgpu_license",
+    "field_values",
+    "accounting",
+];
 
-/// One device's slow readings, as last read.
+/// A GPU's own gauges and counters (`read_own`), as last read.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Own {
+    utilization_gpu: Option<u32>,
+    utilization_memory: Option<u32>,
+    power_mw: Option<u32>,
+    temperature_c: Option<u32>,
+    sm_clock_mhz: Option<u32>,
+    mem_clock_mhz: Option<u32>,
+    ecc_corrected: Option<u64>,
+    ecc_uncorrected: Option<u64>,
+    throttle_reasons: Option<u64>,
+}
+
+impl Own {
+    fn of(d: &DeviceSample) -> Own {
+        Own {
+            utilization_gpu: d.utilization_gpu,
+            utilization_memory: d.utilization_memory,
+            power_mw: d.power_mw,
+            temperature_c: d.temperature_c,
+            sm_clock_mhz: d.sm_clock_mhz,
+            mem_clock_mhz: d.mem_clock_mhz,
+            ecc_corrected: d.ecc_corrected,
+            ecc_uncorrected: d.ecc_uncorrected,
+            throttle_reasons: d.throttle_reasons,
+        }
+    }
+
+    fn set(&self, d: &mut DeviceSample) {
+        d.utilization_gpu = self.utilization_gpu;
+        d.utilization_memory = self.utilization_memory;
+        d.power_mw = self.power_mw;
+        d.temperature_c = self.temperature_c;
+        d.sm_clock_mhz = self.sm_clock_mhz;
+        d.mem_clock_mhz = self.mem_clock_mhz;
+        d.ecc_corrected = self.ecc_corrected;
+        d.ecc_uncorrected = self.ecc_uncorrected;
+        d.throttle_reasons = self.throttle_reasons;
+    }
+}
+
+/// One device's slow readings, as last read: all it says of itself but its memory, its
+/// energy counter (`HeldEnergy`) and its XIDs (events, every cycle).
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct Held {
     uuid: String,
+    own: Own,
     mig_enabled: bool,
-    pcie_replay: Option<u64>,
-    gpm: Option<GpmMetrics>,
+    /// The fields' slow readings; its memory reserved, XIDs and GPM are not restored from it.
+    fields: DeviceFields,
+    accounting_mode: Option<bool>,
     /// Per GPU instance id.
     mig_gpm: Vec<(u32, Option<GpmMetrics>)>,
     unsupported: Vec<&'static str>,
@@ -122,9 +183,10 @@ impl Held {
     pub(super) fn of(d: &DeviceSample) -> Held {
         Held {
             uuid: d.uuid.clone(),
+            own: Own::of(d),
             mig_enabled: d.mig_enabled,
-            pcie_replay: d.fields.pcie_replay,
-            gpm: d.fields.gpm,
+            fields: d.fields.clone(),
+            accounting_mode: d.sharing.accounting_mode,
             mig_gpm: d
                 .mig_devices
                 .iter()
@@ -141,14 +203,33 @@ impl Held {
 
     /// The device's own slow readings (read before its MIG devices are listed).
     fn restore_device(&self, d: &mut DeviceSample) {
+        self.own.set(d);
         d.mig_enabled = self.mig_enabled;
         d.unsupported.extend(&self.unsupported);
     }
 
-    /// The fields' and profiling's slow readings.
-    fn restore_extras(&self, d: &mut DeviceSample) {
-        d.fields.pcie_replay = self.pcie_replay;
-        d.fields.gpm = self.gpm;
+    /// The accounting mode, as last read.
+    pub(super) fn accounting_mode(&self) -> Option<bool> {
+        self.accounting_mode
+    }
+
+    /// The fields' slow readings.
+    fn restore_fields(&self, d: &mut DeviceSample) {
+        let (f, h) = (&mut d.fields, &self.fields);
+        f.memory_temperature_c = h.memory_temperature_c;
+        f.encoder_util = h.encoder_util;
+        f.decoder_util = h.decoder_util;
+        f.pcie_replay = h.pcie_replay;
+        f.remapped_rows = h.remapped_rows;
+        f.nvlink_tx_kib = h.nvlink_tx_kib;
+        f.nvlink_rx_kib = h.nvlink_rx_kib;
+        f.nvlink_bandwidth_total = h.nvlink_bandwidth_total;
+        f.vgpu_licensed = h.vgpu_licensed;
+    }
+
+    /// Profiling, the GPU's and its MIG devices' by GPU instance.
+    fn restore_gpm(&self, d: &mut DeviceSample) {
+        d.fields.gpm = self.fields.gpm;
         for m in &mut d.mig_devices {
             m.gpm = self
                 .mig_gpm
@@ -188,6 +269,8 @@ impl HeldEnergy {
 #[derive(Clone, Copy, Default)]
 pub(super) struct Holding<'h> {
     pub(super) slow: Option<&'h Held>,
+    /// GPM, from the slow readings last read.
+    pub(super) gpm: Option<&'h Held>,
     pub(super) energy: Option<&'h HeldEnergy>,
 }
 
@@ -202,14 +285,13 @@ pub(super) struct Extras {
 
 impl Extras {
     /// dcgm-exporter's further fields of a device that answers: health, profiling, and its
-    /// registration for XID events.
-    /// With `held`, the slow readings (PCIe replays, GPM) are those and are not read.
+    /// registration for XID events. What `held` holds is not read.
     pub(super) fn device(
         &mut self,
         nvml: &Nvml,
         dev: &Device,
         mut d: DeviceSample,
-        held: Option<&Held>,
+        held: Holding,
     ) -> DeviceSample {
         if !d.status.is_ok() {
             return d;
@@ -218,7 +300,10 @@ impl Extras {
             unsupported: std::mem::take(&mut d.unsupported),
             lost: false,
         };
-        fields::read(&mut r, nvml, dev, &mut d, &mut self.nvlink, held.is_none());
+        match held.slow {
+            Some(h) => h.restore_fields(&mut d),
+            None => fields::read(&mut r, nvml, dev, &mut d, &mut self.nvlink),
+        }
         d.unsupported = r.unsupported;
         d.unsupported.dedup();
         if r.lost {
@@ -226,8 +311,8 @@ impl Extras {
             d.processes.clear();
             return d;
         }
-        match held {
-            Some(h) => h.restore_extras(&mut d),
+        match held.gpm {
+            Some(h) => h.restore_gpm(&mut d),
             None => self.gpm.sample(nvml, dev, &mut d),
         }
         let set = self.xids.lock().unwrap().set_for(nvml, &d.uuid);
@@ -273,19 +358,21 @@ pub(super) fn sample_device<'h>(
     // A device that was replaced at this index since (another uuid) is read afresh.
     let held = Holding {
         slow: held.slow.filter(|h| h.uuid == d.uuid),
+        gpm: held.gpm.filter(|h| h.uuid == d.uuid),
         energy: held.energy.filter(|h| h.uuid == d.uuid),
     };
-    match held.energy {
-        Some(h) => h.restore(&mut d),
-        None => d.energy_mj = r.read(&"energy", || dev.total_energy_consumption()),
-    }
     match held.slow {
         Some(h) => h.restore_device(&mut d),
         None => {
+            read_own(&mut r, dev, &mut d);
             d.mig_enabled = r
                 .read(&"mig", || dev.mig_mode())
                 .is_some_and(|m| m.current == 1)
         }
+    }
+    match held.energy {
+        Some(h) => h.restore(&mut d),
+        None => d.energy_mj = r.read(&"energy", || dev.total_energy_consumption()),
     }
     if d.mig_enabled && !r.lost {
         read_mig_devices(&mut r, nvml, dev, &mut d, ctx.fixed);
@@ -301,6 +388,7 @@ pub(super) fn sample_device<'h>(
     (d, held)
 }
 
+/// The uuid, what it fixes and the memory: read every cycle.
 fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed: &mut Fixed) {
     d.uuid = r.read(&"uuid", || dev.uuid()).unwrap_or_default();
     let f = match fixed.gpus.get(&d.uuid) {
@@ -318,6 +406,12 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed
         d.memory_used_bytes = Some(m.used);
         d.fields.memory_reserved_bytes = Some(m.reserved);
     }
+    d.sharing.minor_number = f.minor_number;
+    r.unsupported.extend(unsupported("minor_number"));
+}
+
+/// The GPU's own gauges and counters: slow readings.
+fn read_own(r: &mut Reader, dev: &Device, d: &mut DeviceSample) {
     if let Some(u) = r.read(&"utilization", || dev.utilization_rates()) {
         d.utilization_gpu = Some(u.gpu);
         d.utilization_memory = Some(u.memory);
@@ -335,8 +429,6 @@ fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed
     d.throttle_reasons = r
         .read(&"throttle", || dev.current_throttle_reasons())
         .map(|t| t.bits());
-    d.sharing.minor_number = f.minor_number;
-    r.unsupported.extend(unsupported("minor_number"));
 }
 
 /// A GPU's fixed readings, read now and kept when every one answered (or is unsupported).
@@ -515,32 +607,51 @@ mod tests {
         };
         let mut read = DeviceSample {
             uuid: "GPU-a".into(),
+            memory_used_bytes: Some(1 << 30),
+            power_mw: Some(350_000),
+            temperature_c: Some(61),
+            ecc_corrected: Some(3),
             energy_mj: Some(7_000),
             mig_enabled: true,
-            unsupported: vec!["energy", "ecc", "pcie_replay"],
+            unsupported: vec!["energy", "memory", "pcie_replay"],
             mig_devices: vec![mig(1, Some(gpm(0.5))), mig(2, None)],
             ..Default::default()
         };
         read.fields.pcie_replay = None;
+        read.fields.encoder_util = Some(12);
+        read.fields.memory_reserved_bytes = Some(512);
         read.fields.gpm = Some(gpm(0.75));
+        read.sharing.accounting_mode = Some(true);
         let held = Held::of(&read);
         let energy = HeldEnergy::of(&read);
         assert_eq!(held.unsupported, ["pcie_replay"], "only the slow readings'");
+        assert_eq!(held.accounting_mode(), Some(true));
 
-        // A later cycle: the fast readings are new, the slow ones are not read.
+        // A later cycle: what charges containers is new, the slow readings are not read.
         let mut later = DeviceSample {
             uuid: "GPU-a".into(),
-            unsupported: vec!["ecc"],
+            memory_used_bytes: Some(2 << 30),
+            unsupported: vec!["memory"],
             mig_devices: vec![mig(2, None), mig(1, None)],
             ..Default::default()
         };
+        later.fields.memory_reserved_bytes = Some(1024);
         held.restore_device(&mut later);
-        held.restore_extras(&mut later);
+        held.restore_fields(&mut later);
         assert_eq!(later.energy_mj, None, "energy is held on its own");
         energy.restore(&mut later);
         assert_eq!(later.energy_mj, Some(7_000));
         assert!(later.mig_enabled);
-        assert_eq!(later.unsupported, ["ecc", "pcie_replay", "energy"]);
+        assert_eq!(
+            (later.power_mw, later.temperature_c, later.ecc_corrected),
+            (Some(350_000), Some(61), Some(3))
+        );
+        assert_eq!(later.memory_used_bytes, Some(2 << 30), "read every cycle");
+        assert_eq!(later.fields.memory_reserved_bytes, Some(1024));
+        assert_eq!(later.fields.encoder_util, Some(12));
+        assert_eq!(later.unsupported, ["memory", "pcie_replay", "energy"]);
+        assert_eq!(later.fields.gpm, None, "GPM is held on its own");
+        held.restore_gpm(&mut later);
         assert_eq!(later.fields.gpm, Some(gpm(0.75)));
         assert_eq!(later.mig_devices[0].gpm, None);
         assert_eq!(later.mig_devices[1].gpm, Some(gpm(0.5)), "by GPU instance");

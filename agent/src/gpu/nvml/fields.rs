@@ -25,15 +25,14 @@ pub struct NvlinkRates {
     last: HashMap<String, (u64, Instant)>,
 }
 
-/// Reads the fields into `d.fields`; an unsupported one is recorded and skipped. The PCIe
-/// replay counter (0.2-0.4 ms a call on a real driver) only when `slow` readings are due.
+/// Reads the fields into `d.fields`; an unsupported one is recorded and skipped. Slow
+/// readings (slow.rs): the NVLink rate spans the time since the last read.
 pub fn read(
     r: &mut Reader,
     nvml: &Nvml,
     dev: &Device,
     d: &mut DeviceSample,
     rates: &mut NvlinkRates,
-    slow: bool,
 ) {
     let f = &mut d.fields;
     f.encoder_util = r
@@ -42,11 +41,9 @@ pub fn read(
     f.decoder_util = r
         .read(&"decoder_utilization", || dev.decoder_utilization())
         .map(|u| u.utilization);
-    if slow {
-        f.pcie_replay = r
-            .read(&"pcie_replay", || dev.pcie_replay_counter())
-            .map(u64::from);
-    }
+    f.pcie_replay = r
+        .read(&"pcie_replay", || dev.pcie_replay_counter())
+        .map(u64::from);
     f.remapped_rows = r.read(&"remapped_rows", || remapped_rows(nvml, dev));
     f.vgpu_licensed = r.read(&"vgpu_license", || vgpu_licensed(nvml, dev));
     let Some(values) = r.read(&"field_values", || field_values(nvml, dev)) else {

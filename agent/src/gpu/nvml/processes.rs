@@ -355,12 +355,22 @@ fn read_mps_processes(r: &mut Reader, dev: &Device, migs: &[MigSample], merged: 
     }
 }
 
-/// Accounting mode; the PIDs new in NVML's accounting list; and the stats of the
-/// processes the join saw exit. A process still running per NVML is asked about again next
-/// cycle, a few times; one NVML no longer knows is dropped.
-pub(super) fn read_accounting(dev: &Device, d: &mut DeviceSample, acc: &mut Accounting) {
-    let mode = match dev.is_accounting_enabled() {
-        Ok(m) => Some(m),
+/// Accounting mode (`held`: as last read, a slow reading); the PIDs new in NVML's
+/// accounting list; and the stats of the processes the join saw exit. A process still
+/// running per NVML is asked about again next cycle, a few times; one NVML no longer knows
+/// is dropped.
+pub(super) fn read_accounting(
+    dev: &Device,
+    d: &mut DeviceSample,
+    acc: &mut Accounting,
+    held: Option<Option<bool>>,
+) {
+    let read = match held {
+        Some(mode) => Ok(mode),
+        None => dev.is_accounting_enabled().map(Some),
+    };
+    let mode = match read {
+        Ok(m) => m,
         Err(NvmlError::NotSupported)
         | Err(NvmlError::FunctionNotFound)
         | Err(NvmlError::FailedToLoadSymbol(_)) => {

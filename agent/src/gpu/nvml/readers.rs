@@ -461,6 +461,7 @@ impl DeviceState {
         self.accounting.request(accounting);
         let held = Holding {
             slow: (!due.slow).then_some(self.held.as_ref()).flatten(),
+            gpm: (!due.gpm).then_some(self.held.as_ref()).flatten(),
             energy: (!due.energy).then_some(self.energy.as_ref()).flatten(),
         };
         let mut ctx = DeviceCtx {
@@ -470,12 +471,16 @@ impl DeviceState {
         };
         let (mut d, held) = sample_device(nvml, &dev, index, &mut ctx, held);
         if self.accounting.enabled && d.status.is_ok() && !d.mig_enabled {
+            let mode = held.slow.map(Held::accounting_mode);
             in_call(&"accounting", || {
-                read_accounting(&dev, &mut d, &mut self.accounting)
+                read_accounting(&dev, &mut d, &mut self.accounting, mode)
             });
         }
         let (fresh, fresh_energy) = (held.slow.is_none(), held.energy.is_none());
-        let d = self.extras.device(nvml, &dev, d, held.slow);
+        let mut d = self.extras.device(nvml, &dev, d, held);
+        // In one order whether read or held.
+        d.unsupported.sort_unstable();
+        d.unsupported.dedup();
         if fresh && d.status.is_ok() {
             self.held = Some(Held::of(&d));
         }
@@ -505,6 +510,7 @@ mod tests {
     const WAIT: Duration = Duration::from_millis(300);
     const NOT_DUE: [Due; 4] = [Due {
         slow: false,
+        gpm: false,
         energy: false,
     }; 4];
 

@@ -78,6 +78,7 @@ pub fn spawn(
                 .with_kmsg(xid.kmsg_path())
                 .with_slow_interval(
                     Duration::from_millis(cfg.slow_interval_ms),
+                    Duration::from_millis(cfg.gpm_interval_ms),
                     Duration::from_millis(cfg.energy_interval_ms),
                 )
                 .with_crowded_list_interval(Duration::from_millis(cfg.crowded_list_interval_ms));

@@ -1,31 +1,40 @@
-//! When each GPU reads its slow readings. They cost milliseconds of CPU per call on a real
-//! driver and are counters or change slowly (H100, driver 580, docs/validation: energy 3-6
-//! ms, GPM 1.6 ms, PCIe replays 0.2-0.4 ms, MIG mode 0.3 ms, against about 2 ms for the rest
-//! of a busy GPU's cycle), so they are read every `nvml.slow_interval_ms` and held in
-//! between: a counter's rate and GPM's averages then span the interval, and the energy split
-//! charges each read's increase by the mean of the shares of the cycles since the last read
+//! When each GPU reads its slow readings: everything the device says of itself, rather than
+//! of its processes. Some cost milliseconds of CPU per call on a real driver (H100, driver
+//! 580, docs/validation: energy 3-6 ms, GPM 1.6 ms, PCIe replays 0.2-0.4 ms, MIG mode 0.3
+//! ms, against 1.7 ms for a busy GPU's per-process utilization); the rest (utilization,
+//! power, temperature, clocks, ECC, throttle reasons, encoder and decoder, remapped rows,
+//! NVLink, memory temperature, vGPU licence, accounting mode) cost 17 µs each, 0.3 ms a GPU
+//! together, a sixth of what a busy GPU's cycle must read. None of them is needed to charge
+//! a container: that takes the GPU's memory, its processes and their utilization, read every
+//! cycle. So they are read every `nvml.slow_interval_ms` and held in between: a counter's
+//! rate and GPM's averages then span the interval, and the energy split charges each read's
+//! increase by the mean of the shares of the cycles since the last read
 //! (`billing::ledger::EnergyShares`).
 //!
 //! Read on one cycle for every GPU, they would make that cycle three times the others on an
 //! 8-GPU node. So each GPU reads them at its own point of the interval (GPU i of n at i+1
-//! n-ths), and the energy counter, the costliest call, every `nvml.energy_interval_ms` (60 s:
-//! every 10 s it would cost 4 ms a cycle on 8 GPUs, the largest single cost of a cycle) on
-//! a cycle where no GPU reads the others, unless it is a slow interval late. Power is read
-//! every cycle; the energy split spreads each increase over the cycles since the last read,
-//! so a container's energy is as complete, only known later.
+//! n-ths); GPM every `nvml.gpm_interval_ms` (30 s), on the first of the GPU's slow cycles
+//! when due; and the energy counter, the costliest call, every `nvml.energy_interval_ms` (60
+//! s: every 10 s it would cost 4 ms a cycle on 8 GPUs, the largest single cost of a cycle) on
+//! a cycle where no GPU reads the others, unless it is a slow interval late. The energy split
+//! spreads each increase over the cycles since the last read, so a container's energy is as
+//! complete, only known later.
 use std::time::{Duration, Instant};
 
 /// What one GPU reads afresh this cycle, rather than hold what it read last.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Due {
-    /// GPM, PCIe replays, MIG mode.
+    /// The device's own readings, PCIe replays and MIG mode.
     pub slow: bool,
+    /// GPM profiling: only with `slow`.
+    pub gpm: bool,
     pub energy: bool,
 }
 
 impl Due {
     pub(super) const ALL: Due = Due {
         slow: true,
+        gpm: true,
         energy: true,
     };
 }
@@ -33,6 +42,7 @@ impl Due {
 /// The schedule of every GPU's slow readings.
 pub(super) struct Slow {
     interval: Duration,
+    gpm_interval: Duration,
     energy_interval: Duration,
     /// Per GPU index.
     gpus: Vec<GpuSlow>,
@@ -44,13 +54,19 @@ struct GpuSlow {
     /// rates (GPM, the energy split) are known from the second cycle on.
     reads: u32,
     next: Instant,
+    gpm_next: Instant,
     energy_next: Instant,
 }
 
 impl Slow {
-    pub(super) fn new(interval: Duration, energy_interval: Duration) -> Slow {
+    pub(super) fn new(
+        interval: Duration,
+        gpm_interval: Duration,
+        energy_interval: Duration,
+    ) -> Slow {
         Slow {
             interval,
+            gpm_interval,
             energy_interval,
             gpus: vec![],
         }
@@ -58,12 +74,14 @@ impl Slow {
 
     /// What each of `count` GPUs reads afresh this cycle (and records that it does).
     pub(super) fn due(&mut self, now: Instant, count: usize) -> Vec<Due> {
-        let (interval, energy_interval) = (self.interval, self.energy_interval);
+        let (interval, gpm_interval) = (self.interval, self.gpm_interval);
+        let energy_interval = self.energy_interval;
         // An energy interval no longer than the slow one reads it when due, as they are.
         let own_cycle = energy_interval > interval;
         let first = GpuSlow {
             reads: 0,
             next: now,
+            gpm_next: now,
             energy_next: now,
         };
         self.gpus.resize(count, first);
@@ -76,10 +94,17 @@ impl Slow {
                 // GPU i of n next at i+1 n-ths of each interval.
                 let k = i as u32 + 1;
                 g.next = now + interval * k / n;
+                g.gpm_next = now + gpm_interval * k / n;
                 g.energy_next = now + energy_interval * k / n;
             } else if now >= g.next {
                 d.slow = true;
                 g.next = step(g.next, interval, now);
+                // On this slow cycle if due since the last: a GPM interval no longer than
+                // the slow one reads it on every slow cycle.
+                if now >= g.gpm_next {
+                    d.gpm = true;
+                    g.gpm_next = step(g.gpm_next, gpm_interval, now);
+                }
             }
         }
         let mut busy = due.iter().any(|d| d.slow);
@@ -119,6 +144,14 @@ mod tests {
     /// Per cycle: (GPUs reading the slow readings, GPUs reading energy).
     type Cycle = (Vec<usize>, Vec<usize>);
 
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
     /// Cycles of 1 s over `secs` seconds for `n` GPUs.
     fn run(s: &mut Slow, n: usize, secs: u64) -> Vec<Cycle> {
         let t0 = Instant::now();
@@ -135,7 +168,7 @@ mod tests {
 
     #[test]
     fn every_gpu_reads_its_slow_readings_every_interval_one_gpu_a_cycle() {
-        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
+        let mut s = Slow::new(secs(10), secs(30), secs(60));
         let cycles = run(&mut s, 8, 200);
         assert_eq!(
             cycles[0],
@@ -174,7 +207,7 @@ mod tests {
     #[test]
     fn energy_waits_for_a_free_cycle_at_most_an_interval() {
         // 16 GPUs at 10 s: every cycle has a GPU's slow readings.
-        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
+        let mut s = Slow::new(secs(10), secs(30), secs(60));
         let cycles = run(&mut s, 16, 150);
         for gpu in 0..16 {
             let energy: Vec<usize> = (2..cycles.len())
@@ -189,24 +222,43 @@ mod tests {
 
     #[test]
     fn an_energy_interval_as_short_as_the_slow_one_reads_it_when_due() {
-        let mut s = Slow::new(Duration::from_millis(200), Duration::from_millis(200));
+        let mut s = Slow::new(ms(200), ms(200), ms(200));
         let t0 = Instant::now();
         for k in 0..20 {
-            let due = s.due(t0 + Duration::from_millis(200 * k), 2);
-            assert!(due.iter().all(|d| d.energy && d.slow), "cycle {k}: {due:?}");
+            let due = s.due(t0 + ms(200 * k), 2);
+            assert!(due.iter().all(|d| *d == Due::ALL), "cycle {k}: {due:?}");
+        }
+    }
+
+    #[test]
+    fn gpm_is_read_on_a_slow_cycle_every_gpm_interval() {
+        let mut s = Slow::new(secs(10), secs(30), secs(60));
+        let t0 = Instant::now();
+        let cycles: Vec<Vec<Due>> = (0..200).map(|k| s.due(t0 + secs(k), 8)).collect();
+        for gpu in 0..8 {
+            let gpm: Vec<usize> = (2..cycles.len()).filter(|&k| cycles[k][gpu].gpm).collect();
+            assert!(
+                gpm.iter().all(|&k| cycles[k][gpu].slow),
+                "GPU {gpu}: GPM only with the slow readings"
+            );
+            assert!(gpm[0] <= 41, "GPU {gpu}'s GPM first at {}", gpm[0]);
+            assert!(
+                gpm.windows(2).all(|w| (30..=40).contains(&(w[1] - w[0]))),
+                "GPU {gpu}'s GPM: {gpm:?}"
+            );
         }
     }
 
     #[test]
     fn a_new_gpu_and_a_restart_read_everything_at_once() {
-        let mut s = Slow::new(Duration::from_secs(10), Duration::from_secs(60));
+        let mut s = Slow::new(secs(10), secs(30), secs(60));
         let t0 = Instant::now();
         s.due(t0, 2);
-        s.due(t0 + Duration::from_secs(1), 2);
-        let d = s.due(t0 + Duration::from_secs(2), 3);
+        s.due(t0 + secs(1), 2);
+        let d = s.due(t0 + secs(2), 3);
         assert_eq!(d[2], Due::ALL, "GPU 2 is new");
         s.forget();
-        let d = s.due(t0 + Duration::from_secs(3), 3);
+        let d = s.due(t0 + secs(3), 3);
         assert!(d.iter().all(|d| *d == Due::ALL));
     }
 }
