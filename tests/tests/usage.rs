@@ -486,6 +486,11 @@ fn energy_is_read_once_per_energy_interval_and_still_sums_to_the_device() {
         2.0 * cycles,
         "each GPU's memory every cycle"
     );
+    assert_eq!(
+        d("nvmlDeviceGetHandleByIndex_v2") + d("nvmlDeviceGetUUID"),
+        0.0,
+        "each GPU's handle and uuid kept while the device count stays"
+    );
     for f in ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"] {
         let reads = d(f) / 2.0;
         assert!(

@@ -330,6 +330,8 @@ impl Extras {
 
 /// What `sample_device` keeps across cycles.
 pub(super) struct DeviceCtx<'a> {
+    /// The uuid its kept handle names; None: read it.
+    pub(super) uuid: Option<&'a str>,
     /// Per device uuid: the newest process-utilization timestamp seen.
     pub(super) last_seen: &'a mut HashMap<String, u64>,
     pub(super) fixed: &'a mut Fixed,
@@ -354,7 +356,7 @@ pub(super) fn sample_device<'h>(
         unsupported: vec![],
         lost: false,
     };
-    read_device_metrics(&mut r, dev, &mut d, ctx.fixed);
+    read_device_metrics(&mut r, dev, &mut d, ctx);
     // A device that was replaced at this index since (another uuid) is read afresh.
     let held = Holding {
         slow: held.slow.filter(|h| h.uuid == d.uuid),
@@ -388,9 +390,13 @@ pub(super) fn sample_device<'h>(
     (d, held)
 }
 
-/// The uuid, what it fixes and the memory: read every cycle.
-fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, fixed: &mut Fixed) {
-    d.uuid = r.read(&"uuid", || dev.uuid()).unwrap_or_default();
+/// The uuid (where no kept handle names it), what it fixes and the memory: every cycle.
+fn read_device_metrics(r: &mut Reader, dev: &Device, d: &mut DeviceSample, ctx: &mut DeviceCtx) {
+    d.uuid = match ctx.uuid {
+        Some(uuid) => uuid.to_string(),
+        None => r.read(&"uuid", || dev.uuid()).unwrap_or_default(),
+    };
+    let fixed = &mut *ctx.fixed;
     let f = match fixed.gpus.get(&d.uuid) {
         Some(f) => f,
         None => read_gpu_fixed(r, dev, d, &mut fixed.gpus),

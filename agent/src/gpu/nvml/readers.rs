@@ -14,7 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nvml_wrapper::{error::NvmlError, Nvml};
+use nvml_wrapper::{error::NvmlError, Device, Nvml};
+use nvml_wrapper_sys::bindings::nvmlDevice_t;
 
 use gpu_model::{DeviceStatus, SourceStatus};
 
@@ -61,6 +62,8 @@ impl Source for Nvml {
 /// One GPU's part of a cycle's request.
 struct Ask {
     index: u32,
+    /// The device count this cycle: a handle is kept while it stays.
+    count: u32,
     state: Arc<Mutex<DeviceState>>,
     /// The slow readings to read afresh rather than hold.
     due: Due,
@@ -206,6 +209,7 @@ impl<S: Source> Readers<S> {
             .filter(|&i| self.stuck[i as usize].is_none())
             .map(|index| Ask {
                 index,
+                count,
                 state: self.states[index as usize].clone(),
                 due: match std::mem::take(&mut self.afresh[index as usize]) {
                     true => Due::ALL,
@@ -394,6 +398,10 @@ fn read_one<S: Source>(source: &S, ask: Ask, cycle: u64) -> Option<Answer> {
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => return None,
     };
+    if state.count != ask.count {
+        state.count = ask.count;
+        state.handle = None;
+    }
     let sample = source.read(&mut state, ask.due, ask.accounting);
     let gpm = state.gpm_changed();
     Some(Answer {
@@ -404,9 +412,25 @@ fn read_one<S: Source>(source: &S, ask: Ask, cycle: u64) -> Option<Answer> {
     })
 }
 
+/// A device's handle and uuid, as NVML gave them for its index. The handle is NVML's for as
+/// long as it is initialised, and the uuid is what the handle names; the GPUs at each index
+/// can change only with the device count (a GPU that falls off the bus answers GpuLost, and
+/// is then asked for by index again).
+struct Handle {
+    raw: nvmlDevice_t,
+    uuid: String,
+}
+
+// SAFETY: a handle is an opaque token NVML's thread-safe calls take; a `DeviceState`
+// is used by one reader at a time.
+unsafe impl Send for Handle {}
+
 /// One GPU's reading state, used by one reader at a time.
 pub(super) struct DeviceState {
     index: u32,
+    /// The device count its handle was kept under.
+    count: u32,
+    handle: Option<Handle>,
     /// Its newest process-utilization timestamp seen (NVML's µs clock), by uuid.
     last_seen: HashMap<String, u64>,
     fixed: Fixed,
@@ -424,6 +448,8 @@ impl DeviceState {
     fn new(index: u32, xids: Arc<Mutex<Xids>>, settings: &Settings) -> DeviceState {
         DeviceState {
             index,
+            count: 0,
+            handle: None,
             last_seen: HashMap::new(),
             fixed: Fixed::default(),
             lists: Lists::new(settings.crowded_list_interval),
@@ -442,9 +468,15 @@ impl DeviceState {
     /// The device's sample; what is `due` is read afresh.
     fn read(&mut self, nvml: &Nvml, due: Due, accounting: Vec<(String, u32)>) -> DeviceSample {
         let index = self.index;
-        let dev = match in_call(&"nvmlDeviceGetHandleByIndex", || {
-            nvml.device_by_index(index)
-        }) {
+        let handle = self.handle.take();
+        let dev = match &handle {
+            // SAFETY: the handle this NVML gave for this index under this device count.
+            Some(h) => Ok(unsafe { Device::new(h.raw, nvml) }),
+            None => in_call(&"nvmlDeviceGetHandleByIndex", || {
+                nvml.device_by_index(index)
+            }),
+        };
+        let dev = match dev {
             Ok(dev) => dev,
             Err(e) => {
                 let status = match e {
@@ -465,6 +497,7 @@ impl DeviceState {
             energy: (!due.energy).then_some(self.energy.as_ref()).flatten(),
         };
         let mut ctx = DeviceCtx {
+            uuid: handle.as_ref().map(|h| h.uuid.as_str()),
             last_seen: &mut self.last_seen,
             fixed: &mut self.fixed,
             lists: &mut self.lists,
@@ -481,6 +514,14 @@ impl DeviceState {
         // In one order whether read or held.
         d.unsupported.sort_unstable();
         d.unsupported.dedup();
+        if d.status.is_ok() && !d.uuid.is_empty() {
+            self.handle = handle.or_else(|| {
+                // SAFETY: kept as a token for this index; NVML owns and never frees it.
+                let raw = unsafe { dev.handle() };
+                let uuid = d.uuid.clone();
+                Some(Handle { raw, uuid })
+            });
+        }
         if fresh && d.status.is_ok() {
             self.held = Some(Held::of(&d));
         }
@@ -648,6 +689,7 @@ mod tests {
         let xids = Arc::new(Mutex::new(Xids::new(None)));
         Ask {
             index,
+            count: 4,
             state: Arc::new(Mutex::new(DeviceState::new(index, xids, &settings))),
             due: Due::default(),
             accounting: vec![],
