@@ -591,6 +591,50 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
 /// memory in use, the PIDs in its utilization samples): what can be stale is a process's
 /// own memory when the device's total stays the same, for 10 s at most. A process that
 /// starts or ends computing, or memory the device gains or frees, reads them at once.
+/// Per-process utilization is asked in one call, its buffer sized for the processes listed
+/// and a few more. Twelve processes that start with no memory of their own, while the
+/// GPU's held list names one, do not fit: the call is made again with room for them, and
+/// the cycle that first lists them has their utilization.
+#[test]
+#[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
+fn more_utilization_samples_than_the_buffer_holds_are_read_in_the_same_cycle() {
+    let (uid, id) = (random_uid(), random_hex(64));
+    let cg = TestCgroup::v2(&pod_path(&uid, &id));
+    let w = Proc(cg.spawn(&mut sleeper()));
+    // Above any pid_max in use: the host entry's.
+    let others: Vec<u32> = (4_192_000..4_192_012).collect();
+    let device = |others: &[u32]| {
+        let mut procs = vec![p(w.pid(), GIB, 10)];
+        procs.extend(others.iter().map(|&pid| p(pid, 0, 5)));
+        let mut d = gpu("GPU-99999999-2222-3333-4444-666666666666", json!(procs));
+        d["memory_used"] = json!(20 * GIB);
+        scenario(json!([d]))
+    };
+    let sc = Scenario::new(&device(&[]));
+    let calls = Calls::new();
+    let agent = start_counting(&sc, "", &calls);
+    let host = |s: &Value| container(s, None).map(|c| c["gpus"][0].clone());
+    wait_snapshot(&agent, "the container", |s| {
+        container(s, Some(&id)).is_some()
+    });
+    calls.wait_cycles(3);
+    let asked = || calls.count("nvmlDeviceGetProcessUtilization");
+    let (c0, a0) = (calls.cycles(), asked());
+    calls.wait_cycles(3);
+    let (c1, a1) = (calls.cycles(), asked());
+    assert_eq!(a1 - a0, c1 - c0, "one call a cycle while the samples fit");
+    sc.write(&device(&others));
+    let s = wait_snapshot(&agent, "the twelve listed", |s| {
+        host(s).is_some_and(|g| g["pids"].as_array().is_some_and(|p| p.len() == 12))
+    });
+    let g = host(&s).unwrap();
+    assert_eq!(
+        g["sm_util"],
+        json!(12 * 5),
+        "their samples, in the cycle that lists them"
+    );
+}
+
 #[test]
 #[ignore = "needs root: loads the eBPF programs and creates pod cgroups"]
 fn a_gpu_s_process_lists_are_held_while_nothing_moves_and_10_s_at_most() {

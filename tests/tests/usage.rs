@@ -478,8 +478,8 @@ fn energy_is_read_once_per_energy_interval_and_still_sums_to_the_device() {
     );
     assert_eq!(
         d("nvmlDeviceGetProcessUtilization"),
-        2.0 * cycles,
-        "asked of GPU 0 each cycle (twice: the count, then the samples), never of GPU 1"
+        cycles,
+        "asked of GPU 0 each cycle (once: the samples fit the buffer), never of GPU 1"
     );
     assert_eq!(
         d("nvmlDeviceGetMemoryInfo_v2"),
@@ -490,6 +490,11 @@ fn energy_is_read_once_per_energy_interval_and_still_sums_to_the_device() {
         d("nvmlDeviceGetHandleByIndex_v2") + d("nvmlDeviceGetUUID"),
         0.0,
         "each GPU's handle and uuid kept while the device count stays"
+    );
+    let replays = d("nvmlDeviceGetPcieReplayCounter") / 2.0;
+    assert!(
+        (2.0..=5.0).contains(&replays),
+        "PCIe replays read with the energy counter: {replays}"
     );
     for f in ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"] {
         let reads = d(f) / 2.0;

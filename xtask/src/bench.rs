@@ -73,7 +73,8 @@ pub enum Which {
     /// `--real-node`: what a real node pays, each call charged the CPU a real driver takes
     /// (`FAKE_NVML_COST=measured`), 5 processes per GPU: the agent's CPU per cycle (mean,
     /// median, the worst of each 10 s) and the calls per cycle by function;
-    /// `GPU_AGENT_BENCH_PAIR=PATH` runs that agent beside this tree's.
+    /// `GPU_AGENT_BENCH_PAIR=PATH` runs that agent beside this tree's, and
+    /// `GPU_AGENT_BENCH_CONFIG=TOML` configures this tree's agent alone.
     Gpu {
         /// GPU processes, spread over the 8 GPUs (default 400; 40 with --real-node).
         #[arg(long)]
@@ -87,6 +88,10 @@ pub enum Which {
         /// A real node's cost through the measured-cost model (section `gpu-cost`).
         #[arg(long)]
         real_node: bool,
+        /// With --real-node: the GPUs answer GPM profiling, as a real H100's do (1.6 ms a
+        /// sample); printed only, the section's node has none.
+        #[arg(long)]
+        gpm: bool,
         #[arg(long)]
         no_write: bool,
     },
@@ -120,12 +125,14 @@ pub fn run(which: Which) -> Result<()> {
             pods,
             cycles,
             real_node: true,
+            gpm,
             no_write,
         } => crate::gpu_cost::run(
             processes.unwrap_or(40),
             pods.unwrap_or(40).max(1),
             cycles.unwrap_or(50).max(10),
-            no_write,
+            gpm,
+            no_write || gpm,
         ),
         Which::Gpu {
             processes,
@@ -133,6 +140,7 @@ pub fn run(which: Which) -> Result<()> {
             cycles,
             real_node: false,
             no_write,
+            ..
         } => gpu(
             processes.unwrap_or(400),
             pods.unwrap_or(50).max(1),

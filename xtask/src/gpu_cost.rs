@@ -160,11 +160,11 @@ struct Running {
     calls: PathBuf,
 }
 
-fn start(bin: &Path, lib: &Path, scenario: &Path) -> Running {
+fn start(bin: &Path, config: &str, lib: &Path, scenario: &Path) -> Running {
     let calls = std::env::temp_dir().join(format!("bench-gpu-calls-{}.json", random_hex(8)));
     let agent = Agent::start_full(
         bin,
-        "",
+        config,
         &["--nvml-lib", lib.to_str().unwrap()],
         &[
             ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
@@ -175,16 +175,20 @@ fn start(bin: &Path, lib: &Path, scenario: &Path) -> Running {
     Running { agent, calls }
 }
 
-pub(crate) fn run(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> {
+pub(crate) fn run(n: u32, pods: u32, cycles: u32, gpm: bool, no_write: bool) -> Result<()> {
     require_root()?;
     let bin = release_agent()?;
     let pair = std::env::var_os("GPU_AGENT_BENCH_PAIR").map(PathBuf::from);
+    let config = std::env::var("GPU_AGENT_BENCH_CONFIG").unwrap_or_default();
     let node = crate::benchkit::agent::GpuNode::build(n, pods)?;
     let (lib, path) = (&node.lib, &node.scenario);
+    if gpm {
+        with_gpm(path)?;
+    }
 
-    let mut agents = vec![("this build".to_string(), start(&bin, lib, path))];
+    let mut agents = vec![("this build".to_string(), start(&bin, &config, lib, path))];
     if let Some(p) = &pair {
-        agents.push((p.display().to_string(), start(p, lib, path)));
+        agents.push((p.display().to_string(), start(p, "", lib, path)));
     }
     // Both watched over the same seconds, each at its own phase.
     let figs: Vec<Figures> = std::thread::scope(|s| {
@@ -228,6 +232,18 @@ pub(crate) fn run(n: u32, pods: u32, cycles: u32, no_write: bool) -> Result<()> 
     if !no_write && pair.is_none() {
         write_section("gpu-cost", &md)?;
     }
+    Ok(())
+}
+
+/// Every GPU of the scenario at `path` answers GPM profiling (busy, as under training).
+fn with_gpm(path: &Path) -> Result<()> {
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let gpm = serde_json::json!({"sm_active": 0.6, "sm_occupancy": 0.4, "tensor_active": 0.3,
+        "dram_active": 0.5, "pcie_tx_bytes": 1e9, "pcie_rx_bytes": 2e9});
+    for d in v["devices"].as_array_mut().context("no devices")? {
+        d["gpm"] = gpm.clone();
+    }
+    std::fs::write(path, serde_json::to_vec(&v)?)?;
     Ok(())
 }
 

@@ -25,8 +25,9 @@ pub struct NvlinkRates {
     last: HashMap<String, (u64, Instant)>,
 }
 
-/// Reads the fields into `d.fields`; an unsupported one is recorded and skipped. Slow
-/// readings (slow.rs): the NVLink rate spans the time since the last read.
+/// Reads the fields into `d.fields` (the PCIe replay counter is read with the energy
+/// counter, device.rs); an unsupported one is recorded and skipped. Slow readings (slow.rs):
+/// the NVLink rate spans the time since the last read.
 pub fn read(
     r: &mut Reader,
     nvml: &Nvml,
@@ -41,9 +42,6 @@ pub fn read(
     f.decoder_util = r
         .read(&"decoder_utilization", || dev.decoder_utilization())
         .map(|u| u.utilization);
-    f.pcie_replay = r
-        .read(&"pcie_replay", || dev.pcie_replay_counter())
-        .map(u64::from);
     f.remapped_rows = r.read(&"remapped_rows", || remapped_rows(nvml, dev));
     f.vgpu_licensed = r.read(&"vgpu_license", || vgpu_licensed(nvml, dev));
     let Some(values) = r.read(&"field_values", || field_values(nvml, dev)) else {

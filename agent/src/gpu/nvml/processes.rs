@@ -7,8 +7,12 @@ use std::{
 };
 
 use nvml_wrapper::{
-    enums::device::UsedGpuMemory, error::NvmlError, struct_wrappers::device::ProcessInfo, Device,
+    enums::device::UsedGpuMemory,
+    error::{nvml_try, NvmlError},
+    struct_wrappers::device::ProcessInfo,
+    Device,
 };
+use nvml_wrapper_sys::bindings::nvmlProcessUtilizationSample_t as RawSample;
 
 use gpu_model::{AccountingSample, Name};
 
@@ -178,7 +182,7 @@ pub(super) fn sample_processes(
     // MIG devices cannot say per-process utilization. A device with no process has none to
     // say: the call costs 2-3 ms on a real driver all the same (it answers NotFound).
     if !r.lost && !d.mig_enabled && !procs.is_empty() {
-        let util = read_process_utilization(r, dev, &d.uuid, last_seen);
+        let util = read_process_utilization(r, dev, &d.uuid, procs.len(), last_seen);
         // Without utilization samples only a crowded GPU's lists are held.
         let missed = |h: &HeldLists| util.as_ref().map_or(!h.crowded(), |u| h.missed(u));
         if held.is_some_and(missed) {
@@ -248,26 +252,27 @@ fn read_process_lists(r: &mut Reader, dev: &Device, d: &DeviceSample) -> Vec<Pro
 /// encoder, decoder).
 type Utilization = HashMap<u32, (u64, [u32; 4])>;
 
-/// Utilization since our last look (`last_seen`, per device uuid). NotFound means "no
-/// samples": every process idle. Unsupported (None): the processes' utilization stays
-/// unknown.
+/// Utilization since our last look (`last_seen`, per device uuid) of a device listing
+/// `listed` processes. NotFound means "no samples": every process idle. Unsupported (None):
+/// the processes' utilization stays unknown.
 fn read_process_utilization(
     r: &mut Reader,
     dev: &Device,
     uuid: &str,
+    listed: usize,
     last_seen: &mut HashMap<String, u64>,
 ) -> Option<Utilization> {
     let mut util: Utilization = HashMap::new();
-    let since = last_seen.get(uuid).copied();
-    match dev.process_utilization_stats(since) {
+    let since = last_seen.get(uuid).copied().unwrap_or(0);
+    match utilization_samples(dev, since, listed + 8) {
         Ok(samples) => {
             for s in samples {
                 let e = util.entry(s.pid).or_insert((0, [0; 4]));
-                if s.timestamp >= e.0 {
-                    *e = (s.timestamp, [s.sm_util, s.mem_util, s.enc_util, s.dec_util]);
+                if s.timeStamp >= e.0 {
+                    *e = (s.timeStamp, [s.smUtil, s.memUtil, s.encUtil, s.decUtil]);
                 }
                 let seen = last_seen.entry(uuid.to_string()).or_insert(0);
-                *seen = (*seen).max(s.timestamp);
+                *seen = (*seen).max(s.timeStamp);
             }
         }
         Err(NvmlError::NotFound) => {}
@@ -279,6 +284,34 @@ fn read_process_utilization(
         Err(e) => tracing::debug!(uuid, "process utilization: {e}"),
     }
     (!r.lost).then_some(util)
+}
+
+/// The per-process utilization samples since `since`, in one call where they fit `room`:
+/// nvml.h lets the caller size the buffer, so the size query (a NULL buffer) is made only
+/// when they did not fit. A real driver takes 1.6-1.9 ms for the two calls together, and
+/// returns one sample per process that ran (5 for 8 processes, 21 for 64 on an H200).
+fn utilization_samples(dev: &Device, since: u64, room: usize) -> Result<Vec<RawSample>, NvmlError> {
+    let f = (dev.nvml().lib().nvmlDeviceGetProcessUtilization.as_ref())
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    // SAFETY: a plain C struct; all-zero is a valid value.
+    let zero: RawSample = unsafe { std::mem::zeroed() };
+    let mut buf = vec![zero; room];
+    // Samples can appear between a too-small call and the next: a few tries.
+    for _ in 0..3 {
+        let mut count = buf.len() as u32;
+        // SAFETY: a live handle from this library; `buf` holds `count` samples.
+        match nvml_try(unsafe { f(dev.handle(), buf.as_mut_ptr(), &mut count, since) }) {
+            Ok(()) => {
+                buf.truncate(count as usize);
+                return Ok(buf);
+            }
+            Err(NvmlError::InsufficientSize(_)) if count as usize > buf.len() => {
+                buf.resize(count as usize + 8, zero)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(NvmlError::InsufficientSize(None))
 }
 
 /// Each process's utilization from `util`: zero where it had no sample.
