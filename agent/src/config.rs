@@ -95,7 +95,8 @@ pub struct NvmlConfig {
     /// How often GPM profiling is sampled (1.6 ms a GPU on a real driver), on one of the
     /// GPU's slow cycles; its metrics average over the time between samples.
     pub gpm_interval_ms: u64,
-    /// How often the energy counter is read (5 ms a read on a real driver); held in between.
+    /// How often the costly counters are read (energy 5 ms a read on a real driver, PCIe
+    /// replays 0.36 ms); held in between.
     /// Longer than `slow_interval_ms`, on a cycle where no GPU takes its slow readings.
     pub energy_interval_ms: u64,
     /// How long the process lists of a GPU with many processes (`CROWDED_GPU_PROCESSES`)

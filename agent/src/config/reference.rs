@@ -511,7 +511,7 @@ fn nvml() -> Vec<KeyDoc> {
             Type::Millis,
             "How often each GPU's own readings are taken (utilization, power, temperature, \
              clocks, ECC, throttle reasons, encoder and decoder, remapped rows, NVLink, \
-             memory temperature, vGPU licence, accounting mode, PCIe replays, MIG mode), \
+             memory temperature, vGPU licence, accounting mode, MIG mode), \
              each GPU at its own point of the interval; held in between. What charges \
              containers (the GPU's memory in use, its processes and their utilization) is \
              read every cycle.",
@@ -528,10 +528,11 @@ fn nvml() -> Vec<KeyDoc> {
         key(
             "nvml.energy_interval_ms",
             Type::Millis,
-            "How often each GPU's energy counter is read (3-6 ms of CPU a read on a real \
-             driver); held in between, each increase split over the cycles since the last \
-             read. Longer than `nvml.slow_interval_ms`: on a cycle where no GPU takes its \
-             slow readings, at most one slow interval late.",
+            "How often each GPU's costly counters are read: energy (3-6 ms of CPU a read on \
+             a real driver) and PCIe replays (0.36 ms); held in between, each energy \
+             increase split over the cycles since the last read. Longer than \
+             `nvml.slow_interval_ms`: on a cycle where no GPU takes its slow readings, at \
+             most one slow interval late.",
         )
         .range(NvmlConfig::ENERGY_INTERVAL_MS),
         key(

@@ -391,7 +391,8 @@ pub(super) fn sample_device<'h>(
     if d.mig_enabled && !r.lost {
         read_mig_devices(&mut r, nvml, dev, &mut d, ctx.fixed);
     }
-    d.processes = sample_processes(&mut r, dev, &d, ctx.last_seen, ctx.lists);
+    let state = (&mut *ctx.last_seen, &mut *ctx.lists);
+    d.processes = sample_processes(&mut r, dev, &d, state, held.slow.is_none());
     debug_assert!(d.processes.is_sorted_by_key(|p| p.pid));
     d.unsupported = r.unsupported;
     d.unsupported.dedup();

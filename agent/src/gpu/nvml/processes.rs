@@ -151,16 +151,20 @@ impl Accounting {
 /// The device's processes by PID, with this cycle's utilization. The lists are held
 /// (`Lists`) while the device's memory in use stays put and its utilization samples name
 /// no PID the lists lack (on a GPU that is not crowded: the same PIDs as the cycle before).
+/// On the GPU's `slow` cycle a GPU that is not crowded has them read afresh: each GPU at its
+/// own point of the slow interval, where their age alone would have every GPU read read
+/// them on one cycle, all having been read on the first.
 pub(super) fn sample_processes(
     r: &mut Reader,
     dev: &Device,
     d: &DeviceSample,
-    last_seen: &mut HashMap<String, u64>,
-    lists: &mut Lists,
+    (last_seen, lists): (&mut HashMap<String, u64>, &mut Lists),
+    slow: bool,
 ) -> Vec<ProcessSample> {
     let now = Instant::now();
     let interval = lists.interval;
-    let held = (lists.held.get(&d.uuid)).filter(|h| h.stand(d, now, interval));
+    let held =
+        (lists.held.get(&d.uuid)).filter(|h| h.stand(d, now, interval) && (h.crowded() || !slow));
     let mut unsupported = vec![];
     let mut util_pids = None;
     // By PID, as the sample's lists are: sorted once as read, and held so (a crowded GPU's

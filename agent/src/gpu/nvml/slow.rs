@@ -4,7 +4,8 @@
 //! ms, against 1.7 ms for a busy GPU's per-process utilization); the rest (utilization,
 //! power, temperature, clocks, ECC, throttle reasons, encoder and decoder, remapped rows,
 //! NVLink, memory temperature, vGPU licence, accounting mode) cost 17 µs each, 0.3 ms a GPU
-//! together, a sixth of what a busy GPU's cycle must read. None of them is needed to charge
+//! together, a sixth of what a busy GPU's cycle must read. The two costly counters, energy
+//! and PCIe replays, are read together. None of them is needed to charge
 //! a container: that takes the GPU's memory, its processes and their utilization, read every
 //! cycle. So they are read every `nvml.slow_interval_ms` and held in between: a counter's
 //! rate and GPM's averages then span the interval, and the energy split charges each read's
@@ -14,8 +15,9 @@
 //! Read on one cycle for every GPU, they would make that cycle three times the others on an
 //! 8-GPU node. So each GPU reads them at its own point of the interval (GPU i of n at i+1
 //! n-ths); GPM every `nvml.gpm_interval_ms` (30 s), on the first of the GPU's slow cycles
-//! when due; and the energy counter, the costliest call, every `nvml.energy_interval_ms` (60
-//! s: every 10 s it would cost 4 ms a cycle on 8 GPUs, the largest single cost of a cycle) on
+//! when due; and the energy and PCIe replay counters, the costliest call and a counter,
+//! every `nvml.energy_interval_ms` (60 s: every 10 s energy would cost 4 ms a cycle on 8
+//! GPUs, the largest single cost of a cycle) on
 //! a cycle where no GPU reads the others, unless it is a slow interval late. The energy split
 //! spreads each increase over the cycles since the last read, so a container's energy is as
 //! complete, only known later.
