@@ -212,17 +212,19 @@ impl Held {
         self.accounting_mode
     }
 
-    /// The fields' slow readings.
+    /// The fields' slow readings: all but what is read every cycle (the memory reserved),
+    /// on a cycle of its own (PCIe replays, GPM) or from events (XIDs).
     fn restore_fields(&self, d: &mut DeviceSample) {
-        let (f, h) = (&mut d.fields, &self.fields);
-        f.memory_temperature_c = h.memory_temperature_c;
-        f.encoder_util = h.encoder_util;
-        f.decoder_util = h.decoder_util;
-        f.remapped_rows = h.remapped_rows;
-        f.nvlink_tx_kib = h.nvlink_tx_kib;
-        f.nvlink_rx_kib = h.nvlink_rx_kib;
-        f.nvlink_bandwidth_total = h.nvlink_bandwidth_total;
-        f.vgpu_licensed = h.vgpu_licensed;
+        let f = std::mem::take(&mut d.fields);
+        d.fields = DeviceFields {
+            memory_reserved_bytes: f.memory_reserved_bytes,
+            pcie_replay: f.pcie_replay,
+            gpm: f.gpm,
+            xid_errors: f.xid_errors,
+            last_xid: f.last_xid,
+            xid_processes: f.xid_processes,
+            ..self.fields.clone()
+        };
     }
 
     /// Profiling, the GPU's and its MIG devices' by GPU instance.
