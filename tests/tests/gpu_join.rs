@@ -591,6 +591,35 @@ fn a_crowded_gpu_s_process_lists_are_held_until_something_moves() {
 /// memory in use, the PIDs in its utilization samples): what can be stale is a process's
 /// own memory when the device's total stays the same, for 10 s at most. A process that
 /// starts or ends computing, or memory the device gains or frees, reads them at once.
+/// An XID on a GPU has its own readings (its ECC counts here) read the next cycle, not up
+/// to a slow interval later: a fault moves them.
+#[test]
+#[ignore = "needs root: loads the eBPF programs"]
+fn an_xid_has_the_gpus_own_readings_read_at_once() {
+    let mut d = gpu("GPU-77777777-2222-3333-4444-666666666666", json!([]));
+    d["ecc_uncorrected"] = json!(0);
+    let sc = Scenario::new(&scenario(json!([d.clone()])));
+    let agent = start(&sc, "slow_interval_ms = 60000\n");
+    let ecc = |s: &Value| s["devices"][0]["ecc_uncorrected"].as_u64();
+    wait_snapshot(&agent, "the GPU", |s| ecc(s) == Some(0));
+    // Past the first two cycles, which read everything.
+    std::thread::sleep(Duration::from_millis(600));
+    d["ecc_uncorrected"] = json!(1);
+    sc.write(&scenario(json!([d.clone()])));
+    std::thread::sleep(Duration::from_millis(1000));
+    let s = agent.json("/debug/snapshot");
+    assert_eq!(ecc(&s), Some(0), "held: the slow interval is a minute");
+    d["xid_events"] = json!([{"xid": 48}]);
+    sc.write(&scenario(json!([d])));
+    let at = Instant::now();
+    wait_snapshot(&agent, "the new count", |s| ecc(s) == Some(1));
+    assert!(
+        at.elapsed() < tests::slow(Duration::from_secs(2)),
+        "{:?}",
+        at.elapsed()
+    );
+}
+
 /// Per-process utilization is asked in one call, its buffer sized for the processes listed
 /// and a few more. Twelve processes that start with no memory of their own, while the
 /// GPU's held list names one, do not fit: the call is made again with room for them, and

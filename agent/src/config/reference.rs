@@ -512,7 +512,8 @@ fn nvml() -> Vec<KeyDoc> {
             "How often each GPU's own readings are taken (utilization, power, temperature, \
              clocks, ECC, throttle reasons, encoder and decoder, remapped rows, NVLink, \
              memory temperature, vGPU licence, accounting mode, MIG mode), \
-             each GPU at its own point of the interval; held in between. What charges \
+             each GPU at its own point of the interval and on the cycle after an XID on \
+             it; held in between. What charges \
              containers (the GPU's memory in use, its processes and their utilization) is \
              read every cycle.",
         )

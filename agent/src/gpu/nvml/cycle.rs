@@ -244,9 +244,14 @@ impl NvmlSampler {
                 self.known.insert(d.index, k);
             }
         }
-        in_call(&"XID events", || {
+        let faulted = in_call(&"XID events", || {
             self.xids.lock().unwrap().collect(&nvml, &mut devices)
         });
+        // Its health readings (ECC, remapped rows, throttle reasons, ...) move with a fault:
+        // read the next cycle, not up to a slow interval later.
+        for d in devices.iter().filter(|d| faulted.contains(&d.uuid)) {
+            self.slow.soon(d.index as usize);
+        }
         self.status = self.stalled_status(&devices);
         Some(GpuSample {
             taken_at_ms: SystemTime::now()

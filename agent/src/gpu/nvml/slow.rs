@@ -14,7 +14,8 @@
 //!
 //! Read on one cycle for every GPU, they would make that cycle three times the others on an
 //! 8-GPU node. So each GPU reads them at its own point of the interval (GPU i of n at i+1
-//! n-ths); GPM every `nvml.gpm_interval_ms` (30 s), on the first of the GPU's slow cycles
+//! n-ths), and out of turn on the cycle after an XID on it, which moves its health
+//! readings; GPM every `nvml.gpm_interval_ms` (30 s), on the first of the GPU's slow cycles
 //! when due; and the energy and PCIe replay counters, the costliest call and a counter,
 //! every `nvml.energy_interval_ms` (60 s: every 10 s energy would cost 4 ms a cycle on 8
 //! GPUs, the largest single cost of a cycle) on
@@ -58,6 +59,8 @@ struct GpuSlow {
     next: Instant,
     gpm_next: Instant,
     energy_next: Instant,
+    /// The slow readings are due next cycle whatever `next` says (an XID).
+    soon: bool,
 }
 
 impl Slow {
@@ -85,6 +88,7 @@ impl Slow {
             next: now,
             gpm_next: now,
             energy_next: now,
+            soon: false,
         };
         self.gpus.resize(count, first);
         let n = count.max(1) as u32;
@@ -98,6 +102,9 @@ impl Slow {
                 g.next = now + interval * k / n;
                 g.gpm_next = now + gpm_interval * k / n;
                 g.energy_next = now + energy_interval * k / n;
+            } else if std::mem::take(&mut g.soon) && now < g.next {
+                // Out of turn: the GPU keeps its point of the interval.
+                d.slow = true;
             } else if now >= g.next {
                 d.slow = true;
                 g.next = step(g.next, interval, now);
@@ -120,6 +127,14 @@ impl Slow {
             g.energy_next = step(g.energy_next, energy_interval, now);
         }
         due
+    }
+
+    /// GPU `index` reads its slow readings next cycle, out of turn (GPM and energy keep their
+    /// own schedules).
+    pub(super) fn soon(&mut self, index: usize) {
+        if let Some(g) = self.gpus.get_mut(index) {
+            g.soon = true;
+        }
     }
 
     /// NVML restarted: every GPU reads everything at once.
@@ -247,6 +262,35 @@ mod tests {
             assert!(
                 gpm.windows(2).all(|w| (30..=40).contains(&(w[1] - w[0]))),
                 "GPU {gpu}'s GPM: {gpm:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_xid_brings_a_gpus_slow_readings_to_the_next_cycle_out_of_turn() {
+        let mut s = Slow::new(secs(10), secs(30), secs(60));
+        let t0 = Instant::now();
+        let slow_at = |s: &mut Slow, k: u64| -> Vec<usize> {
+            let due = s.due(t0 + secs(k), 4);
+            (0..4).filter(|&i| due[i].slow).collect()
+        };
+        let before: Vec<Vec<usize>> = (0..25).map(|k| slow_at(&mut s, k)).collect();
+        let mut t = Slow::new(secs(10), secs(30), secs(60));
+        for k in 0..13 {
+            assert_eq!(slow_at(&mut t, k), before[k as usize], "cycle {k}");
+        }
+        t.soon(1);
+        let mut after = before[13].clone();
+        if !after.contains(&1) {
+            after.push(1);
+            after.sort();
+        }
+        assert_eq!(slow_at(&mut t, 13), after, "GPU 1 out of turn");
+        for k in 14..25 {
+            assert_eq!(
+                slow_at(&mut t, k),
+                before[k as usize],
+                "cycle {k}: its turn kept"
             );
         }
     }

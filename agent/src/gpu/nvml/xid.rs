@@ -142,11 +142,16 @@ impl Xids {
     }
 
     /// Drains the delivered events and the kernel log, and puts on each device its counts,
-    /// its last code and the events whose process the log named this cycle.
-    pub fn collect(&mut self, nvml: &Nvml, devices: &mut [DeviceSample]) {
+    /// its last code and the events whose process the log named this cycle. Returns the
+    /// uuids of the GPUs that had an event delivered.
+    pub fn collect(&mut self, nvml: &Nvml, devices: &mut [DeviceSample]) -> Vec<String> {
         let now = Instant::now();
         self.read_kmsg(now);
+        let mut delivered = vec![];
         for (handle_uuid, gi, xid) in self.drain(nvml) {
+            if !delivered.contains(&handle_uuid) {
+                delivered.push(handle_uuid.clone());
+            }
             let e = self.counts.entry(handle_uuid.clone()).or_default();
             *e.by_code.entry(xid).or_default() += 1;
             e.last = Some((xid, now));
@@ -166,6 +171,7 @@ impl Xids {
             d.fields.xid_errors = Some(list.collect());
             d.fields.last_xid = Some(c.last.map_or(0, |l| l.0));
         }
+        delivered
     }
 
     /// Reads the kernel log's new XID lines (opening it first, when it is not yet open).
