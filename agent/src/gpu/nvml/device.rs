@@ -164,7 +164,7 @@ impl Own {
 }
 
 /// One device's slow readings, as last read: all it says of itself but its memory, its
-/// energy counter (`HeldEnergy`) and its XIDs (events, every cycle).
+/// energy and PCIe replay counters (`HeldCounters`) and its XIDs (events, every cycle).
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct Held {
     uuid: String,
@@ -247,16 +247,16 @@ const COUNTERS: [&str; 2] = ["energy", "pcie_replay"];
 /// (5 ms a read on a real driver) and PCIe replays (0.36 ms). A counter read less often
 /// loses nothing: its increase is the same, only known later.
 #[derive(Debug, Default, PartialEq)]
-pub(super) struct HeldEnergy {
+pub(super) struct HeldCounters {
     uuid: String,
     mj: Option<u64>,
     pcie_replay: Option<u64>,
     unsupported: Vec<&'static str>,
 }
 
-impl HeldEnergy {
-    pub(super) fn of(d: &DeviceSample) -> HeldEnergy {
-        HeldEnergy {
+impl HeldCounters {
+    pub(super) fn of(d: &DeviceSample) -> HeldCounters {
+        HeldCounters {
             uuid: d.uuid.clone(),
             mj: d.energy_mj,
             pcie_replay: d.fields.pcie_replay,
@@ -280,7 +280,7 @@ pub(super) struct Holding<'h> {
     pub(super) slow: Option<&'h Held>,
     /// GPM, from the slow readings last read.
     pub(super) gpm: Option<&'h Held>,
-    pub(super) energy: Option<&'h HeldEnergy>,
+    pub(super) energy: Option<&'h HeldCounters>,
 }
 
 /// What dcgm-exporter's further fields keep between cycles: profiling samples, the XID
@@ -314,7 +314,6 @@ impl Extras {
             None => fields::read(&mut r, nvml, dev, &mut d, &mut self.nvlink),
         }
         d.unsupported = r.unsupported;
-        d.unsupported.dedup();
         if r.lost {
             d.status = DeviceStatus::Lost;
             d.processes.clear();
@@ -397,7 +396,6 @@ pub(super) fn sample_device<'h>(
     d.processes = sample_processes(&mut r, dev, &d, state, held.slow.is_none());
     debug_assert!(d.processes.is_sorted_by_key(|p| p.pid));
     d.unsupported = r.unsupported;
-    d.unsupported.dedup();
     if r.lost {
         d.status = DeviceStatus::Lost;
         d.processes.clear();
@@ -644,7 +642,7 @@ mod tests {
         read.fields.gpm = Some(gpm(0.75));
         read.sharing.accounting_mode = Some(true);
         let held = Held::of(&read);
-        let energy = HeldEnergy::of(&read);
+        let energy = HeldCounters::of(&read);
         assert_eq!(held.unsupported, ["ecc"], "only the slow readings'");
         assert_eq!(energy.unsupported, ["energy"], "only the counters'");
         assert_eq!(held.accounting_mode(), Some(true));

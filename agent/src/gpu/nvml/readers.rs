@@ -20,7 +20,7 @@ use nvml_wrapper_sys::bindings::nvmlDevice_t;
 use gpu_model::{DeviceStatus, SourceStatus};
 
 use super::{
-    device::{sample_device, DeviceCtx, Extras, Fixed, Held, HeldEnergy, Holding},
+    device::{sample_device, DeviceCtx, Extras, Fixed, Held, HeldCounters, Holding},
     fields::NvlinkRates,
     gpm::Gpm,
     processes::{read_accounting, Accounting, Lists},
@@ -437,7 +437,7 @@ pub(super) struct DeviceState {
     lists: Lists,
     /// Its slow readings and its energy counter as last read.
     held: Option<Held>,
-    energy: Option<HeldEnergy>,
+    energy: Option<HeldCounters>,
     extras: Extras,
     accounting: Accounting,
     /// Profiling's status as last answered.
@@ -511,7 +511,7 @@ impl DeviceState {
         }
         let (fresh, fresh_energy) = (held.slow.is_none(), held.energy.is_none());
         let mut d = self.extras.device(nvml, &dev, d, held);
-        // In one order whether read or held.
+        // In one order, and once, whether read or held.
         d.unsupported.sort_unstable();
         d.unsupported.dedup();
         if d.status.is_ok() && !d.uuid.is_empty() {
@@ -526,7 +526,7 @@ impl DeviceState {
             self.held = Some(Held::of(&d));
         }
         if fresh_energy && d.status.is_ok() {
-            self.energy = Some(HeldEnergy::of(&d));
+            self.energy = Some(HeldCounters::of(&d));
         }
         self.fixed.end_cycle(std::slice::from_ref(&d));
         d
